@@ -1,0 +1,1 @@
+"""The oncely command line."""
