@@ -1,1 +1,21 @@
-"""The oncely command line."""
+"""The ``oncely`` command line: one typer app with a sub-app per area."""
+
+from __future__ import annotations
+
+import typer
+
+from oncely.cli import demo, dev
+
+app = typer.Typer(
+    name="oncely",
+    help="Transactional outbox to Kafka to effects: no committed event lost, no effect twice.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(dev.app, name="dev")
+app.command(name="demo")(demo.run)
+
+
+def main() -> None:
+    """Entry point of the ``oncely`` console script."""
+    app()

@@ -1,0 +1,36 @@
+# The developer loop. `make demo` and `make test` work on a fresh clone: they create .venv,
+# install oncely with its test and dev extras, and start real Kafka and PostgreSQL themselves.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install lint format test demo clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "oncely needs Python 3.11+ ($(PYTHON) is $$($(PYTHON) --version))"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
+
+format: install
+	$(BIN)/ruff format src tests
+	$(BIN)/ruff check --fix src tests
+
+test: lint
+	$(BIN)/pytest
+
+demo: install
+	$(BIN)/oncely demo
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache

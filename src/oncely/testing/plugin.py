@@ -1,0 +1,114 @@
+"""oncely's pytest plugin: real Kafka and PostgreSQL fixtures (registered as ``pytest11``).
+
+Fixtures:
+
+- ``oncely_services`` (session): the :class:`~oncely.testing.services.Services` in use.
+- ``kafka_bootstrap`` (session): bootstrap servers string.
+- ``kafka_admin`` (session): a confluent-kafka ``AdminClient``.
+- ``new_topic`` (function): ``new_topic(partitions=1) -> name`` creates a uuid-named topic,
+  deleted after the test.
+- ``database_url`` (function): SQLAlchemy URL of a fresh database cloned from a session
+  template, dropped after the test.
+
+When no services can be had, every test that asks for them fails with the reason; it never
+skips.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from psycopg import sql
+from sqlalchemy.engine import make_url
+
+from oncely.testing.services import Services, ServicesUnavailable, libpq_dsn, provide_services
+
+TEMPLATE_DATABASE = "oncely_test_template"
+_services_key = pytest.StashKey[Services]()
+
+
+@pytest.fixture(scope="session")
+def oncely_services(request: pytest.FixtureRequest) -> Iterator[Services]:
+    """Kafka and PostgreSQL for this test session (see :mod:`oncely.testing.services`)."""
+    try:
+        with provide_services() as services:
+            request.config.stash[_services_key] = services
+            yield services
+    except ServicesUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(oncely_services: Services) -> str:
+    return oncely_services.kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def kafka_admin(kafka_bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": kafka_bootstrap})
+
+
+@pytest.fixture
+def new_topic(kafka_admin: AdminClient) -> Iterator[Callable[..., str]]:
+    """Create uuid-named topics: ``new_topic(partitions=1, config=None) -> name``."""
+    created: list[str] = []
+
+    def create(partitions: int = 1, config: dict[str, str] | None = None) -> str:
+        name = f"test-{uuid.uuid4().hex}"
+        topic = NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})
+        kafka_admin.create_topics([topic])[name].result(30)
+        created.append(name)
+        return name
+
+    yield create
+    if created:
+        for future in kafka_admin.delete_topics(created).values():
+            future.result(30)
+
+
+@pytest.fixture(scope="session")
+def _oncely_template(oncely_services: Services) -> str:
+    """Create the template database every per-test database is cloned from."""
+    with psycopg.connect(libpq_dsn(oncely_services.database_url), autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(TEMPLATE_DATABASE)
+            )
+        )
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(TEMPLATE_DATABASE)))
+    return TEMPLATE_DATABASE
+
+
+@pytest.fixture
+def database_url(oncely_services: Services, _oncely_template: str) -> Iterator[str]:
+    """A fresh database for this test, cloned from the template; dropped afterwards."""
+    name = f"test_{uuid.uuid4().hex}"
+    maintenance = libpq_dsn(oncely_services.database_url)
+    with psycopg.connect(maintenance, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(_oncely_template)
+            )
+        )
+    yield (
+        make_url(oncely_services.database_url)
+        .set(database=name)
+        .render_as_string(hide_password=False)
+    )
+    with psycopg.connect(maintenance, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    services = config.stash.get(_services_key, None)
+    if services is not None:
+        terminalreporter.write_sep("-", "oncely test services")
+        terminalreporter.write_line(services.describe())

@@ -1,0 +1,100 @@
+"""`oncely dev up|status|down` in subprocesses, the way a developer runs them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from oncely.testing.services import libpq_dsn
+
+pytestmark = pytest.mark.acceptance
+
+ONCELY = [sys.executable, "-m", "oncely"]
+
+
+def _oncely(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*ONCELY, *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def _up(directory: Path) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    proc = subprocess.Popen(
+        [*ONCELY, "dev", "up", "--dir", str(directory)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    exports: dict[str, str] = {}
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 150
+    while len(exports) < 2 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        name, _, value = line.removeprefix("export ").strip().partition("=")
+        exports[name] = value
+    if len(exports) < 2:
+        proc.kill()
+        _, stderr = proc.communicate()
+        pytest.fail(f"`oncely dev up` printed no settings; stderr:\n{stderr}")
+    return proc, exports
+
+
+def _check_reachable(exports: dict[str, str]) -> None:
+    admin = AdminClient({"bootstrap.servers": exports["ONCELY_KAFKA_BOOTSTRAP_SERVERS"]})
+    assert admin.list_topics(timeout=10).brokers
+    with psycopg.connect(libpq_dsn(exports["ONCELY_DATABASE_URL"])) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_dev_up_down_and_up_again(tmp_path: Path) -> None:
+    directory = tmp_path / "stack"
+    for _round in range(2):
+        proc, exports = _up(directory)
+        try:
+            _check_reachable(exports)
+            status = _oncely("dev", "status", "--dir", str(directory))
+            assert status.returncode == 0, status.stderr
+            assert exports["ONCELY_KAFKA_BOOTSTRAP_SERVERS"] in status.stdout
+            again = _oncely("dev", "up", "--dir", str(directory))
+            assert again.returncode == 1
+            assert "already runs" in again.stderr
+        finally:
+            down = _oncely("dev", "down", "--dir", str(directory))
+        assert down.returncode == 0, down.stderr
+        assert "stopped Kafka" in down.stdout
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 0, stderr
+        assert not directory.exists(), "dev down leaves no data behind"
+        stopped = _oncely("dev", "status", "--dir", str(directory))
+        assert stopped.returncode == 1
+        assert "no stack runs" in stopped.stdout
+
+
+def test_demo_produces_and_consumes_one_record(
+    kafka_bootstrap: str, oncely_services: object
+) -> None:
+    from oncely.testing import Services
+
+    assert isinstance(oncely_services, Services)
+    env = {
+        **os.environ,
+        "ONCELY_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "ONCELY_DATABASE_URL": oncely_services.database_url,
+    }
+    result = subprocess.run(
+        [*ONCELY, "demo"], capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "key=transfer-1" in result.stdout
+    assert "delivery report received" in result.stdout
+    assert "1 rolled back -> 1 row kept" in result.stdout
+    assert "Not built yet" in result.stdout

@@ -1,0 +1,61 @@
+"""docker-compose.yml and the Dockerfile cannot run here (no Docker engine): check their shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from dockerfile_parse import DockerfileParser
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return data
+
+
+def test_compose_runs_postgres_with_logical_wal_and_a_kraft_broker() -> None:
+    services = _compose()["services"]
+    postgres, kafka = services["postgres"], services["kafka"]
+    assert postgres["image"].startswith("postgres:")
+    assert "wal_level=logical" in postgres["command"]
+    assert "5432:5432" in postgres["ports"]
+    assert kafka["image"].startswith("apache/kafka:4.")
+    env = kafka["environment"]
+    assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    assert "HOST://127.0.0.1:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
+    assert "9092:9092" in kafka["ports"]
+    # The services needed to develop against are not behind a profile.
+    assert "profiles" not in postgres and "profiles" not in kafka
+
+
+def test_compose_pipeline_services_read_oncely_settings_from_the_network() -> None:
+    services = _compose()["services"]
+    for name in ("relay", "consumer"):
+        service = services[name]
+        assert service["profiles"] == ["pipeline"]
+        env = service["environment"]
+        assert env["ONCELY_KAFKA_BOOTSTRAP_SERVERS"] == "kafka:29092"
+        assert "@postgres:5432/" in env["ONCELY_DATABASE_URL"]
+        assert env["ONCELY_DATABASE_URL"].startswith("postgresql+psycopg://")
+        assert set(service["depends_on"]) == {"postgres", "kafka"}
+    assert services["relay"]["command"][:2] == ["relay", "run"]
+    assert services["connect"]["profiles"] == ["debezium"]
+
+
+def test_dockerfile_image_runs_the_oncely_cli_as_a_non_root_user() -> None:
+    parser = DockerfileParser(path=str(ROOT / "Dockerfile"))
+    instructions = [(item["instruction"], item["value"]) for item in parser.structure]
+    entrypoints = [value for name, value in instructions if name == "ENTRYPOINT"]
+    assert [json.loads(value) for value in entrypoints] == [["oncely"]]
+    users = [value for name, value in instructions if name == "USER"]
+    assert users and users[-1] not in {"root", "0"}
+    for name, value in instructions:
+        if name == "COPY" and "--from" not in value:
+            *sources, _dest = value.split()
+            for source in sources:
+                assert (ROOT / source).exists(), f"COPY source {source} is missing"
