@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from oncely.cli import demo, dev
+from oncely.cli import db, demo, dev
 
 app = typer.Typer(
     name="oncely",
@@ -12,6 +12,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+app.add_typer(db.app, name="db")
 app.add_typer(dev.app, name="dev")
 app.command(name="demo")(demo.run)
 

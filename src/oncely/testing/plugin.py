@@ -7,8 +7,9 @@ Fixtures:
 - ``kafka_admin`` (session): a confluent-kafka ``AdminClient``.
 - ``new_topic`` (function): ``new_topic(partitions=1) -> name`` creates a uuid-named topic,
   deleted after the test.
-- ``database_url`` (function): SQLAlchemy URL of a fresh database cloned from a session
-  template, dropped after the test.
+- ``database_url`` (function): SQLAlchemy URL of a fresh database with oncely's tables,
+  cloned from a session template (``oncely db upgrade`` applied once), dropped after the test.
+- ``new_database`` (function): ``new_database(empty=False) -> url`` for more databases.
 
 When no services can be had, every test that asks for them fails with the reason; it never
 skips.
@@ -21,10 +22,12 @@ from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
+import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
+from oncely.storage.migrations import upgrade
 from oncely.testing.services import Services, ServicesUnavailable, libpq_dsn, provide_services
 
 TEMPLATE_DATABASE = "oncely_test_template"
@@ -72,7 +75,7 @@ def new_topic(kafka_admin: AdminClient) -> Iterator[Callable[..., str]]:
 
 @pytest.fixture(scope="session")
 def _oncely_template(oncely_services: Services) -> str:
-    """Create the template database every per-test database is cloned from."""
+    """Create the template database (with oncely's tables) that test databases are cloned from."""
     with psycopg.connect(libpq_dsn(oncely_services.database_url), autocommit=True) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
@@ -80,29 +83,51 @@ def _oncely_template(oncely_services: Services) -> str:
             )
         )
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(TEMPLATE_DATABASE)))
+    url = make_url(oncely_services.database_url).set(database=TEMPLATE_DATABASE)
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    upgrade(engine)
+    engine.dispose()
     return TEMPLATE_DATABASE
 
 
 @pytest.fixture
-def database_url(oncely_services: Services, _oncely_template: str) -> Iterator[str]:
-    """A fresh database for this test, cloned from the template; dropped afterwards."""
-    name = f"test_{uuid.uuid4().hex}"
+def new_database(oncely_services: Services, _oncely_template: str) -> Iterator[Callable[..., str]]:
+    """Create fresh databases: ``new_database(empty=False) -> SQLAlchemy URL``.
+
+    A database is cloned from the template that has oncely's tables, or is empty with
+    ``empty=True``. All are dropped after the test.
+    """
     maintenance = libpq_dsn(oncely_services.database_url)
-    with psycopg.connect(maintenance, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(_oncely_template)
+    created: list[str] = []
+
+    def create(*, empty: bool = False) -> str:
+        name = f"test_{uuid.uuid4().hex}"
+        template = "template0" if empty else _oncely_template
+        with psycopg.connect(maintenance, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(name), sql.Identifier(template)
+                )
             )
+        created.append(name)
+        return (
+            make_url(oncely_services.database_url)
+            .set(database=name)
+            .render_as_string(hide_password=False)
         )
-    yield (
-        make_url(oncely_services.database_url)
-        .set(database=name)
-        .render_as_string(hide_password=False)
-    )
+
+    yield create
     with psycopg.connect(maintenance, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
+        for name in created:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@pytest.fixture
+def database_url(new_database: Callable[..., str]) -> str:
+    """A fresh database with oncely's tables, for this test only (dropped afterwards)."""
+    return new_database()
 
 
 def pytest_terminal_summary(
