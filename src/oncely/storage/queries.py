@@ -1,6 +1,7 @@
-"""Named SQL statements, kept in the packaged ``sql/queries.sql`` and loaded once.
+"""Named SQL statements, kept in the packaged ``sql/*.sql`` files (one per area) and loaded once.
 
 A statement starts with a ``-- name: <name>`` line; the comment lines after it document it.
+Names are unique across all files.
 Code refers to statements by name (``query("idempotency_insert")``), so every claim, settle and
 receipt statement is one reviewed piece of SQL with bound ``:parameters``.
 """
@@ -18,9 +19,16 @@ _NAME = re.compile(r"^-- name: ([a-z0-9_]+)\s*$", re.MULTILINE)
 
 @cache
 def _load() -> dict[str, str]:
-    text = resources.files(__package__).joinpath("sql", "queries.sql").read_text()
-    parts = _NAME.split(text)
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    statements: dict[str, str] = {}
+    for entry in sorted(resources.files(__package__).joinpath("sql").iterdir(), key=str):
+        if not entry.name.endswith(".sql"):
+            continue
+        parts = _NAME.split(entry.read_text())
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in statements:
+                raise RuntimeError(f"SQL statement {name!r} is defined twice ({entry.name})")
+            statements[name] = body.strip()
+    return statements
 
 
 @cache

@@ -1,4 +1,4 @@
--- oncely's named statements. Each starts with "-- name: <name>"; see oncely.storage.queries.
+-- Inbound idempotency keys (seed 000). Each statement starts with "-- name: <name>".
 
 -- name: idempotency_insert
 -- First sight of (owner, key): claim it. Returns no row when the key is already known.
