@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
+from oncely.storage import migrations
+
 pytestmark = pytest.mark.acceptance
 
 
@@ -25,7 +27,8 @@ def test_db_upgrade_twice_is_a_no_op(new_database: Callable[..., str]) -> None:
     url = new_database(empty=True)
     first = _oncely("db", "upgrade", "--database-url", url)
     assert first.returncode == 0, first.stderr
-    assert "applied 1 migration(s): 0001_initial" in first.stdout
+    names = ", ".join(f"{m.version:04d}_{m.name}" for m in migrations())
+    assert f"applied {len(migrations())} migration(s): {names}" in first.stdout
     second = _oncely("db", "upgrade", "--database-url", url)
     assert second.returncode == 0, second.stderr
     assert "up to date" in second.stdout

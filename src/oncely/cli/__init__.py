@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from oncely.cli import db, demo, dev
+from oncely.cli import db, demo, dev, schemas
 
 app = typer.Typer(
     name="oncely",
@@ -14,6 +14,7 @@ app = typer.Typer(
 )
 app.add_typer(db.app, name="db")
 app.add_typer(dev.app, name="dev")
+app.add_typer(schemas.app, name="schemas")
 app.command(name="demo")(demo.run)
 
 

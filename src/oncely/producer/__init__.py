@@ -10,14 +10,19 @@ from oncely.producer.idempotency import (
     InvalidKey,
     Mismatch,
 )
+from oncely.producer.staging import DuplicateInTransactionError, StagedEvent, stage, stage_many
 
 __all__ = [
     "AsyncIdempotencyKeys",
     "Busy",
     "Claim",
     "ClaimLost",
+    "DuplicateInTransactionError",
     "IdempotencyError",
     "IdempotencyKeys",
     "InvalidKey",
     "Mismatch",
+    "StagedEvent",
+    "stage",
+    "stage_many",
 ]

@@ -18,6 +18,9 @@ from oncely.errors import ConfigurationError
 
 OUTBOX_STATUSES = ("pending", "published", "dead", "skipped")
 TASK_STATUSES = ("queued", "leased", "completed", "dead", "failed", "stale", "expired")
+#: Task states nothing leaves on its own; purged after the retention period. ``stale`` is not
+#: terminal: it waits for an operator's ``oncely tasks reclaim``.
+TASK_TERMINAL_STATUSES = ("completed", "dead", "failed", "expired")
 TASK_POLICIES = ("retry_safe", "irreversible")
 IDEMPOTENCY_STATUSES = ("processing", "accepted", "rejected")
 IDEMPOTENCY_KEY_MAX = 200
@@ -25,6 +28,8 @@ IDEMPOTENCY_KEY_MAX = 200
 #: The channel a statement-level trigger notifies after every insert into the outbox, delivered
 #: at commit: an idle relay LISTENing on it wakes at once, whoever wrote the rows.
 NOTIFY_CHANNEL = "oncely_outbox"
+#: The channel notified at commit after every insert into ``oncely_tasks``: task workers LISTEN.
+TASKS_NOTIFY_CHANNEL = "oncely_tasks"
 
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -49,6 +54,33 @@ def _ddl(statement: str) -> sa.DDL:
 
 def _in(column: str, values: tuple[str, ...]) -> str:
     return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def _any(column: str, values: tuple[str, ...]) -> str:
+    """``column = ANY (ARRAY[...])`` as PostgreSQL prints it back, for partial index predicates."""
+    return f"{column} = ANY (ARRAY[{', '.join(f'{v!r}::text' for v in values)}])"
+
+
+def _notify_on_insert(table: sa.Table, prefix: str, channel: str) -> None:
+    """Create (and drop) a statement-level trigger that notifies ``channel`` after inserts."""
+    function = f"{prefix}{table.name}_notify"
+    sa.event.listen(
+        table,
+        "after_create",
+        _ddl(
+            f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql "
+            f"AS $$ BEGIN PERFORM pg_notify('{channel}', ''); RETURN NULL; END $$"
+        ),
+    )
+    sa.event.listen(
+        table,
+        "after_create",
+        _ddl(
+            f"CREATE TRIGGER {table.name}_notify AFTER INSERT ON {prefix}{table.name} "
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
+        ),
+    )
+    sa.event.listen(table, "after_drop", _ddl(f"DROP FUNCTION IF EXISTS {function}()"))
 
 
 def build_metadata(schema: str | None = None) -> sa.MetaData:
@@ -81,7 +113,6 @@ def build_metadata(schema: str | None = None) -> sa.MetaData:
         sa.Column("kafka_offset", sa.BigInteger),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
         sa.PrimaryKeyConstraint("id", name="oncely_outbox_pkey"),
-        sa.UniqueConstraint("seq", name="oncely_outbox_seq_key"),
         sa.UniqueConstraint("event_key", name="oncely_outbox_event_key_key"),
         sa.CheckConstraint(_in("status", OUTBOX_STATUSES), name="oncely_outbox_status_check"),
     )
@@ -103,25 +134,7 @@ def build_metadata(schema: str | None = None) -> sa.MetaData:
         postgresql_where=sa.text("status = 'published'"),
     )
     prefix = f"{schema}." if schema else ""
-    sa.event.listen(
-        outbox,
-        "after_create",
-        _ddl(
-            f"CREATE FUNCTION {prefix}oncely_outbox_notify() RETURNS trigger LANGUAGE plpgsql "
-            f"AS $$ BEGIN PERFORM pg_notify('{NOTIFY_CHANNEL}', ''); RETURN NULL; END $$"
-        ),
-    )
-    sa.event.listen(
-        outbox,
-        "after_create",
-        _ddl(
-            f"CREATE TRIGGER oncely_outbox_notify AFTER INSERT ON {prefix}oncely_outbox "
-            f"FOR EACH STATEMENT EXECUTE FUNCTION {prefix}oncely_outbox_notify()"
-        ),
-    )
-    sa.event.listen(
-        outbox, "after_drop", _ddl(f"DROP FUNCTION IF EXISTS {prefix}oncely_outbox_notify()")
-    )
+    _notify_on_insert(outbox, prefix, NOTIFY_CHANNEL)
 
     sa.Table(
         "oncely_receipts",
@@ -171,6 +184,13 @@ def build_metadata(schema: str | None = None) -> sa.MetaData:
         tasks.c.lease_until,
         postgresql_where=sa.text("status = 'leased'"),
     )
+    # Migration 0002: retention purge of terminal tasks, and the workers' wake-up call.
+    sa.Index(
+        "oncely_tasks_finished_at_idx",
+        tasks.c.finished_at,
+        postgresql_where=sa.text(_any("status", TASK_TERMINAL_STATUSES)),
+    )
+    _notify_on_insert(tasks, prefix, TASKS_NOTIFY_CHANNEL)
 
     sa.Table(
         "oncely_idempotency_keys",

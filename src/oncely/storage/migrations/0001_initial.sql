@@ -22,7 +22,6 @@ CREATE TABLE oncely_outbox (
     kafka_offset    bigint,
     created_at      timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT oncely_outbox_pkey PRIMARY KEY (id),
-    CONSTRAINT oncely_outbox_seq_key UNIQUE (seq),
     CONSTRAINT oncely_outbox_event_key_key UNIQUE (event_key),
     CONSTRAINT oncely_outbox_status_check
         CHECK (status IN ('pending', 'published', 'dead', 'skipped'))

@@ -1,0 +1,1 @@
+"""The payments example: a service that moves money between accounts through oncely."""

@@ -1,0 +1,56 @@
+"""The errors of the schema layer: deriving schemas, the catalog, encoding and decoding events.
+
+Configuration problems (a model that has no Avro schema, a catalog that disagrees with the code)
+are :class:`~oncely.errors.ConfigurationError`: they are found at start-up and fixed in code.
+A record that cannot be decoded is a :class:`DecodeError`, whatever the cause, so a consumer
+has one thing to catch to dead-letter a poison record.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from oncely.errors import ConfigurationError, OncelyError
+
+
+class SchemaDerivationError(ConfigurationError):
+    """An event model cannot be described by an Avro schema."""
+
+
+class CatalogError(ConfigurationError):
+    """The schema catalog is malformed or disagrees with the code."""
+
+
+class EncodeError(OncelyError):
+    """An event could not be encoded."""
+
+
+class DecodeFailure(StrEnum):
+    """Why a record's value could not be decoded; :attr:`DecodeError.reason` holds one."""
+
+    UNKNOWN_EVENT_TYPE = "unknown-event-type"
+    """The record names no event type, or one this application has not registered."""
+    WRONG_EVENT_TYPE = "wrong-event-type"
+    """The record holds another event type than the caller expected."""
+    UNKNOWN_SCHEMA = "unknown-schema"
+    """The writer schema's fingerprint or schema-registry id is not known."""
+    INCOMPATIBLE_SCHEMA = "incompatible-schema"
+    """The writer schema cannot be resolved to the reader's (a field without default is new)."""
+    CONTENT_TYPE = "content-type"
+    """The ``content-type`` header is unknown or is not the event type's encoding."""
+    CORRUPT = "corrupt"
+    """The bytes are truncated, mis-framed or not valid in the writer's schema."""
+    INVALID = "invalid"
+    """The decoded data does not validate against the event model."""
+
+
+class DecodeError(OncelyError):
+    """A record's value could not be decoded into an event."""
+
+    def __init__(self, reason: DecodeFailure, detail: str) -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"cannot decode event ({reason}): {detail}")
+
+    def __reduce__(self) -> tuple[type[DecodeError], tuple[DecodeFailure, str]]:
+        return type(self), (self.reason, self.detail)

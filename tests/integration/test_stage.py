@@ -1,0 +1,187 @@
+"""stage(): the outbox row commits with the business rows or not at all (real PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+import sqlalchemy as sa
+from examples.payments.events import TransferCompleted, registry
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+from oncely.producer.staging import DuplicateInTransactionError, stage, stage_many
+from oncely.schemas.codec import Codec
+from oncely.storage import DuplicateEventKeyError
+
+pytestmark = pytest.mark.integration
+
+CODEC = Codec(registry=registry)
+
+
+def _event(transfer_id: uuid.UUID | None = None) -> TransferCompleted:
+    return TransferCompleted(
+        transfer_id=transfer_id or uuid.uuid4(),
+        amount=Decimal("12.50"),
+        currency="EUR",
+        from_account="acc-1",
+        to_account="acc-2",
+        completed_at=datetime(2026, 11, 29, 9, 0, tzinfo=UTC),
+    )
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE transfers (id uuid PRIMARY KEY, note text)"))
+    yield engine
+    engine.dispose()
+
+
+def _outbox(engine: sa.Engine) -> list[sa.Row[tuple[object, ...]]]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text("SELECT * FROM oncely_outbox ORDER BY seq")))
+
+
+def _business(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM transfers")).scalar_one())
+
+
+def test_session_commit_keeps_the_row_with_the_codec_bytes(engine: sa.Engine) -> None:
+    event = _event()
+    with Session(engine) as session, session.begin():
+        session.execute(
+            sa.text("INSERT INTO transfers VALUES (:id, 'x')"), {"id": event.transfer_id}
+        )
+        staged = stage(session, event, headers={"x-origin": "test"})
+    [row] = _outbox(engine)
+    assert row.id == staged.id
+    assert staged.id.version == 7
+    assert row.type == "transfer.completed"
+    assert row.topic == registry.get("transfer.completed").topic
+    assert (row.aggregatetype, row.aggregateid) == ("transfer", str(event.transfer_id))
+    assert row.event_key == str(staged.id)
+    assert bytes(row.payload) == staged.payload
+    assert CODEC.decode(bytes(row.payload), row.headers) == event
+    assert row.headers["x-origin"] == "test"
+    assert row.headers["content-type"] == "application/vnd.oncely.avro"
+    assert row.status == "pending"
+
+
+def test_session_rollback_leaves_no_trace(engine: sa.Engine) -> None:
+    with Session(engine) as session:
+        session.begin()
+        session.execute(sa.text("INSERT INTO transfers VALUES (:id, 'x')"), {"id": uuid.uuid4()})
+        stage(session, _event())
+        session.flush()
+        session.rollback()
+    assert _outbox(engine) == []
+    assert _business(engine) == 0
+
+
+def test_connection_commit_and_rollback(engine: sa.Engine) -> None:
+    with engine.connect() as conn:
+        with conn.begin():
+            stage(conn, _event())
+        transaction = conn.begin()
+        stage(conn, _event())
+        transaction.rollback()
+    assert len(_outbox(engine)) == 1
+
+
+def test_async_session_commit_and_rollback(database_url: str, engine: sa.Engine) -> None:
+    async def run() -> None:
+        async_engine = create_async_engine(database_url)
+        async with AsyncSession(async_engine) as session:
+            async with session.begin():
+                stage(session, _event(), event_key="async-1")
+            await session.begin()
+            stage(session, _event(), event_key="async-2")
+            await session.flush()
+            await session.rollback()
+        await async_engine.dispose()
+
+    asyncio.run(run())
+    assert [row.event_key for row in _outbox(engine)] == ["async-1"]
+
+
+def test_stage_many_writes_a_batch_in_order(engine: sa.Engine) -> None:
+    events = [_event() for _ in range(5)]
+    with Session(engine) as session, session.begin():
+        staged = stage_many(session, events, event_keys=[f"k{i}" for i in range(5)])
+    rows = _outbox(engine)
+    assert [row.event_key for row in rows] == [f"k{i}" for i in range(5)]
+    assert [row.id for row in rows] == [s.id for s in staged]
+
+
+def test_the_active_span_s_traceparent_is_recorded(engine: sa.Engine) -> None:
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("transfer") as span:
+        with Session(engine) as session, session.begin():
+            stage(session, _event())
+        context = span.get_span_context()
+    [row] = _outbox(engine)
+    assert row.headers["traceparent"] == (
+        f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    )
+    assert trace.get_current_span().get_span_context().is_valid is False
+
+
+def test_the_same_event_key_twice_in_one_transaction_is_refused(engine: sa.Engine) -> None:
+    with Session(engine) as session, session.begin():
+        stage(session, _event(), event_key="once")
+        with pytest.raises(DuplicateInTransactionError, match="'once'"):
+            stage(session, _event(), event_key="once")
+        with pytest.raises(DuplicateInTransactionError, match="'twice'"):
+            stage_many(session, [_event(), _event()], event_keys=["twice", "twice"])
+    assert [row.event_key for row in _outbox(engine)] == ["once"]
+
+
+def test_duplicates_are_caught_when_the_transaction_began_implicitly(engine: sa.Engine) -> None:
+    with Session(engine) as session:
+        stage(session, _event(), event_key="autobegun")
+        with pytest.raises(DuplicateInTransactionError):
+            stage(session, _event(), event_key="autobegun")
+        session.commit()
+        stage(session, _event(), event_key="next-transaction")
+        session.commit()
+    with engine.connect() as conn:
+        stage(conn, _event(), event_key="conn-autobegun")
+        with pytest.raises(DuplicateInTransactionError):
+            stage(conn, _event(), event_key="conn-autobegun")
+        conn.commit()
+    keys = [row.event_key for row in _outbox(engine)]
+    assert keys == ["autobegun", "next-transaction", "conn-autobegun"]
+
+
+def test_an_event_key_from_an_earlier_transaction_is_refused_naming_it(engine: sa.Engine) -> None:
+    with Session(engine) as session, session.begin():
+        stage(session, _event(), event_key="transfer-42-completed")
+    with (
+        pytest.raises(DuplicateEventKeyError, match="transfer-42-completed"),
+        Session(engine) as session,
+        session.begin(),
+    ):
+        stage(session, _event(), event_key="transfer-42-completed")
+    assert len(_outbox(engine)) == 1
+
+
+def test_a_committed_stage_notifies_listening_relays(engine: sa.Engine, database_url: str) -> None:
+    import psycopg
+
+    from oncely.testing.services import libpq_dsn
+
+    with psycopg.connect(libpq_dsn(database_url), autocommit=True) as listener:
+        listener.execute("LISTEN oncely_outbox")
+        with Session(engine) as session, session.begin():
+            stage(session, _event())
+        notes = list(listener.notifies(timeout=5, stop_after=1))
+    assert [note.channel for note in notes] == ["oncely_outbox"]
