@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from oncely.cli import db, demo, dev, schemas
+from oncely.cli import db, dead, demo, dev, relay, schemas, topics
 
 app = typer.Typer(
     name="oncely",
@@ -13,8 +13,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(db.app, name="db")
+app.add_typer(dead.app, name="dead")
 app.add_typer(dev.app, name="dev")
+app.add_typer(relay.app, name="relay")
 app.add_typer(schemas.app, name="schemas")
+app.add_typer(topics.app, name="topics")
 app.command(name="demo")(demo.run)
 
 

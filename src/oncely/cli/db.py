@@ -7,6 +7,7 @@ from typing import Annotated
 import sqlalchemy as sa
 import typer
 
+from oncely.cli._options import DatabaseUrl
 from oncely.cli._output import err, out
 from oncely.errors import ConfigurationError
 from oncely.storage.migrations import upgrade as apply_migrations
@@ -14,14 +15,6 @@ from oncely.storage.migrations import upgrade_sql
 
 app = typer.Typer(help="Create and migrate oncely's tables in PostgreSQL.")
 
-DatabaseUrl = Annotated[
-    str,
-    typer.Option(
-        envvar="ONCELY_DATABASE_URL",
-        help="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db.",
-        show_default=False,
-    ),
-]
 Schema = Annotated[
     str | None,
     typer.Option(envvar="ONCELY_DATABASE_SCHEMA", help="Schema for oncely's tables (created)."),

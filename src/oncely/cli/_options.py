@@ -1,0 +1,38 @@
+"""Options shared by the commands that reach PostgreSQL and Kafka, and small value parsers."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Annotated
+
+import typer
+
+DatabaseUrl = Annotated[
+    str,
+    typer.Option(
+        envvar="ONCELY_DATABASE_URL",
+        help="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db.",
+        show_default=False,
+    ),
+]
+BootstrapServers = Annotated[
+    str,
+    typer.Option(
+        "--bootstrap-servers",
+        envvar="ONCELY_KAFKA_BOOTSTRAP_SERVERS",
+        help="Kafka bootstrap servers (host:port,...). Raw client settings: ONCELY_KAFKA_EXTRA.",
+        show_default=False,
+    ),
+]
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``15m``, ``12h`` or ``7d`` as a ``timedelta``; ``typer.BadParameter`` otherwise."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise typer.BadParameter(f"{text!r} is not a duration such as 90s, 15m, 12h or 7d")
+    return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])

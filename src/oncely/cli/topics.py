@@ -1,0 +1,54 @@
+"""``oncely topics ensure``: create the event types' topics, report weaker existing ones."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from confluent_kafka.admin import AdminClient
+
+from oncely.cli._imports import load_object
+from oncely.cli._options import BootstrapServers
+from oncely.cli._output import err, out
+from oncely.events import Registry
+from oncely.relay.topics import ensure_topics, planned_topics
+from oncely.settings import KafkaSettings, TopicSettings
+
+app = typer.Typer(help="Provision Kafka topics for the registered event types.")
+
+
+@app.command()
+def ensure(
+    registry: Annotated[str, typer.Option(help="The event registry, as module:attribute.")],
+    bootstrap_servers: BootstrapServers,
+    partitions: Annotated[
+        int | None, typer.Option(help="Partitions (env ONCELY_TOPICS_PARTITIONS, default 6).")
+    ] = None,
+    replication_factor: Annotated[
+        int | None, typer.Option(help="Replicas (env ONCELY_TOPICS_REPLICATION_FACTOR).")
+    ] = None,
+    min_insync_replicas: Annotated[
+        int | None, typer.Option(help="min.insync.replicas (ONCELY_TOPICS_MIN_INSYNC_REPLICAS).")
+    ] = None,
+) -> None:
+    """Create missing topics; exit 1 if an existing topic is weaker than declared."""
+    loaded = load_object(registry)
+    if not isinstance(loaded, Registry):
+        err.print(f"[red]error:[/] {registry} is a {type(loaded).__name__}, not an oncely Registry")
+        raise typer.Exit(2)
+    flags: dict[str, Any] = {
+        "partitions": partitions,
+        "replication_factor": replication_factor,
+        "min_insync_replicas": min_insync_replicas,
+    }
+    settings = TopicSettings(**{k: v for k, v in flags.items() if v is not None})
+    admin = AdminClient(KafkaSettings(bootstrap_servers=bootstrap_servers).client_config())
+    report = ensure_topics(admin, planned_topics(loaded, settings))
+    for name in report.created:
+        out.print(f"created   {name}")
+    for name in report.matching:
+        out.print(f"ok        {name}")
+    for problem in report.mismatches:
+        out.print(f"[red]mismatch[/]  {problem}")
+    if report.mismatches:
+        raise typer.Exit(1)

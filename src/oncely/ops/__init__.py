@@ -1,0 +1,1 @@
+"""Operating oncely's processes: metrics, the health endpoint, structured logs."""

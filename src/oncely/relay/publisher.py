@@ -1,0 +1,94 @@
+"""The relay's Kafka producer: idempotent, ``acks=all``, Java-compatible partitioning.
+
+Each row's result arrives through its delivery report, the only truth about whether the broker
+has the record. ``BufferError`` (the local queue is full) is backpressure: serve reports and
+try again. A fatal error of the idempotent producer is remembered in :attr:`fatal`; the relay
+then calls :meth:`recreate`, which fails every outstanding record (they retry) and starts a new
+producer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from oncely.relay.records import ClaimedRow
+
+log = logging.getLogger(__name__)
+
+OnResult = Callable[[ClaimedRow, KafkaError | None, Message | None], None]
+
+#: Settings the relay's guarantees depend on; configuration cannot override them.
+REQUIRED = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "partitioner": "murmur2_random",
+}
+
+
+class Publisher:
+    """Produce claimed rows and report each one's result to ``on_result``."""
+
+    def __init__(self, config: Mapping[str, Any], *, on_result: OnResult) -> None:
+        self._config = {**config, **REQUIRED, "error_cb": self._on_error}
+        self._on_result = on_result
+        self.fatal: KafkaError | None = None
+        self.brokers_down = False
+        self._producer = Producer(self._config)
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            self.fatal = error
+            log.error("fatal producer error: %s", error.str(), extra={"code": error.name()})
+        elif error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self.brokers_down = True
+            log.warning("all brokers are down: %s", error.str())
+        else:
+            log.warning("producer error: %s", error.str(), extra={"code": error.name()})
+
+    def produce(self, row: ClaimedRow) -> None:
+        """Hand ``row`` to the producer; its result comes later through ``on_result``."""
+
+        def report(error: KafkaError | None, message: Message) -> None:
+            if error is None:
+                self.brokers_down = False
+            self._on_result(row, error, message)
+
+        while True:
+            try:
+                self._producer.produce(
+                    row.topic,
+                    key=row.key,
+                    value=row.payload,
+                    headers=row.kafka_headers(),
+                    timestamp=row.timestamp_ms,
+                    on_delivery=report,
+                )
+                return
+            except BufferError:
+                self._producer.poll(0.1)
+            except KafkaException as exc:
+                # Refused before sending (e.g. larger than message.max.bytes): a failed delivery.
+                self._on_result(row, exc.args[0], None)
+                return
+
+    def poll(self, timeout: float) -> None:
+        """Serve delivery reports for up to ``timeout`` seconds."""
+        self._producer.poll(timeout)
+
+    def flush(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for every report; return how many are still missing."""
+        return int(self._producer.flush(timeout))
+
+    def outstanding(self) -> int:
+        return len(self._producer)
+
+    def recreate(self) -> None:
+        """Fail every outstanding record (reported as purged) and start a new producer."""
+        self._producer.purge()
+        self._producer.flush(0)
+        self._producer = Producer(self._config)
+        self.fatal = None

@@ -1,0 +1,101 @@
+"""The relay as a process: wire settings, database, producer, metrics and signals together."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+import sqlalchemy as sa
+
+from oncely.ops.http import HealthServer
+from oncely.ops.metrics import RelayMetrics
+from oncely.relay.publisher import Publisher
+from oncely.relay.relay import Relay
+from oncely.relay.store import OutboxStore
+from oncely.relay.wakeup import Wakeup
+from oncely.settings import KafkaSettings, RelaySettings
+
+log = logging.getLogger(__name__)
+
+
+def default_relay_id() -> str:
+    """``hostname-pid-random``: unique per process, readable in ``lease_owner``."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def producer_config(kafka: KafkaSettings, relay: RelaySettings) -> dict[str, object]:
+    """librdkafka settings of the relay's producer (``Publisher`` adds the fixed ones)."""
+    return {
+        **kafka.client_config(),
+        "linger.ms": relay.linger_ms,
+        "compression.type": relay.compression,
+        "message.timeout.ms": relay.delivery_timeout_ms,
+    }
+
+
+def build_relay(
+    *,
+    engine: sa.Engine,
+    kafka: KafkaSettings,
+    settings: RelaySettings,
+    stop: threading.Event,
+    metrics: RelayMetrics | None = None,
+) -> Relay:
+    """A :class:`Relay` over ``engine`` and Kafka, listening for staged rows."""
+    owner = settings.relay_id or default_relay_id()
+    config = producer_config(kafka, settings)
+
+    def publisher(on_result: Callable[..., None]) -> Publisher:
+        return Publisher(config, on_result=on_result)
+
+    dsn = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    return Relay(
+        store=OutboxStore(engine, owner=owner),
+        publisher_factory=publisher,
+        settings=settings,
+        metrics=metrics or RelayMetrics(),
+        wakeup=Wakeup(dsn, stop=stop),
+    )
+
+
+def run_relay(*, database_url: str, kafka: KafkaSettings, settings: RelaySettings) -> None:
+    """Run a relay until SIGTERM or SIGINT, then drain gracefully and return."""
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        log.info("stopping on signal %s", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    engine = sa.create_engine(database_url, pool_pre_ping=True, pool_size=2)
+    relay = build_relay(engine=engine, kafka=kafka, settings=settings, stop=stop)
+    server = None
+    if settings.metrics_port is not None:
+        server = HealthServer(
+            registry=relay.metrics.registry,
+            healthy=relay.healthy,
+            ready=relay.ready,
+            port=settings.metrics_port,
+        )
+        server.start()
+    log.info(
+        "relay started",
+        extra={
+            "relay_id": relay.store.owner,
+            "bootstrap_servers": kafka.bootstrap_servers,
+            "metrics_port": server.port if server else None,
+        },
+    )
+    try:
+        relay.run(stop)
+    finally:
+        if server is not None:
+            server.stop()
+        engine.dispose()

@@ -1,0 +1,78 @@
+"""`oncely dead list|requeue|skip` and `oncely relay purge` print what they changed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from tests.helpers import count_status, insert_rows, outbox_rows
+
+pytestmark = pytest.mark.acceptance
+
+
+def _oncely(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "oncely", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(database_url)
+    yield engine
+    engine.dispose()
+
+
+def test_dead_rows_are_listed_requeued_and_skipped(engine: sa.Engine, database_url: str) -> None:
+    rows = outbox_rows(3, topics=["a"], keys=3)
+    for row, topic in zip(rows, ["a", "b", "b"], strict=True):
+        row["topic"] = topic
+        row["status"] = "dead"
+        row["attempts"] = 5
+        row["last_error"] = "MSG_SIZE_TOO_LARGE: too big"
+    insert_rows(engine, rows)
+    listed = _oncely("dead", "list", "--database-url", database_url)
+    assert listed.returncode == 0, listed.stderr
+    assert "3 dead row(s)" in listed.stdout
+    assert "too big" in listed.stdout
+
+    refused = _oncely("dead", "requeue", "--database-url", database_url)
+    assert refused.returncode == 2
+    skipped = _oncely("dead", "skip", "--database-url", database_url, str(rows[0]["id"]))
+    assert "skipped 1 row(s)" in skipped.stdout
+    assert str(rows[0]["id"]) in skipped.stdout
+    requeued = _oncely("dead", "requeue", "--database-url", database_url, "--topic", "b")
+    assert "requeued 2 row(s)" in requeued.stdout
+    with engine.connect() as conn:
+        attempts = conn.execute(
+            sa.text("SELECT attempts FROM oncely_outbox WHERE status = 'pending'")
+        ).scalars()
+        assert list(attempts) == [0, 0]
+    assert count_status(engine, "skipped") == 1
+
+
+def test_relay_purge_deletes_old_published_rows(engine: sa.Engine, database_url: str) -> None:
+    rows = outbox_rows(4, topics=["a"], keys=4)
+    insert_rows(engine, rows)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE oncely_outbox SET status = 'published', published_at = now() - "
+                "CASE WHEN seq % 2 = 0 THEN interval '8 days' ELSE interval '1 day' END"
+            )
+        )
+    result = _oncely("relay", "purge", "--database-url", database_url, "--older-than", "7d")
+    assert result.returncode == 0, result.stderr
+    assert "deleted 2 published row(s) older than 7d" in result.stdout
+    assert count_status(engine, "published") == 2
+    bad = _oncely("relay", "purge", "--database-url", database_url, "--older-than", "a week")
+    assert bad.returncode == 2
+    assert "not a duration" in bad.stderr

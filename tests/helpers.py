@@ -1,0 +1,156 @@
+"""Test helpers shared by integration and acceptance tests: raw outbox rows, topic read-back."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from confluent_kafka import Consumer, TopicPartition
+
+from oncely.ops.metrics import RelayMetrics
+from oncely.relay import Relay, build_relay
+from oncely.settings import KafkaSettings, RelaySettings
+from oncely.storage import outbox
+
+
+def outbox_rows(
+    count: int, *, topics: Sequence[str], keys: int, payload: bytes = b"x" * 200
+) -> list[dict[str, object]]:
+    """Rows as a producer would stage them: key i % keys, topic by key, payload as given."""
+    rows = []
+    for i in range(count):
+        key = i % keys
+        rows.append(
+            {
+                "id": uuid.uuid4(),
+                "aggregatetype": "account",
+                "aggregateid": f"key-{key}",
+                "type": "test.event",
+                "topic": topics[(i // keys) % len(topics)],
+                "payload": payload,
+                "headers": {"content-type": "application/octet-stream", "n": str(i)},
+                "event_key": f"event-{i}-{uuid.uuid4().hex[:6]}",
+            }
+        )
+    return rows
+
+
+def insert_rows(engine: sa.Engine, rows: Sequence[dict[str, object]]) -> None:
+    with engine.begin() as conn:
+        for start in range(0, len(rows), 1000):
+            conn.execute(sa.insert(outbox), list(rows[start : start + 1000]))
+
+
+def fast_settings(**overrides: object) -> RelaySettings:
+    values: dict[str, object] = {
+        "lease_seconds": 10.0,
+        "poll_interval_seconds": 0.2,
+        "backoff_base_seconds": 0.2,
+        "backoff_max_seconds": 2.0,
+        "delivery_timeout_ms": 10_000,
+        "purge_interval_seconds": 3600.0,
+        "shutdown_timeout_seconds": 15.0,
+        **overrides,
+    }
+    return RelaySettings(**values)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def running_relay(engine: sa.Engine, bootstrap: str, settings: RelaySettings) -> Iterator[Relay]:
+    """A relay on a thread for the duration of the block, stopped and drained afterwards."""
+    stop = threading.Event()
+    relay = build_relay(
+        engine=engine,
+        kafka=KafkaSettings(bootstrap_servers=bootstrap),
+        settings=settings,
+        stop=stop,
+        metrics=RelayMetrics(),
+    )
+    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield relay
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the relay did not stop within 60 s"
+
+
+def wait_until(predicate: object, *, timeout: float, interval: float = 0.2) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"condition not met within {timeout} s"
+        time.sleep(interval)
+
+
+def count_status(engine: sa.Engine, status: str) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text("SELECT count(*) FROM oncely_outbox WHERE status = :s"), {"s": status}
+            ).scalar_one()
+        )
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: str
+    value: bytes
+    headers: dict[str, bytes]
+
+
+def read_topics(bootstrap: str, topics: Sequence[str], *, timeout: float = 30) -> list[Record]:
+    """Every record now in ``topics`` (read from the beginning up to the high watermarks)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
+    records: list[Record] = []
+    try:
+        metadata = consumer.list_topics(timeout=10)
+        ends: dict[tuple[str, int], int] = {}
+        assignment = []
+        for topic in topics:
+            for partition in metadata.topics[topic].partitions:
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=10
+                )
+                if high > low:
+                    ends[(topic, partition)] = high
+                    assignment.append(TopicPartition(topic, partition, low))
+        consumer.assign(assignment)
+        deadline = time.monotonic() + timeout
+        while ends and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            topic, partition, offset = msg.topic() or "", msg.partition() or 0, msg.offset() or 0
+            records.append(
+                Record(
+                    topic,
+                    partition,
+                    offset,
+                    (msg.key() or b"").decode(),
+                    msg.value() or b"",
+                    {k: bytes(v or b"") for k, v in msg.headers() or []},  # type: ignore[misc]
+                )
+            )
+            if offset + 1 >= ends.get((topic, partition), 0):
+                ends.pop((topic, partition), None)
+        assert not ends, f"partitions not read to the end: {ends}"
+    finally:
+        consumer.close()
+    return records
