@@ -154,3 +154,64 @@ def read_topics(bootstrap: str, topics: Sequence[str], *, timeout: float = 30) -
     finally:
         consumer.close()
     return records
+
+
+def publish_events(
+    bootstrap: str, codec: object, events: Sequence[tuple[uuid.UUID, object]]
+) -> None:
+    """Produce events as the relay would (id and eventType headers, codec value), in order."""
+    from confluent_kafka import Producer
+    from pydantic import BaseModel
+
+    from oncely.schemas.codec import Codec
+
+    assert isinstance(codec, Codec)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for event_id, event in events:
+        assert isinstance(event, BaseModel)
+        event_type = codec.registry.for_model(type(event))
+        value, headers = codec.encode(event)
+        producer.produce(
+            event_type.topic,
+            key=event_type.key_of(event).encode(),
+            value=value,
+            headers=[("id", str(event_id)), ("eventType", event_type.name), *headers.items()],
+        )
+    assert producer.flush(30) == 0
+
+
+@contextlib.contextmanager
+def running_consumers(
+    effects: object, names: Sequence[str], engine: sa.Engine, bootstrap: str
+) -> Iterator[list[object]]:
+    """Effect consumers on threads for the block; stopped (offsets committed) afterwards."""
+    from oncely.consumers.effects import Effects
+    from oncely.consumers.service import build_consumers
+    from oncely.ops.metrics import ConsumerMetrics
+    from oncely.settings import ConsumerSettings
+
+    assert isinstance(effects, Effects)
+    stop = threading.Event()
+    consumers = build_consumers(
+        effects=effects,
+        names=names,
+        engine=engine,
+        kafka=KafkaSettings(bootstrap_servers=bootstrap),
+        settings=ConsumerSettings(batch_size=200, poll_timeout_seconds=0.2),
+        metrics=ConsumerMetrics(),
+    )
+    threads = [threading.Thread(target=c.run, args=(stop,), daemon=True) for c in consumers]
+    for thread in threads:
+        thread.start()
+    try:
+        yield list(consumers)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+            assert not thread.is_alive(), "a consumer did not stop within 60 s"
+
+
+def scalar(engine: sa.Engine, sql: str, **params: object) -> object:
+    with engine.connect() as conn:
+        return conn.execute(sa.text(sql), params).scalar_one()

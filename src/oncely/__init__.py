@@ -1,5 +1,7 @@
 """oncely: transactional outbox to Kafka to effects, with no lost events and no double effects."""
 
+from oncely.consumers.effects import EffectContext, Effects, FailurePolicy
+from oncely.consumers.tasks import LeaseLost, Task, Tasks, TaskWorker, enqueue_task
 from oncely.errors import ConfigurationError, OncelyError
 from oncely.events import EventType, Registry, RegistryError, UnknownEventTypeError
 from oncely.producer import (
@@ -12,12 +14,20 @@ from oncely.producer import (
     stage,
     stage_many,
 )
+from oncely.producer.commands import (
+    AsyncDurableCommand,
+    DurableCommand,
+    PostCommitEffectError,
+    PostCommitResult,
+    TaskEffect,
+)
 from oncely.schemas.catalog import SchemaCatalog
 from oncely.schemas.codec import Codec
 from oncely.schemas.compatibility import CompatibilityMode
 from oncely.schemas.errors import DecodeError, DecodeFailure, EncodeError
 
 __all__ = [
+    "AsyncDurableCommand",
     "AsyncIdempotencyKeys",
     "Busy",
     "Claim",
@@ -26,16 +36,28 @@ __all__ = [
     "ConfigurationError",
     "DecodeError",
     "DecodeFailure",
+    "DurableCommand",
+    "EffectContext",
+    "Effects",
     "EncodeError",
     "EventType",
+    "FailurePolicy",
     "IdempotencyKeys",
+    "LeaseLost",
     "Mismatch",
     "OncelyError",
+    "PostCommitEffectError",
+    "PostCommitResult",
     "Registry",
     "RegistryError",
     "SchemaCatalog",
     "StagedEvent",
+    "Task",
+    "TaskEffect",
+    "TaskWorker",
+    "Tasks",
     "UnknownEventTypeError",
+    "enqueue_task",
     "stage",
     "stage_many",
 ]

@@ -91,3 +91,16 @@ class TopicSettings(BaseSettings):
     min_insync_replicas: int = Field(
         default=1, ge=1, description="min.insync.replicas: acks=all waits for this many."
     )
+
+
+class ConsumerSettings(BaseSettings):
+    """How effect consumers poll and apply (``ONCELY_CONSUMER_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="ONCELY_CONSUMER_", extra="ignore")
+
+    batch_size: int = Field(default=500, ge=1, description="Records applied per transaction.")
+    poll_timeout_seconds: float = Field(default=0.5, gt=0, description="Wait for records.")
+    metrics_port: int | None = Field(
+        default=None, description="Serve /metrics, /healthz and /readyz on this port."
+    )
+    session_timeout_ms: int = Field(default=45_000, description="librdkafka session.timeout.ms.")

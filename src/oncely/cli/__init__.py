@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from oncely.cli import db, dead, demo, dev, relay, schemas, topics
+from oncely.cli import consume, db, dead, demo, dev, relay, replay, schemas, tasks, topics
 
 app = typer.Typer(
     name="oncely",
@@ -17,8 +17,11 @@ app.add_typer(dead.app, name="dead")
 app.add_typer(dev.app, name="dev")
 app.add_typer(relay.app, name="relay")
 app.add_typer(schemas.app, name="schemas")
+app.add_typer(tasks.app, name="tasks")
 app.add_typer(topics.app, name="topics")
 app.command(name="demo")(demo.run)
+app.command(name="consume")(consume.consume)
+app.command(name="replay")(replay.replay)
 
 
 def main() -> None:

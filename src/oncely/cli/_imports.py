@@ -6,9 +6,10 @@ import importlib
 import sys
 from pathlib import Path
 
+from oncely.consumers.effects import Effects
 from oncely.errors import ConfigurationError
 
-__all__ = ["ImportTargetError", "load_object"]
+__all__ = ["ImportTargetError", "load_effects", "load_object"]
 
 
 class ImportTargetError(ConfigurationError):
@@ -45,3 +46,15 @@ def load_object(target: str) -> object:
                 f"module {module_name!r} has no attribute {attribute!r} (looking for {target!r})"
             ) from None
     return found
+
+
+def load_effects(target: str) -> Effects:
+    """:func:`load_object`, checked to be an oncely ``Effects`` app.
+
+    Raises:
+        ImportTargetError: as :func:`load_object`, or the object is something else.
+    """
+    effects = load_object(target)
+    if not isinstance(effects, Effects):
+        raise ImportTargetError(f"{target} is a {type(effects).__name__}, not oncely Effects")
+    return effects

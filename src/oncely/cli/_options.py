@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import typer
@@ -36,3 +36,20 @@ def parse_duration(text: str) -> timedelta:
     if match is None:
         raise typer.BadParameter(f"{text!r} is not a duration such as 90s, 15m, 12h or 7d")
     return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+
+
+def parse_moment(text: str, *, now: datetime | None = None) -> datetime:
+    """An ISO-8601 time (naive means UTC), or a duration (``15m``) meaning that long before now.
+
+    Raises ``typer.BadParameter`` for anything else.
+    """
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        if _DURATION.fullmatch(text.strip()) is None:
+            raise typer.BadParameter(
+                f"{text!r} is neither an ISO-8601 time (2026-11-29T09:00:00Z) nor a duration "
+                "ago (15m, 12h)"
+            ) from None
+        return (now or datetime.now(UTC)) - parse_duration(text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

@@ -42,3 +42,51 @@ class RelayMetrics:
         self.dead_rows = Gauge(
             "oncely_outbox_dead_rows", "Dead rows per topic.", ["topic"], registry=r
         )
+
+
+class ConsumerMetrics:
+    """Counters, gauges and the handler-latency histogram of one consumer process."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.consumed = Counter(
+            "oncely_consumer_consumed", "Records received.", ["effect"], registry=r
+        )
+        self.applied = Counter(
+            "oncely_consumer_applied", "Effects applied (receipt inserted).", ["effect"], registry=r
+        )
+        self.duplicates = Counter(
+            "oncely_consumer_duplicates_suppressed",
+            "Records whose receipt already existed: the handler was not called.",
+            ["effect"],
+            registry=r,
+        )
+        self.failures = Counter(
+            "oncely_consumer_handler_failures", "Handler failures.", ["effect"], registry=r
+        )
+        self.dead_lettered = Counter(
+            "oncely_consumer_dead_lettered",
+            "Records produced to the effect's DLQ topic.",
+            ["effect", "reason"],
+            registry=r,
+        )
+        self.blocked = Gauge(
+            "oncely_consumer_blocked_partitions",
+            "Partitions stopped by the block policy.",
+            ["effect"],
+            registry=r,
+        )
+        self.lag = Gauge(
+            "oncely_consumer_lag",
+            "High watermark minus committed position.",
+            ["effect", "topic", "partition"],
+            registry=r,
+        )
+        self.handler_latency = Histogram(
+            "oncely_consumer_handler_seconds",
+            "Handler run time.",
+            ["effect"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+            registry=r,
+        )

@@ -30,6 +30,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from confluent_kafka import KafkaError, Message
 
+from oncely.ops.failpoints import failpoint
 from oncely.ops.metrics import RelayMetrics
 from oncely.relay import policy
 from oncely.relay.publisher import Publisher
@@ -119,16 +120,21 @@ class Relay:
             self._database_failed("claim", exc)
             return []
         self.database_ok = True
+        if claimed:
+            failpoint("relay.after_claim")
         for row in claimed:
             self._in_flight[row.id] = row
             self.metrics.claimed.labels(row.topic).inc()
             self._publisher.produce(row)
+        if claimed:
+            failpoint("relay.after_produce_before_ack")
         return claimed
 
     def _settle(self) -> None:
         if not self._results:
             return
         results, self._results = self._results, []
+        failpoint("relay.after_ack_before_mark")
         published: list[Published] = []
         failed: list[Failed] = []
         now = datetime.now(UTC)

@@ -13,6 +13,7 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
+from oncely.ops.failpoints import failpoint
 from oncely.relay.records import ClaimedRow
 from oncely.storage.queries import query
 
@@ -82,6 +83,7 @@ class OutboxStore:
             params["offsets"] = [p.offset for p in published]
         with self.engine.begin() as conn:
             done = set(conn.execute(statement, params).scalars())
+            failpoint("relay.after_mark_before_commit")
         lost = [p.row.id for p in published if p.row.id not in done]
         return SettleResult(len(done), lost, [])
 

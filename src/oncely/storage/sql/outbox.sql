@@ -118,3 +118,26 @@ UPDATE oncely_outbox
 SET status = 'skipped', lease_owner = NULL, lease_until = NULL
 WHERE status = 'dead' AND id = ANY (CAST(:ids AS uuid[]))
 RETURNING id, topic, aggregateid, type
+
+-- name: outbox_republish
+-- Recovery: published rows of a window go back to pending with attempts reset; the relay
+-- publishes them again under the same event ids, and consumers' receipts absorb the repeats.
+UPDATE oncely_outbox
+SET status = 'pending', attempts = 0, available_at = now(), published_at = NULL,
+    kafka_partition = NULL, kafka_offset = NULL, lease_owner = NULL, lease_until = NULL
+WHERE status = 'published'
+  AND created_at >= :since
+  AND (CAST(:until AS timestamptz) IS NULL OR created_at < :until)
+  AND (CAST(:type AS text) IS NULL OR type = :type)
+RETURNING id
+
+-- name: outbox_republish_count
+SELECT count(*) FROM oncely_outbox
+WHERE status = 'published'
+  AND created_at >= :since
+  AND (CAST(:until AS timestamptz) IS NULL OR created_at < :until)
+  AND (CAST(:type AS text) IS NULL OR type = :type)
+
+-- name: outbox_pending_among
+SELECT count(*) FROM oncely_outbox
+WHERE status <> 'published' AND id = ANY (CAST(:ids AS uuid[]))

@@ -1,0 +1,57 @@
+"""``oncely consume module:effects --effect NAME``: run effect consumer groups."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from oncely.cli._imports import load_object
+from oncely.cli._options import BootstrapServers, DatabaseUrl
+from oncely.cli._output import err
+from oncely.consumers.effects import Effects
+from oncely.consumers.service import run_consumers
+from oncely.errors import ConfigurationError
+from oncely.ops.logs import configure_logging
+from oncely.settings import ConsumerSettings, KafkaSettings
+
+
+def consume(
+    app: Annotated[str, typer.Argument(help="The effects app, as module:attribute.")],
+    effect: Annotated[
+        list[str], typer.Option("--effect", help="Effect to run (repeat for several).")
+    ],
+    database_url: DatabaseUrl,
+    bootstrap_servers: BootstrapServers,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Records per transaction (ONCELY_CONSUMER_BATCH_SIZE).")
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve /metrics, /healthz, /readyz on this port.")
+    ] = None,
+    log_format: Annotated[str, typer.Option(help="json or text.")] = "json",
+) -> None:
+    """Apply events to effects, once each, one consumer group per effect.
+
+    Each record's receipt (event id, effect) commits in the same transaction as the effect;
+    the Kafka offset is committed after. SIGTERM commits what was applied and exits 0.
+    """
+    configure_logging(json=log_format == "json")
+    loaded = load_object(app)
+    if not isinstance(loaded, Effects):
+        err.print(f"[red]error:[/] {app} is a {type(loaded).__name__}, not oncely Effects")
+        raise typer.Exit(2)
+    try:
+        for name in effect:
+            loaded.get(name)
+    except ConfigurationError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    flags: dict[str, Any] = {"batch_size": batch_size, "metrics_port": metrics_port}
+    run_consumers(
+        effects=loaded,
+        names=effect,
+        database_url=database_url,
+        kafka=KafkaSettings(bootstrap_servers=bootstrap_servers),
+        settings=ConsumerSettings(**{k: v for k, v in flags.items() if v is not None}),
+    )

@@ -1,0 +1,177 @@
+"""``oncely replay``: re-read topics for an effect group, or republish outbox rows."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Annotated
+
+import sqlalchemy as sa
+import typer
+from rich.progress import Progress
+from rich.table import Table
+
+from oncely.cli._imports import load_object
+from oncely.cli._output import err, out
+from oncely.consumers.effects import Effects
+from oncely.consumers.replay import (
+    AtOffset,
+    AtTime,
+    Earliest,
+    ReplayError,
+    Target,
+    count_republishable,
+    execute_reset,
+    plan_reset,
+    republish,
+    still_pending,
+)
+from oncely.errors import ConfigurationError
+from oncely.settings import KafkaSettings
+
+
+def _moment(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r} is not an ISO-8601 time (2026-11-29T09:00:00Z)"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _offset(text: str) -> AtOffset:
+    topic, _, rest = text.rpartition(":")
+    topic, _, partition = topic.rpartition(":")
+    if not topic or not partition.isdigit() or not rest.isdigit():
+        raise typer.BadParameter(f"{text!r} is not TOPIC:PARTITION:OFFSET")
+    return AtOffset(topic, int(partition), int(rest))
+
+
+def replay(
+    app: Annotated[
+        str | None, typer.Option(help="Effects app (module:attribute) owning --effect.")
+    ] = None,
+    effect: Annotated[str | None, typer.Option(help="The effect whose group moves.")] = None,
+    to_earliest: Annotated[bool, typer.Option(help="Re-read everything retained.")] = False,
+    to_datetime: Annotated[
+        str | None, typer.Option(help="Re-read from this time (ISO-8601; naive means UTC).")
+    ] = None,
+    to_offset: Annotated[
+        str | None, typer.Option(help="Move one partition: TOPIC:PARTITION:OFFSET.")
+    ] = None,
+    from_outbox: Annotated[
+        bool, typer.Option(help="Republish published outbox rows instead (same event ids).")
+    ] = False,
+    since: Annotated[str | None, typer.Option(help="--from-outbox: rows created since.")] = None,
+    until: Annotated[str | None, typer.Option(help="--from-outbox: rows created before.")] = None,
+    event_type: Annotated[
+        str | None, typer.Option("--type", help="--from-outbox: only this event type.")
+    ] = None,
+    execute: Annotated[bool, typer.Option(help="Apply the plan (default: dry run).")] = False,
+    wait: Annotated[bool, typer.Option(help="--from-outbox: follow until republished.")] = True,
+    bootstrap_servers: Annotated[
+        str | None,
+        typer.Option(envvar="ONCELY_KAFKA_BOOTSTRAP_SERVERS", help="Kafka bootstrap servers."),
+    ] = None,
+    database_url: Annotated[
+        str | None, typer.Option(envvar="ONCELY_DATABASE_URL", help="SQLAlchemy URL.")
+    ] = None,
+) -> None:
+    """Replay safely: receipts keep effects single, so re-reading never applies twice.
+
+    Either move an effect group's offsets (--app, --effect and one of --to-earliest,
+    --to-datetime, --to-offset; the group must be stopped), or republish outbox rows
+    (--from-outbox --since T [--until T] [--type X]). Both print the plan and change nothing
+    without --execute.
+    """
+    try:
+        if from_outbox:
+            _from_outbox(database_url, since, until, event_type, execute=execute, wait=wait)
+        else:
+            _reset(app, effect, to_earliest, to_datetime, to_offset, bootstrap_servers, execute)
+    except (ReplayError, ConfigurationError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+
+
+def _reset(
+    app: str | None,
+    effect: str | None,
+    to_earliest: bool,
+    to_datetime: str | None,
+    to_offset: str | None,
+    bootstrap_servers: str | None,
+    execute: bool,
+) -> None:
+    chosen = [to_earliest, to_datetime is not None, to_offset is not None]
+    if app is None or effect is None or sum(chosen) != 1 or bootstrap_servers is None:
+        raise ReplayError(
+            "give --app, --effect, --bootstrap-servers and exactly one of --to-earliest, "
+            "--to-datetime, --to-offset (or --from-outbox)"
+        )
+    effects = load_object(app)
+    if not isinstance(effects, Effects):
+        raise ReplayError(f"{app} is a {type(effects).__name__}, not oncely Effects")
+    target: Target
+    if to_earliest:
+        target = Earliest()
+    elif to_datetime is not None:
+        target = AtTime(_moment(to_datetime))
+    else:
+        assert to_offset is not None
+        target = _offset(to_offset)
+    group = effects.group_id(effect)
+    config = KafkaSettings(bootstrap_servers=bootstrap_servers).client_config()
+    moves = plan_reset(config, group=group, topics=effects.get(effect).topics, target=target)
+    table = Table(title=f"group {group}: {'applying' if execute else 'dry run'}")
+    for column in ("topic", "partition", "committed", "new offset", "to re-read"):
+        table.add_column(column)
+    for move in moves:
+        table.add_row(
+            move.topic,
+            str(move.partition),
+            "-" if move.current is None else str(move.current),
+            str(move.target),
+            str(move.to_reread),
+        )
+    out.print(table)
+    total = sum(m.to_reread for m in moves)
+    if not execute:
+        out.print(f"dry run: {total} record(s) would be re-read; add --execute to apply")
+        return
+    execute_reset(config, group=group, moves=moves)
+    out.print(f"moved {len(moves)} partition(s); {total} record(s) will be re-read")
+
+
+def _from_outbox(
+    database_url: str | None,
+    since: str | None,
+    until: str | None,
+    event_type: str | None,
+    *,
+    execute: bool,
+    wait: bool,
+) -> None:
+    if database_url is None or since is None:
+        raise ReplayError("--from-outbox needs --database-url and --since")
+    start, end = _moment(since), (_moment(until) if until else None)
+    engine = sa.create_engine(database_url)
+    try:
+        if not execute:
+            count = count_republishable(engine, since=start, until=end, event_type=event_type)
+            out.print(f"dry run: {count} published row(s) would be republished; add --execute")
+            return
+        ids = republish(engine, since=start, until=end, event_type=event_type)
+        out.print(f"republishing {len(ids)} row(s) with their original event ids")
+        if not wait or not ids:
+            return
+        with Progress(console=out) as progress:
+            task = progress.add_task("relay republishing", total=len(ids))
+            while (left := still_pending(engine, ids)) > 0:
+                progress.update(task, completed=len(ids) - left)
+                time.sleep(0.5)
+            progress.update(task, completed=len(ids))
+        out.print(f"republished {len(ids)} row(s)")
+    finally:
+        engine.dispose()

@@ -1,0 +1,191 @@
+"""``oncely tasks run|list|reclaim``: the durable task worker and its operator commands.
+
+Exit codes: 0 success (``run``: stopped by SIGTERM or SIGINT after finishing its task); 1 the
+database failed, or ``reclaim`` found no such task or a task that cannot be reclaimed; 2 the
+command could not start (a task name without a handler, a bad target or argument).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+import sqlalchemy as sa
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from oncely.cli._imports import load_object
+from oncely.cli._options import DatabaseUrl, parse_duration
+from oncely.cli._output import err, out
+from oncely.consumers.tasks import (
+    Backoff,
+    MissingHandlerError,
+    Tasks,
+    TaskStore,
+    TaskWorker,
+)
+from oncely.consumers.tasks.errors import TaskError
+from oncely.consumers.tasks.rules import iso_z
+from oncely.errors import ConfigurationError
+from oncely.ops.logs import configure_logging
+from oncely.storage.tables import TASK_STATUSES
+
+app = typer.Typer(
+    help="Run durable tasks (emails, webhooks, API calls) and manage stale and dead ones.",
+    no_args_is_help=True,
+)
+
+_FAILED = 1
+_CANNOT_RUN = 2
+
+
+@contextmanager
+def _database(database_url: str) -> Iterator[sa.Engine]:
+    """An engine for the command, disposed after it; exit 1 when the database fails."""
+    engine = sa.create_engine(database_url)
+    try:
+        yield engine
+    except sa.exc.OperationalError as exc:
+        err.print(f"[red]error:[/] database failure: {escape(str(exc.orig))}")
+        raise typer.Exit(_FAILED) from None
+    finally:
+        engine.dispose()
+
+
+def _load_tasks(target: str) -> Tasks:
+    try:
+        tasks = load_object(target)
+    except ConfigurationError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(_CANNOT_RUN) from None
+    if not isinstance(tasks, Tasks):
+        err.print(f"[red]error:[/] {escape(target)} is a {type(tasks).__name__}, not a Tasks app")
+        raise typer.Exit(_CANNOT_RUN)
+    return tasks
+
+
+@app.command()
+def run(
+    target: Annotated[
+        str,
+        typer.Argument(help="The Tasks app, as 'package.module:attribute'.", show_default=False),
+    ],
+    database_url: DatabaseUrl,
+    lease_seconds: Annotated[
+        float,
+        typer.Option(envvar="ONCELY_TASKS_LEASE_SECONDS", help="Lease of one attempt.", min=0.1),
+    ] = 60.0,
+    poll_seconds: Annotated[
+        float,
+        typer.Option(
+            envvar="ONCELY_TASKS_POLL_SECONDS",
+            help="Longest idle wait between sweeps (NOTIFY wakes the worker sooner).",
+            min=0.01,
+        ),
+    ] = 2.0,
+    retention: Annotated[
+        str,
+        typer.Option(
+            envvar="ONCELY_TASKS_RETENTION",
+            help="Delete finished tasks after this long (e.g. 7d, 12h); stale ones are kept.",
+        ),
+    ] = "7d",
+    max_backoff_seconds: Annotated[
+        float,
+        typer.Option(
+            envvar="ONCELY_TASKS_MAX_BACKOFF_SECONDS",
+            help="Cap of the retry backoff min(cap, 2 ** (attempt - 1)).",
+            min=0,
+        ),
+    ] = 3600.0,
+    worker_id: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ONCELY_TASKS_WORKER_ID",
+            help="Lease owner name (default: hostname-pid-random).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Run the tasks of an app until SIGTERM; refuse to start if a task name lacks a handler."""
+    tasks = _load_tasks(target)
+    retention_seconds = parse_duration(retention).total_seconds()
+    configure_logging(json=True)
+    with _database(database_url) as engine:
+        worker = TaskWorker(
+            engine=engine,
+            tasks=tasks,
+            lease_seconds=lease_seconds,
+            poll_seconds=poll_seconds,
+            retention_seconds=retention_seconds,
+            backoff=Backoff(cap=max_backoff_seconds),
+            worker_id=worker_id,
+        )
+        try:
+            worker.run()
+        except MissingHandlerError as exc:
+            err.print(f"[red]error:[/] refusing to start: {escape(str(exc))}")
+            raise typer.Exit(_CANNOT_RUN) from None
+
+
+@app.command(name="list")
+def list_tasks(
+    database_url: DatabaseUrl,
+    state: Annotated[
+        str | None,
+        typer.Option(help=f"Only tasks in this state: {', '.join(TASK_STATUSES)}."),
+    ] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.", min=1)] = 50,
+) -> None:
+    """List the newest tasks (times in UTC)."""
+    if state is not None and state not in TASK_STATUSES:
+        err.print(f"[red]error:[/] unknown state {escape(state)!r}: use {', '.join(TASK_STATUSES)}")
+        raise typer.Exit(_CANNOT_RUN)
+    with _database(database_url) as engine:
+        records = TaskStore(engine=engine).list_tasks(status=state, limit=limit)
+    table = Table("id", "name", "key", "policy", "state", "attempts", "available", "lease until")
+    table.add_column("last error", overflow="fold")
+    for record in records:
+        table.add_row(
+            str(record.id),
+            escape(record.name),
+            escape(record.task_key),
+            record.policy,
+            record.status,
+            f"{record.attempts}/{record.max_attempts}",
+            iso_z(record.available_at),
+            iso_z(record.lease_until),
+            escape((record.last_error or "")[:200]),
+        )
+    out.print(table)
+    out.print(f"{len(records)} task(s)")
+
+
+@app.command()
+def reclaim(
+    task_id: Annotated[str, typer.Argument(help="The task's id (see `list`).", show_default=False)],
+    database_url: DatabaseUrl,
+) -> None:
+    """Queue a stale (or dead, or failed) task again: an operator's decision.
+
+    For an irreversible task, first check with the provider (by the task's idempotency key,
+    its id) that the effect did not happen.
+    """
+    try:
+        parsed = uuid.UUID(task_id)
+    except ValueError:
+        err.print(f"[red]error:[/] {escape(task_id)!r} is not a task id (a UUID)")
+        raise typer.Exit(_CANNOT_RUN) from None
+    with _database(database_url) as engine:
+        try:
+            record = TaskStore(engine=engine).reclaim(parsed)
+        except TaskError as exc:
+            err.print(f"[red]error:[/] {escape(str(exc))}")
+            raise typer.Exit(_FAILED) from None
+    out.print(
+        f"reclaimed task {record.id} ({escape(record.name)}): queued after "
+        f"{record.attempts} attempt(s)"
+    )

@@ -1,0 +1,1 @@
+"""The consuming side: effects applied once, and durable local tasks (:mod:`.tasks`)."""

@@ -1,0 +1,86 @@
+"""Turning a consumed Kafka record into (event id, event), or the reason it cannot be applied.
+
+Records from oncely's relay and from Debezium's Outbox Event Router look the same to this
+module: the event id is the ``id`` header (36-character UUID text), the event type comes from
+the topic's registered type (the ``eventType`` header must agree when present), and the value
+is decoded by the codec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from confluent_kafka import Message
+
+from oncely.events import EventType
+from oncely.schemas.codec import Codec
+from oncely.schemas.errors import DecodeError
+
+MAX_HEADER_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Decoded:
+    message: Message
+    event_id: UUID
+    event_type: EventType[Any]
+    event: Any
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    message: Message
+    reason: str
+
+
+def text_headers(message: Message) -> dict[str, str] | str:
+    """The record's headers as text, or the reason they are unusable."""
+    raw = message.headers() or []
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    headers: dict[str, str] = {}
+    for name, value in pairs:
+        if value is None:
+            continue
+        data = value if isinstance(value, bytes) else value.encode()
+        if len(data) > MAX_HEADER_BYTES:
+            return f"header {name!r} is {len(data)} bytes long"
+        try:
+            headers[name] = data.decode()
+        except UnicodeDecodeError:
+            return f"header {name!r} is not UTF-8"
+    return headers
+
+
+def decode_record(
+    message: Message, *, codec: Codec, types_by_topic: dict[str, EventType[Any]]
+) -> Decoded | Undecodable:
+    """Decode ``message`` for an effect consuming ``types_by_topic``; never raises."""
+    headers = text_headers(message)
+    if isinstance(headers, str):
+        return Undecodable(message, headers)
+    event_type = types_by_topic.get(message.topic() or "")
+    if event_type is None:
+        return Undecodable(message, f"topic {message.topic()!r} carries no declared event type")
+    declared = headers.get("eventType")
+    if declared is not None and declared != event_type.name:
+        return Undecodable(
+            message, f"eventType header {declared!r} is not {event_type.name!r} of this topic"
+        )
+    raw_id = headers.get("id")
+    if raw_id is None:
+        return Undecodable(message, "no 'id' header: the event id is unknown")
+    try:
+        event_id = UUID(raw_id)
+    except ValueError:
+        return Undecodable(message, f"'id' header {raw_id[:64]!r} is not a UUID")
+    value = message.value()
+    if value is None:
+        return Undecodable(message, "the record has no value (a tombstone)")
+    try:
+        event = codec.decode(value, headers, expected=event_type.model)
+    except DecodeError as exc:
+        return Undecodable(message, str(exc))
+    return Decoded(message, event_id, event_type, event, headers)

@@ -1,0 +1,176 @@
+"""Recovery: re-read a topic for an effect, or republish outbox rows; receipts keep effects single.
+
+Two ways back in time:
+
+- :func:`plan_reset` / :func:`execute_reset` move an effect group's committed offsets (to the
+  earliest offset, to the first offset at or after a time, or to an explicit offset), like
+  ``kafka-consumer-groups --reset-offsets``. Refused while the group has members: stop its
+  consumers first.
+- :func:`republish` puts published outbox rows of a time window back to pending; the relay
+  publishes them again with the same event ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+import sqlalchemy as sa
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from oncely.errors import OncelyError
+from oncely.storage.queries import query
+
+
+class ReplayError(OncelyError):
+    """The replay cannot be planned or applied as asked."""
+
+
+@dataclass(frozen=True)
+class Earliest:
+    pass
+
+
+@dataclass(frozen=True)
+class AtTime:
+    moment: datetime
+
+
+@dataclass(frozen=True)
+class AtOffset:
+    topic: str
+    partition: int
+    offset: int
+
+
+Target = Earliest | AtTime | AtOffset
+
+
+@dataclass(frozen=True)
+class PartitionMove:
+    """One partition of the plan: committed offset (``None``: never committed) -> new offset."""
+
+    topic: str
+    partition: int
+    current: int | None
+    target: int
+    high: int
+
+    @property
+    def to_reread(self) -> int:
+        """Records the group will read again (from the new offset up to where it was)."""
+        end = self.high if self.current is None else self.current
+        return max(0, end - self.target)
+
+
+def plan_reset(
+    config: dict[str, str | int | float | bool],
+    *,
+    group: str,
+    topics: Sequence[str],
+    target: Target,
+    timeout: float = 30,
+) -> list[PartitionMove]:
+    """Where each partition of ``topics`` would move for ``group``; changes nothing."""
+    admin = AdminClient(config)
+    lookup = Consumer({**config, "group.id": f"{group}.oncely-replay-plan"})
+    try:
+        metadata = lookup.list_topics(timeout=timeout)
+        partitions = []
+        for topic in topics:
+            if topic not in metadata.topics:
+                raise ReplayError(f"topic {topic!r} does not exist")
+            partitions += [
+                TopicPartition(topic, p) for p in sorted(metadata.topics[topic].partitions)
+            ]
+        request = [ConsumerGroupTopicPartitions(group, partitions)]
+        committed_list = admin.list_consumer_group_offsets(request)[group].result(timeout)
+        committed = {
+            (tp.topic, tp.partition): tp.offset for tp in committed_list.topic_partitions or []
+        }
+        if isinstance(target, AtTime):
+            millis = int(target.moment.timestamp() * 1000)
+            found = lookup.offsets_for_times(
+                [TopicPartition(tp.topic, tp.partition, millis) for tp in partitions], timeout
+            )
+            by_time = {(tp.topic, tp.partition): tp.offset for tp in found}
+        moves = []
+        for tp in partitions:
+            low, high = lookup.get_watermark_offsets(tp, timeout=timeout)
+            key = (tp.topic, tp.partition)
+            current = committed.get(key)
+            current = current if current is not None and current >= 0 else None
+            if isinstance(target, Earliest):
+                new = low
+            elif isinstance(target, AtTime):
+                new = by_time[key] if by_time[key] >= 0 else high
+            elif (target.topic, target.partition) == key:
+                if not low <= target.offset <= high:
+                    raise ReplayError(
+                        f"offset {target.offset} of {target.topic}[{target.partition}] is outside "
+                        f"the retained range {low}..{high}"
+                    )
+                new = target.offset
+            else:
+                continue
+            moves.append(PartitionMove(tp.topic, tp.partition, current, new, high))
+        if isinstance(target, AtOffset) and not moves:
+            raise ReplayError(
+                f"{target.topic}[{target.partition}] is not a partition of the effect"
+            )
+        return moves
+    finally:
+        lookup.close()
+
+
+def execute_reset(
+    config: dict[str, str | int | float | bool],
+    *,
+    group: str,
+    moves: Sequence[PartitionMove],
+    timeout: float = 30,
+) -> None:
+    """Commit the planned offsets for ``group``; refused while the group has members."""
+    admin = AdminClient(config)
+    description = admin.describe_consumer_groups([group])[group].result(timeout)
+    if description.members:
+        raise ReplayError(
+            f"group {group!r} has {len(description.members)} active member(s): stop its "
+            "consumers, then replay"
+        )
+    partitions = [TopicPartition(m.topic, m.partition, m.target) for m in moves]
+    request = [ConsumerGroupTopicPartitions(group, partitions)]
+    admin.alter_consumer_group_offsets(request)[group].result(timeout)
+
+
+def count_republishable(
+    engine: sa.Engine, *, since: datetime, until: datetime | None, event_type: str | None
+) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                query("outbox_republish_count"),
+                {"since": since, "until": until, "type": event_type},
+            ).scalar_one()
+        )
+
+
+def republish(
+    engine: sa.Engine, *, since: datetime, until: datetime | None, event_type: str | None
+) -> list[UUID]:
+    """Put the window's published rows back to pending (same ids); return their ids."""
+    with engine.begin() as conn:
+        return list(
+            conn.execute(
+                query("outbox_republish"), {"since": since, "until": until, "type": event_type}
+            ).scalars()
+        )
+
+
+def still_pending(engine: sa.Engine, ids: Sequence[UUID]) -> int:
+    """How many of ``ids`` the relay has not published again yet."""
+    with engine.connect() as conn:
+        return int(conn.execute(query("outbox_pending_among"), {"ids": list(ids)}).scalar_one())

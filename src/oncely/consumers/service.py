@@ -1,0 +1,115 @@
+"""Effect consumers as a process: one consumer (and group) per effect, each on its own thread."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+import sqlalchemy as sa
+
+from oncely.consumers.dlq import DeadLetters
+from oncely.consumers.effects import Effects
+from oncely.consumers.runner import EffectConsumer
+from oncely.ops.http import HealthServer
+from oncely.ops.metrics import ConsumerMetrics
+from oncely.schemas.catalog import SchemaCatalog
+from oncely.schemas.codec import Codec
+from oncely.settings import ConsumerSettings, KafkaSettings
+
+log = logging.getLogger(__name__)
+
+
+def build_consumers(
+    *,
+    effects: Effects,
+    names: Sequence[str],
+    engine: sa.Engine,
+    kafka: KafkaSettings,
+    settings: ConsumerSettings,
+    metrics: ConsumerMetrics,
+    codec: Codec | None = None,
+) -> list[EffectConsumer]:
+    """One :class:`EffectConsumer` per effect name, sharing the engine, codec and DLQ producer.
+
+    Creates each effect's missing dead-letter topics (with the source topic's partition count).
+    """
+    codec = codec or Codec(registry=effects.registry, catalog=SchemaCatalog())
+    dead_letters = DeadLetters(kafka.client_config())
+    consumers = []
+    for name in names:
+        effect = effects.get(name)
+        dead_letters.ensure_topics({effect.dlq_topic(topic): 1 for topic in effect.topics})
+        consumers.append(
+            EffectConsumer(
+                effect=effect,
+                group_id=effects.group_id(name),
+                codec=codec,
+                engine=engine,
+                kafka=kafka,
+                settings=settings,
+                metrics=metrics,
+                dead_letters=dead_letters,
+            )
+        )
+    return consumers
+
+
+def run_consumers(
+    *,
+    effects: Effects,
+    names: Sequence[str],
+    database_url: str,
+    kafka: KafkaSettings,
+    settings: ConsumerSettings,
+    codec: Codec | None = None,
+) -> None:
+    """Run the named effects until SIGTERM/SIGINT; commit what was applied, then return."""
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        log.info("stopping on signal %s", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    engine = sa.create_engine(database_url, pool_pre_ping=True, pool_size=max(2, len(names)))
+    metrics = ConsumerMetrics()
+    consumers = build_consumers(
+        effects=effects,
+        names=names,
+        engine=engine,
+        kafka=kafka,
+        settings=settings,
+        metrics=metrics,
+        codec=codec,
+    )
+    server = None
+    if settings.metrics_port is not None:
+        server = HealthServer(
+            registry=metrics.registry,
+            healthy=lambda: all(c.healthy() for c in consumers),
+            ready=lambda: all(c.ready() for c in consumers),
+            port=settings.metrics_port,
+        )
+        server.start()
+    threads = [
+        threading.Thread(target=c.run, args=(stop,), name=f"effect-{c.effect.name}")
+        for c in consumers
+    ]
+    for thread in threads:
+        thread.start()
+    log.info("consumers started", extra={"effects": list(names)})
+    try:
+        while any(t.is_alive() for t in threads) and not stop.is_set():
+            stop.wait(0.5)
+        stop.set()
+        for thread in threads:
+            thread.join()
+    finally:
+        if server is not None:
+            server.stop()
+        engine.dispose()
+    log.info("consumers stopped", extra={"effects": list(names)})

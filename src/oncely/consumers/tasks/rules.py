@@ -1,0 +1,123 @@
+"""The decisions of durable tasks, as pure functions over values (no I/O, unit-tested).
+
+============================  =========================================================
+what happened                 next state
+============================  =========================================================
+handler returned, not False   ``completed``
+handler raised, or returned   ``queued`` again after ``min(cap, base ** (attempt - 1))``
+``False`` ("not confirmed")   seconds; ``dead`` once ``attempt >= max_attempts``
+lease expired, irreversible   ``stale``: the effect may have happened, so it never re-runs
+                              by itself; an operator checks and runs ``oncely tasks reclaim``
+lease expired, retry-safe     ``expired`` past the TTL (that wins over re-queueing);
+                              ``failed`` once ``attempt >= max_attempts`` ("leased N times
+                              without a result"); otherwise ``queued``, due at once
+queued past its TTL           ``expired`` (it never ran)
+============================  =========================================================
+
+So a retry-safe handler must finish within its lease (or it runs twice, and the first result
+is refused), and an irreversible one renews its lease while it works.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+Policy = Literal["retry_safe", "irreversible"]
+LapsedStatus = Literal["queued", "stale", "failed", "expired"]
+
+DEFAULT_MAX_ATTEMPTS = 5
+MAX_ERROR_CHARS = 4000
+NOT_CONFIRMED = "not confirmed: the handler returned False"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Backoff:
+    """The wait before retrying after failed attempt ``n``: ``min(cap, base ** (n - 1))`` s."""
+
+    base: float = 2.0
+    cap: float = 3600.0
+
+    def delay(self, attempt: int) -> float:
+        return float(min(self.cap, self.base ** max(0, attempt - 1)))
+
+
+@dataclass(frozen=True)
+class FailureDecision:
+    """What a failed attempt leads to: ``dead``, or a retry after ``delay`` seconds."""
+
+    dead: bool
+    delay: float
+
+
+def after_failure(attempt: int, max_attempts: int, backoff: Backoff) -> FailureDecision:
+    """A failed attempt (raised or not confirmed) is retried with backoff, or is the last one."""
+    if attempt >= max_attempts:
+        return FailureDecision(dead=True, delay=0.0)
+    return FailureDecision(dead=False, delay=backoff.delay(attempt))
+
+
+@dataclass(frozen=True)
+class LapseDecision:
+    """Where a task whose lease expired goes, and the reason recorded as its ``last_error``."""
+
+    status: LapsedStatus
+    reason: str
+
+    @property
+    def finished(self) -> bool:
+        """Terminal: the task gets ``finished_at`` and is purged after the retention period."""
+        return self.status in ("failed", "expired")
+
+
+def after_lease_expiry(
+    *, policy: Policy, attempt: int, max_attempts: int, past_ttl: bool, owner: str
+) -> LapseDecision:
+    """Decide the fate of a task whose lease ran out without a result (seed 003)."""
+    lapsed = f"the lease of {owner} on attempt {attempt} expired without a result"
+    if policy == "irreversible":
+        return LapseDecision(
+            "stale",
+            f"{lapsed}; the effect may have happened, so it is not re-run: check the provider "
+            "(by the task's idempotency key), then `oncely tasks reclaim` it if it did not",
+        )
+    if past_ttl:
+        return LapseDecision("expired", f"{lapsed}, and the task's TTL has passed")
+    if attempt >= max_attempts:
+        return LapseDecision("failed", f"leased {attempt} times without a result")
+    return LapseDecision("queued", f"{lapsed}; re-queued")
+
+
+def error_text(error: BaseException | str) -> str:
+    """``Type: message`` of an error (or the text as is), cut to 4,000 characters."""
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    return text[:MAX_ERROR_CHARS]
+
+
+def canonical_json(payload: Mapping[str, Any]) -> str:
+    """The payload as canonical JSON: sorted keys, no spaces, UTF-8 kept.
+
+    Raises ``TypeError`` when the payload is not JSON (a datetime, a set, ...).
+    """
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def default_task_key(name: str, payload: Mapping[str, Any]) -> str:
+    """``<name>:<first 32 hex digits of sha256(canonical JSON payload)>``.
+
+    So one (name, payload) pair is one task for as long as its row exists: enqueueing it again
+    is a duplicate. Pass your own ``task_key`` when the same payload may legitimately repeat.
+    """
+    digest = hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+    return f"{name}:{digest[:32]}"
+
+
+def iso_z(moment: datetime | None) -> str:
+    """ISO-8601 in UTC with a ``Z`` suffix, to the second (``""`` for ``None``)."""
+    if moment is None:
+        return ""
+    return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")

@@ -1,0 +1,295 @@
+"""State changes of ``oncely_tasks``: each one named statement of ``storage/sql/tasks.sql``.
+
+The step generators here hold the rules (what to execute, what a missing row means); the
+decisions come from :mod:`.rules`; :mod:`.steps` runs them sync or async. :class:`TaskStore` is
+the sync API over them, for the worker, the CLI and operators' scripts.
+
+Every settle (complete, retry, dead) and every renewal is fenced: it matches only the task's
+current attempt, leased by the same owner, while the lease runs on the database clock. A
+settle that matches nothing raises :class:`LeaseLost`; nothing is overwritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable, Mapping
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+
+from oncely.consumers.tasks.errors import LeaseLost, NotReclaimable, TaskNotFound
+from oncely.consumers.tasks.model import (
+    Attempt,
+    Handler,
+    Renewer,
+    Task,
+    TaskFailure,
+    TaskRecord,
+)
+from oncely.consumers.tasks.rules import (
+    NOT_CONFIRMED,
+    Backoff,
+    FailureDecision,
+    after_failure,
+    after_lease_expiry,
+    error_text,
+)
+from oncely.consumers.tasks.steps import Call, Ran, Sql, Step, drive
+from oncely.storage.queries import query
+
+DEFAULT_LEASE_SECONDS = 60.0
+SWEEP_BATCH = 100
+PURGE_BATCH = 1000
+
+
+def lease_sql(owner: str, names: Iterable[str], lease_seconds: float) -> Sql:
+    """Lease the oldest due queued task whose name is in ``names``."""
+    return Sql(
+        query("task_lease"),
+        {"owner": owner, "names": sorted(names), "lease_seconds": float(lease_seconds)},
+    )
+
+
+def lease_by_key_sql(owner: str, task_key: str, lease_seconds: float) -> Sql:
+    """Lease the task with this key if it is queued and due."""
+    return Sql(
+        query("task_lease_by_key"),
+        {"owner": owner, "task_key": task_key, "lease_seconds": float(lease_seconds)},
+    )
+
+
+def _task(row: sa.Row[Any], renewer: Renewer | None) -> Task:
+    return Task(
+        id=row.id,
+        task_key=row.task_key,
+        name=row.name,
+        payload=row.payload,
+        policy=row.policy,
+        attempt=row.attempts,
+        max_attempts=row.max_attempts,
+        lease_owner=row.lease_owner,
+        lease_until=row.lease_until,
+        expires_at=row.expires_at,
+        _renewer=renewer,
+    )
+
+
+def _fence(task: Task) -> dict[str, Any]:
+    return {"id": task.id, "attempt": task.attempt, "owner": task.lease_owner}
+
+
+def _lost(task: Task, refused: str) -> LeaseLost:
+    return LeaseLost(
+        f"attempt {task.attempt} of task {task.name!r} ({task.id}) is no longer leased by "
+        f"{task.lease_owner}: {refused}"
+    )
+
+
+def claim_steps(claim: Sql, renewer: Renewer | None) -> Generator[Step, Any, Task | None]:
+    rows = yield claim
+    return _task(rows[0], renewer) if rows else None
+
+
+def complete_steps(task: Task) -> Generator[Step, Any, None]:
+    """Mark the attempt completed; :class:`LeaseLost` if the fence refuses it."""
+    if not (yield Sql(query("task_complete"), _fence(task))):
+        raise _lost(task, "its success is not recorded")
+
+
+def fail_steps(task: Task, message: str, backoff: Backoff) -> Generator[Step, Any, FailureDecision]:
+    """Schedule a retry with backoff, or bury the last attempt as dead; fenced likewise."""
+    decision = after_failure(task.attempt, task.max_attempts, backoff)
+    params = {**_fence(task), "error": error_text(message)}
+    if decision.dead:
+        settled = yield Sql(query("task_dead"), params)
+    else:
+        settled = yield Sql(query("task_retry"), {**params, "delay_seconds": decision.delay})
+    if not settled:
+        raise _lost(task, f"its failure is not recorded ({error_text(message)})")
+    return decision
+
+
+def renew_steps(task: Task, lease_seconds: float) -> Generator[Step, Any, datetime]:
+    rows = yield Sql(query("task_renew"), {**_fence(task), "lease_seconds": float(lease_seconds)})
+    if not rows:
+        raise _lost(task, "its lease cannot be renewed")
+    lease_until: datetime = rows[0].lease_until
+    return lease_until
+
+
+def attempt_steps(
+    claim: Sql, handler: Handler, *, backoff: Backoff, renewer: Renewer | None
+) -> Generator[Step, Any, Attempt | None]:
+    """Claim one task, run ``handler`` on it outside any transaction, settle the result.
+
+    Returns ``None`` when nothing was claimed. A lost lease is an ``Attempt`` with outcome
+    ``lease_lost`` (its ``error`` is the :class:`LeaseLost`), never a success.
+    """
+    task = yield from claim_steps(claim, renewer)
+    if task is None:
+        return None
+    ran: Ran = yield Call(handler, task)
+    try:
+        if ran.error is None and ran.value is not False:
+            yield from complete_steps(task)
+            return Attempt(task=task, outcome="completed")
+        message = NOT_CONFIRMED if ran.error is None else error_text(ran.error)
+        decision = yield from fail_steps(task, message, backoff)
+    except LeaseLost as lost:
+        return Attempt(task=task, outcome="lease_lost", error=lost)
+    return Attempt(
+        task=task,
+        outcome="dead" if decision.dead else "retry",
+        error=ran.error,
+        message=message,
+        retry_in=None if decision.dead else decision.delay,
+    )
+
+
+def sweep_steps(batch: int) -> Generator[Step, Any, list[TaskFailure]]:
+    """Expire queued tasks past their TTL, then settle up to ``batch`` expired leases.
+
+    One transaction: the lapsed rows stay locked from the SELECT to their fenced UPDATE.
+    """
+    expired = yield Sql(query("task_expire_queued"), {"batch": batch})
+    changes = [
+        TaskFailure(
+            task_id=row.id,
+            task_key=row.task_key,
+            name=row.name,
+            attempt=row.attempts,
+            outcome="expired",
+            error=row.last_error,
+        )
+        for row in expired
+    ]
+    lapsed = yield Sql(query("task_lapsed_leases"), {"batch": batch})
+    for row in lapsed:
+        decision = after_lease_expiry(
+            policy=row.policy,
+            attempt=row.attempts,
+            max_attempts=row.max_attempts,
+            past_ttl=row.past_ttl,
+            owner=row.lease_owner,
+        )
+        settled = yield Sql(
+            query("task_settle_lapsed"),
+            {
+                "id": row.id,
+                "attempt": row.attempts,
+                "status": decision.status,
+                "reason": error_text(decision.reason),
+                "finished": decision.finished,
+            },
+        )
+        if settled:
+            changes.append(
+                TaskFailure(
+                    task_id=row.id,
+                    task_key=row.task_key,
+                    name=row.name,
+                    attempt=row.attempts,
+                    outcome="requeued" if decision.status == "queued" else decision.status,
+                    error=decision.reason,
+                )
+            )
+    return changes
+
+
+def _record(row: sa.Row[Any]) -> TaskRecord:
+    return TaskRecord.from_row(row._mapping)
+
+
+def reclaim_steps(task_id: UUID) -> Generator[Step, Any, TaskRecord]:
+    reclaimed = yield Sql(query("task_reclaim"), {"id": task_id})
+    if reclaimed:
+        return _record(reclaimed[0])
+    found = yield Sql(query("task_get"), {"id": task_id})
+    if not found:
+        raise TaskNotFound(f"no task has id {task_id}")
+    raise NotReclaimable(
+        f"task {task_id} is {found[0].status}: only a stale, dead or failed task can be reclaimed"
+    )
+
+
+def _rows(statement: str, params: Mapping[str, Any]) -> Generator[Step, Any, list[sa.Row[Any]]]:
+    rows: list[sa.Row[Any]] = yield Sql(query(statement), params)
+    return rows
+
+
+class TaskStore:
+    """``oncely_tasks`` on a sync ``Engine``: lease, settle, renew, sweep, purge, reclaim, list.
+
+    Tasks it leases can renew their lease (``task.renew_lease()``) for ``lease_seconds``.
+
+    Each method is one short transaction. Settles and renewals raise :class:`LeaseLost` when
+    the fence refuses them; :meth:`reclaim` raises :class:`TaskNotFound` or
+    :class:`NotReclaimable`; database errors propagate.
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: sa.Engine,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.engine = engine
+        self.lease_seconds = lease_seconds
+        self.backoff = backoff or Backoff()
+
+    def lease(self, owner: str, names: Iterable[str]) -> Task | None:
+        """Lease the oldest due task named in ``names`` for ``lease_seconds``, or ``None``."""
+        return drive(
+            self.engine, claim_steps(lease_sql(owner, names, self.lease_seconds), self.renew)
+        )
+
+    def run(self, claim: Sql, handler: Handler) -> Attempt | None:
+        """Claim with ``claim``, run ``handler`` and settle (see :func:`attempt_steps`)."""
+        return drive(
+            self.engine, attempt_steps(claim, handler, backoff=self.backoff, renewer=self.renew)
+        )
+
+    def complete(self, task: Task) -> None:
+        drive(self.engine, complete_steps(task))
+
+    def fail(self, task: Task, error: BaseException | str) -> FailureDecision:
+        """Record a failed attempt: retry after the backoff, or dead after the last attempt."""
+        message = error if isinstance(error, str) else error_text(error)
+        return drive(self.engine, fail_steps(task, message, self.backoff))
+
+    def renew(self, task: Task) -> datetime:
+        """Extend an irreversible task's lease by ``lease_seconds`` from now."""
+        return drive(self.engine, renew_steps(task, self.lease_seconds))
+
+    def sweep(self, batch: int = SWEEP_BATCH) -> list[TaskFailure]:
+        """Apply TTLs and expired leases (see :mod:`.rules`); return what changed."""
+        return drive(self.engine, sweep_steps(batch))
+
+    def purge(self, retention_seconds: float, batch: int = PURGE_BATCH) -> int:
+        """Delete terminal tasks finished over ``retention_seconds`` ago, ``batch`` at a time."""
+        params = {"retention_seconds": float(retention_seconds), "batch": batch}
+        purged = 0
+        while True:
+            deleted = len(drive(self.engine, _rows("task_purge", params)))
+            purged += deleted
+            if deleted < batch:
+                return purged
+
+    def reclaim(self, task_id: UUID) -> TaskRecord:
+        """Queue a stale, dead or failed task again, due now (an operator's decision)."""
+        return drive(self.engine, reclaim_steps(task_id))
+
+    def get(self, task_id: UUID) -> TaskRecord | None:
+        rows = drive(self.engine, _rows("task_get", {"id": task_id}))
+        return _record(rows[0]) if rows else None
+
+    def list_tasks(self, *, status: str | None = None, limit: int = 50) -> list[TaskRecord]:
+        """The newest ``limit`` tasks, optionally only those in ``status``."""
+        rows = drive(self.engine, _rows("task_list", {"status": status, "limit": limit}))
+        return [_record(row) for row in rows]
+
+    def waiting_names(self) -> list[str]:
+        """Names of queued or leased tasks: each needs a handler before a worker starts."""
+        return [row.name for row in drive(self.engine, _rows("task_names_waiting", {}))]

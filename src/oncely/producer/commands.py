@@ -1,0 +1,250 @@
+"""Durable commands (seed 001): business writes, events and tasks in one commit, then the
+immediate delivery of the tasks that can be tried at once.
+
+:meth:`DurableCommand.execute` runs the caller's business function on a new session inside one
+transaction; the function may stage Kafka events itself (``stage(session, event)``) and
+enqueue tasks; the command then enqueues the ``effects`` (:class:`TaskEffect`) and commits.
+Any error before the commit rolls everything back, and is raised as is. Two effects with the
+same task key in one transaction are refused (:class:`~oncely.storage.DuplicateTaskKeyError`).
+
+After the commit, each effect with a ``deliver`` callable is leased by its key, delivered, and
+settled with the same fence as the worker's (attempt and owner, on the database clock):
+
+- ``deliver`` returns anything but ``False``: the task is ``completed``;
+- it returns ``False`` ("not confirmed"): a retry is scheduled with the worker's backoff; the
+  effect is reported pending, not as an error;
+- it raises: the task records ``attempts=1`` and ``last_error`` and is retried (or is dead
+  after its last attempt), and :class:`PostCommitEffectError` is raised, carrying the
+  :class:`PostCommitResult`: the business is committed, the worker retries the rest;
+- the settle finds the lease lost: :class:`~oncely.consumers.tasks.LeaseLost` is among the
+  errors of the :class:`PostCommitEffectError`; success is never reported over a newer owner.
+
+If a worker leased the task first (it wakes at the commit), the effect is simply pending.
+The rules are written once (:func:`_stage`, :func:`_post_commit_steps`) and driven by a sync
+(:class:`DurableCommand`) and an async (:class:`AsyncDurableCommand`) runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
+
+from oncely.consumers.tasks.enqueue import enqueue_task
+from oncely.consumers.tasks.model import Handler, Renewer
+from oncely.consumers.tasks.rules import Backoff, Policy
+from oncely.consumers.tasks.steps import Step, drive, drive_async
+from oncely.consumers.tasks.store import (
+    DEFAULT_LEASE_SECONDS,
+    TaskStore,
+    attempt_steps,
+    lease_by_key_sql,
+)
+from oncely.consumers.tasks.worker import new_worker_id
+from oncely.errors import OncelyError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskEffect:
+    """A task enqueued with the business writes (see :func:`~oncely.consumers.tasks.enqueue_task`
+    for the fields); with ``deliver``, it is also tried once right after the commit.
+
+    ``deliver`` is usually the handler the worker's :class:`~oncely.consumers.tasks.Tasks` app
+    registered for ``name``, which runs the retries.
+    """
+
+    name: str
+    payload: Mapping[str, Any]
+    policy: Policy = "retry_safe"
+    task_key: str | None = None
+    ttl: timedelta | None = None
+    max_attempts: int | None = None
+    available_at: datetime | timedelta | None = None
+    deliver: Handler | None = None
+
+
+Effects = Iterable[TaskEffect] | Callable[[T], Iterable[TaskEffect]]
+"""The effects, or a function of the business function's return value that gives them."""
+
+
+@dataclass(frozen=True)
+class PostCommitResult(Generic[T]):
+    """What a command did: the business value, and which task keys completed or are pending.
+
+    ``pending_effects`` are committed tasks the worker will run (or retry).
+    """
+
+    value: T
+    business_committed: bool
+    completed_effects: tuple[str, ...] = ()
+    pending_effects: tuple[str, ...] = ()
+
+
+class PostCommitEffectError(OncelyError):
+    """The business transaction committed, but an immediate delivery failed.
+
+    ``result`` is the :class:`PostCommitResult` (``business_committed`` is true); ``errors``
+    the exceptions of the failed deliveries. The worker retries the pending tasks.
+    """
+
+    def __init__(self, result: PostCommitResult[Any], errors: Iterable[BaseException]) -> None:
+        self.result = result
+        self.errors = tuple(errors)
+        reasons = "; ".join(f"{type(e).__name__}: {e}" for e in self.errors)
+        super().__init__(
+            f"committed; {len(self.errors)} immediate delivery(ies) failed, the rest will be "
+            f"retried by the worker (pending: {', '.join(result.pending_effects)}): {reasons}"
+        )
+
+
+_Staged = list[tuple[str, Handler | None]]
+
+
+def _stage(session: Session | AsyncSession, effects: Effects[T], value: T) -> _Staged:
+    """Enqueue the effects in the session's transaction (no I/O); keys paired with deliver."""
+    resolved = effects(value) if callable(effects) else effects
+    return [
+        (
+            enqueue_task(
+                session,
+                effect.name,
+                effect.payload,
+                policy=effect.policy,
+                task_key=effect.task_key,
+                ttl=effect.ttl,
+                max_attempts=effect.max_attempts,
+                available_at=effect.available_at,
+            ).task_key,
+            effect.deliver,
+        )
+        for effect in resolved
+    ]
+
+
+def _post_commit_steps(
+    value: T,
+    staged: _Staged,
+    *,
+    owner: str,
+    lease_seconds: float,
+    backoff: Backoff,
+    renewer: Renewer | None,
+) -> Generator[Step, Any, tuple[PostCommitResult[T], list[BaseException]]]:
+    """Deliver each effect that has ``deliver``, in order; return the result and the errors.
+
+    Errors are returned, not raised, so no settle is ever rolled back.
+    """
+    completed: list[str] = []
+    errors: list[BaseException] = []
+    for task_key, deliver in staged:
+        if deliver is None:
+            continue
+        claim = lease_by_key_sql(owner, task_key, lease_seconds)
+        attempt = yield from attempt_steps(claim, deliver, backoff=backoff, renewer=renewer)
+        if attempt is None:
+            continue
+        if attempt.outcome == "completed":
+            completed.append(task_key)
+        elif attempt.error is not None:
+            errors.append(attempt.error)
+    result = PostCommitResult(
+        value=value,
+        business_committed=True,
+        completed_effects=tuple(completed),
+        pending_effects=tuple(key for key, _ in staged if key not in completed),
+    )
+    return result, errors
+
+
+def _finish(result: PostCommitResult[T], errors: list[BaseException]) -> PostCommitResult[T]:
+    if errors:
+        raise PostCommitEffectError(result, errors)
+    return result
+
+
+class DurableCommand:
+    """Run business functions durably on a sync ``Engine`` (see the module docstring).
+
+    ``lease_seconds`` bounds an immediate delivery (a lease that runs out means the worker's
+    sweep decides); ``backoff`` is the retry schedule after a failed one.
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: sa.Engine,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.engine = engine
+        self.store = TaskStore(engine=engine, lease_seconds=lease_seconds, backoff=backoff)
+        self.owner = f"command-{new_worker_id()}"
+
+    def execute(
+        self, stage_business: Callable[[Session], T], *, effects: Effects[T] = ()
+    ) -> PostCommitResult[T]:
+        """Commit ``stage_business(session)`` with ``effects``, then deliver the immediate ones.
+
+        ``stage_business`` must not commit. Raises whatever it (or the commit) raises, with
+        nothing committed; :class:`PostCommitEffectError` once committed if a delivery failed.
+        """
+        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            value = stage_business(session)
+            staged = _stage(session, effects, value)
+        steps = _post_commit_steps(
+            value,
+            staged,
+            owner=self.owner,
+            lease_seconds=self.store.lease_seconds,
+            backoff=self.store.backoff,
+            renewer=self.store.renew,
+        )
+        return _finish(*drive(self.engine, steps))
+
+
+class AsyncDurableCommand:
+    """:class:`DurableCommand` on an ``AsyncEngine``: the same rules, awaited.
+
+    ``deliver`` may be a coroutine function. Its ``task.renew_lease()`` is not available here:
+    leave long irreversible work to the worker.
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: AsyncEngine,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.engine = engine
+        self.lease_seconds = lease_seconds
+        self.backoff = backoff or Backoff()
+        self.owner = f"command-{new_worker_id()}"
+
+    async def execute(
+        self,
+        stage_business: Callable[[AsyncSession], Awaitable[T]],
+        *,
+        effects: Effects[T] = (),
+    ) -> PostCommitResult[T]:
+        """Commit ``await stage_business(session)`` with ``effects``, then deliver; see
+        :meth:`DurableCommand.execute`."""
+        async with AsyncSession(self.engine, expire_on_commit=False) as session, session.begin():
+            value = await stage_business(session)
+            staged = _stage(session, effects, value)
+        steps = _post_commit_steps(
+            value,
+            staged,
+            owner=self.owner,
+            lease_seconds=self.lease_seconds,
+            backoff=self.backoff,
+            renewer=None,
+        )
+        return _finish(*await drive_async(self.engine, steps))

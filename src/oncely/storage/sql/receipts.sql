@@ -1,0 +1,19 @@
+-- Effect receipts (seed 004). Each statement starts with "-- name: <name>".
+
+-- name: receipt_insert
+-- The effect's evidence, in the same transaction as the effect. Only this constraint's
+-- conflict means "already applied": no row is returned and the handler is not called. Any
+-- other error propagates.
+INSERT INTO oncely_receipts (event_id, effect, topic, partition, "offset")
+VALUES (:event_id, :effect, :topic, :partition, :offset)
+ON CONFLICT ON CONSTRAINT oncely_receipts_pkey DO NOTHING
+RETURNING event_id
+
+-- name: receipts_purge
+-- Delete one batch of an effect's receipts older than the horizon.
+DELETE FROM oncely_receipts
+WHERE (event_id, effect) IN (
+    SELECT event_id, effect FROM oncely_receipts
+    WHERE effect = :effect AND applied_at < now() - make_interval(secs => :older_than)
+    LIMIT :batch_size
+)

@@ -1,0 +1,184 @@
+"""Seed 004 against the real broker and database: executed twice never means applied twice."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from confluent_kafka import Producer
+from confluent_kafka.admin import NewTopic
+
+from oncely.consumers.runner import EffectConsumer
+from oncely.schemas.codec import Codec
+from tests.apps.ledger import App, build, create_tables
+from tests.helpers import publish_events, read_topics, running_consumers, scalar, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(database_url, pool_size=5)
+    create_tables(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def app(kafka_admin: Any) -> App:
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    app = build(prefix, group_prefix=prefix)
+    kafka_admin.create_topics([NewTopic(app.topic, num_partitions=1)])[app.topic].result(30)
+    return app
+
+
+def _sample(consumer: EffectConsumer, name: str, **labels: str) -> float:
+    value = consumer.metrics.registry.get_sample_value(
+        name, {"effect": consumer.effect.name, **labels}
+    )
+    return value or 0.0
+
+
+def _credit(app: App, account: str, amount: int, n: int) -> Any:
+    return app.model(account_id=account, amount=amount, n=n)
+
+
+def test_the_same_event_delivered_twice_is_applied_once(
+    app: App, engine: sa.Engine, kafka_bootstrap: str
+) -> None:
+    codec = Codec(registry=app.registry)
+    event_id = uuid.uuid4()
+    event = _credit(app, "acc-1", 10, 1)
+    publish_events(kafka_bootstrap, codec, [(event_id, event), (event_id, event)])
+    with running_consumers(app.effects, ["ledger"], engine, kafka_bootstrap) as [consumer]:
+        wait_until(lambda: _sample(consumer, "oncely_consumer_consumed_total") == 2, timeout=60)
+        wait_until(
+            lambda: _sample(consumer, "oncely_consumer_duplicates_suppressed_total") == 1,
+            timeout=30,
+        )
+        assert _sample(consumer, "oncely_consumer_applied_total") == 1
+    assert scalar(engine, "SELECT count(*) FROM ledger") == 1
+    assert scalar(engine, "SELECT count(*) FROM oncely_receipts WHERE effect = 'ledger'") == 1
+
+
+def test_a_failing_effect_rolls_its_receipt_back_and_applies_once_when_fixed(
+    app: App, engine: sa.Engine, kafka_bootstrap: str
+) -> None:
+    codec = Codec(registry=app.registry)
+    publish_events(kafka_bootstrap, codec, [(uuid.uuid4(), _credit(app, "acc-new", 5, 1))])
+    with running_consumers(app.effects, ["notify"], engine, kafka_bootstrap) as [consumer]:
+        wait_until(
+            lambda: _sample(consumer, "oncely_consumer_handler_failures_total") >= 3, timeout=60
+        )
+        assert scalar(engine, "SELECT count(*) FROM oncely_receipts") == 0
+        assert scalar(engine, "SELECT count(*) FROM notifications") == 0
+        with engine.begin() as conn:  # fix the data
+            conn.execute(sa.text("INSERT INTO accounts VALUES ('acc-new')"))
+        wait_until(lambda: _sample(consumer, "oncely_consumer_applied_total") == 1, timeout=30)
+    assert scalar(engine, "SELECT count(*) FROM notifications") == 1
+    assert scalar(engine, "SELECT count(*) FROM oncely_receipts WHERE effect = 'notify'") == 1
+
+
+def test_two_effects_of_one_event_both_apply(
+    app: App, engine: sa.Engine, kafka_bootstrap: str
+) -> None:
+    codec = Codec(registry=app.registry)
+    publish_events(kafka_bootstrap, codec, [(uuid.uuid4(), _credit(app, "acc-2", 7, 1))])
+    with running_consumers(app.effects, ["ledger", "audit"], engine, kafka_bootstrap) as both:
+        for consumer in both:
+            wait_until(
+                lambda c=consumer: _sample(c, "oncely_consumer_applied_total") == 1, timeout=60
+            )
+    assert scalar(engine, "SELECT count(DISTINCT effect) FROM ledger") == 2
+    assert scalar(engine, "SELECT count(*) FROM oncely_receipts") == 2
+
+
+def test_a_poison_record_is_dead_lettered_while_later_records_flow(
+    app: App, engine: sa.Engine, kafka_bootstrap: str
+) -> None:
+    codec = Codec(registry=app.registry)
+    poison_id = uuid.uuid4()
+    publish_events(
+        kafka_bootstrap,
+        codec,
+        [
+            (uuid.uuid4(), _credit(app, "acc-3", 1, 1)),
+            (poison_id, _credit(app, "acc-3", -1, 2)),
+            (uuid.uuid4(), _credit(app, "acc-3", 3, 3)),
+        ],
+    )
+    garbage = Producer({"bootstrap.servers": kafka_bootstrap})
+    garbage.produce(
+        app.topic, key=b"acc-4", value=b"\x00garbage", headers=[("id", str(uuid.uuid4()))]
+    )
+    garbage.flush(10)
+    publish_events(kafka_bootstrap, codec, [(uuid.uuid4(), _credit(app, "acc-4", 4, 4))])
+    with running_consumers(app.effects, ["ledger"], engine, kafka_bootstrap) as [consumer]:
+        wait_until(lambda: _sample(consumer, "oncely_consumer_applied_total") == 3, timeout=60)
+        assert (
+            _sample(consumer, "oncely_consumer_dead_lettered_total", reason="handler_failed") == 1
+        )
+        assert _sample(consumer, "oncely_consumer_dead_lettered_total", reason="undecodable") == 1
+    assert [row[0] for row in _ledger(engine)] == [1, 3, 4], "later records applied, in order"
+    dlq = read_topics(kafka_bootstrap, [f"{app.topic}.ledger.dlq"])
+    by_reason = {r.headers["oncely.dlq.reason"].decode(): r for r in dlq}
+    failed = by_reason["handler_failed"]
+    assert failed.headers["id"] == str(poison_id).encode()
+    assert failed.headers["oncely.dlq.error.class"] == b"ValueError"
+    assert b"negative amount -1" in failed.headers["oncely.dlq.error.message"]
+    assert failed.headers["oncely.dlq.attempts"] == b"3"
+    assert failed.headers["oncely.dlq.original.topic"] == app.topic.encode()
+    assert failed.headers["oncely.dlq.original.offset"] == b"1"
+    assert failed.key == "acc-3"
+    undecodable = by_reason["undecodable"]
+    assert undecodable.value == b"\x00garbage"
+    assert undecodable.headers["oncely.dlq.original.offset"] == b"3"
+
+
+def _ledger(engine: sa.Engine) -> list[tuple[int]]:
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(sa.text("SELECT n FROM ledger ORDER BY applied_at"))]
+
+
+def test_the_block_policy_stops_the_partition(
+    app: App, engine: sa.Engine, kafka_bootstrap: str
+) -> None:
+    codec = Codec(registry=app.registry)
+    publish_events(
+        kafka_bootstrap,
+        codec,
+        [
+            (uuid.uuid4(), _credit(app, "acc-5", 1, 1)),
+            (uuid.uuid4(), _credit(app, "acc-5", -1, 2)),
+            (uuid.uuid4(), _credit(app, "acc-5", 3, 3)),
+        ],
+    )
+    with running_consumers(app.effects, ["strict"], engine, kafka_bootstrap) as [consumer]:
+        wait_until(lambda: _sample(consumer, "oncely_consumer_blocked_partitions") == 1, timeout=60)
+        time.sleep(1.0)
+        assert _sample(consumer, "oncely_consumer_applied_total") == 1
+    assert [row[0] for row in _ledger(engine)] == [1]
+
+
+def test_an_effect_s_task_is_queued_once_however_often_the_event_arrives(
+    app: App, engine: sa.Engine, kafka_bootstrap: str
+) -> None:
+    codec = Codec(registry=app.registry)
+    event_id = uuid.uuid4()
+    event = _credit(app, "acc-6", 9, 1)
+    publish_events(kafka_bootstrap, codec, [(event_id, event)] * 3)
+    with running_consumers(app.effects, ["email"], engine, kafka_bootstrap) as [consumer]:
+        wait_until(lambda: _sample(consumer, "oncely_consumer_consumed_total") == 3, timeout=60)
+        wait_until(
+            lambda: _sample(consumer, "oncely_consumer_duplicates_suppressed_total") == 2,
+            timeout=30,
+        )
+    with engine.connect() as conn:
+        tasks = conn.execute(sa.text("SELECT task_key, name, payload FROM oncely_tasks")).all()
+    assert [tuple(t) for t in tasks] == [
+        (f"email:{event_id}:email.send", "email.send", {"to": "acc-6", "amount": 9})
+    ]
