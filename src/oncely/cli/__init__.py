@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import typer
 
-from oncely.cli import consume, db, dead, demo, dev, relay, replay, schemas, tasks, topics
+from oncely.cli import (
+    consume,
+    db,
+    dead,
+    demo,
+    dev,
+    receipts,
+    relay,
+    replay,
+    schemas,
+    tasks,
+    topics,
+)
 
 app = typer.Typer(
     name="oncely",
@@ -15,6 +27,7 @@ app = typer.Typer(
 app.add_typer(db.app, name="db")
 app.add_typer(dead.app, name="dead")
 app.add_typer(dev.app, name="dev")
+app.add_typer(receipts.app, name="receipts")
 app.add_typer(relay.app, name="relay")
 app.add_typer(schemas.app, name="schemas")
 app.add_typer(tasks.app, name="tasks")

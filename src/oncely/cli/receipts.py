@@ -1,0 +1,50 @@
+"""``oncely receipts purge``: receipt retention, guarded against unsafe horizons."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import sqlalchemy as sa
+import typer
+from confluent_kafka.admin import AdminClient
+
+from oncely.cli._imports import load_effects
+from oncely.cli._options import BootstrapServers, DatabaseUrl, parse_duration
+from oncely.cli._output import err, out
+from oncely.consumers.receipts import UnsafePurgeError, purge_receipts, topic_retention
+from oncely.settings import KafkaSettings
+
+app = typer.Typer(help="Effect receipts: the evidence that keeps effects single.")
+
+
+@app.command()
+def purge(
+    app_: Annotated[str, typer.Option("--app", help="The effects app, as module:attribute.")],
+    effect: Annotated[str, typer.Option(help="Whose receipts to purge.")],
+    older_than: Annotated[str, typer.Option(help="Horizon, e.g. 30d.")],
+    database_url: DatabaseUrl,
+    bootstrap_servers: BootstrapServers,
+    force: Annotated[
+        bool, typer.Option(help="Purge even within the topics' retention (unsafe).")
+    ] = False,
+) -> None:
+    """Delete an effect's receipts older than --older-than, in batches.
+
+    Refused when the horizon is shorter than the retention of the effect's topics (a replay
+    could then apply an event twice) unless --force.
+    """
+    horizon = parse_duration(older_than)
+    declared = load_effects(app_).get(effect)
+    admin = AdminClient(KafkaSettings(bootstrap_servers=bootstrap_servers).client_config())
+    retention = topic_retention(admin, declared.topics)
+    engine = sa.create_engine(database_url)
+    try:
+        deleted = purge_receipts(
+            engine, effect=effect, older_than=horizon, retention=retention, force=force
+        )
+    except UnsafePurgeError as exc:
+        err.print(f"[red]refused:[/] {exc}")
+        raise typer.Exit(1) from None
+    finally:
+        engine.dispose()
+    out.print(f"deleted {deleted} receipt(s) of {effect} older than {older_than}")
