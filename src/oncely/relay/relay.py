@@ -64,6 +64,7 @@ class Relay:
         self._results: list[_Result] = []
         self._in_flight: dict[UUID, ClaimedRow] = {}
         self._gauged_topics: set[str] = set()
+        self._more_due = True
         self._publisher = publisher_factory(self._record_result)
         self.heartbeat = time.monotonic()
         self.database_ok = True
@@ -109,7 +110,9 @@ class Relay:
 
     def _claim(self) -> list[ClaimedRow]:
         room = self.settings.max_in_flight - len(self._in_flight)
-        if room <= 0:
+        # While rows are in flight, claim again only if the last claim was full or a settle has
+        # since freed keys: a claim that finds nothing still scans the backlog.
+        if room <= 0 or (self._in_flight and not self._more_due):
             return []
         try:
             claimed = self.store.claim(
@@ -120,6 +123,7 @@ class Relay:
             self._database_failed("claim", exc)
             return []
         self.database_ok = True
+        self._more_due = len(claimed) == min(room, self.settings.batch_size)
         if claimed:
             failpoint("relay.after_claim")
         for row in claimed:
@@ -192,6 +196,7 @@ class Relay:
             )
         for row, _, _ in results:
             self._in_flight.pop(row.id, None)
+        self._more_due = True
 
     def _update_gauges(self) -> None:
         try:
