@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint format test demo clean
+.PHONY: install lint format test demo bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -35,3 +35,7 @@ demo: install
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache
+
+bench: install
+	$(BIN)/pip install --quiet matplotlib
+	$(BIN)/python -m bench

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 import uuid
 from collections.abc import Callable
@@ -24,6 +23,7 @@ import sqlalchemy as sa
 from examples.payments.events import TransferCompleted
 from sqlalchemy.orm import Session
 
+from bench.harness import Cell
 from oncely.devstack import DevStack
 from oncely.producer.staging import stage
 from oncely.storage import upgrade
@@ -76,20 +76,19 @@ def measure(database_url: str, *, transactions: int, repetitions: int) -> dict[s
         for name, side in sides.items():
             rates[name].append(side(_events(transactions)))
     engine.dispose()
-    ratios = [w / wo for w, wo in zip(rates["with"], rates["without"], strict=True)]
-    return {
-        "cell": "R5",
-        "numerator": "business transaction + stage() (tx/s)",
-        "denominator": "business transaction alone (tx/s)",
-        "ratio_median": round(statistics.median(ratios), 3),
-        "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
-        "rates": {name: [round(r) for r in values] for name, values in rates.items()},
-        "transactions_per_block": transactions,
-        "repetitions": repetitions,
-        "synchronous_commit": synchronous_commit,
-        "cpus": os.cpu_count(),
-        "load": os.getloadavg(),
+    cell = Cell(
+        "R5",
+        "business transaction + stage()",
+        ["business transaction alone"],
+        "tx/s",
+        target=">= 0.95",
+        notes=[f"{transactions} transactions per block, synchronous_commit={synchronous_commit}"],
+    )
+    cell.rates = {
+        "business transaction + stage()": rates["with"],
+        "business transaction alone": rates["without"],
     }
+    return cell.to_json()
 
 
 def main() -> None:

@@ -1,0 +1,330 @@
+"""R3 (consumer with receipts vs raw consumers) and R4 (commit → effect latency)."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import sqlalchemy as sa
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import NewTopic
+from pydantic import BaseModel
+
+from bench.fixtures import Bench, relays
+from bench.harness import Cell, alternate
+from oncely.consumers.effects import EffectContext, Effects
+from oncely.consumers.service import build_consumers
+from oncely.events import Registry
+from oncely.ops.metrics import ConsumerMetrics
+from oncely.schemas.codec import Codec
+from oncely.settings import ConsumerSettings, KafkaSettings
+from oncely.storage import outbox
+
+
+class Credited(BaseModel):
+    account: str
+    amount: int
+
+
+def _app(prefix: str) -> tuple[Effects, str]:
+    registry = Registry(topic_prefix=prefix)
+    model = type("Credited", (Credited,), {"__module__": __name__})
+    registry.register(model, name="credited", key="account", aggregate="account")
+    effects = Effects(registry, group_prefix=f"{prefix}{uuid.uuid4().hex[:6]}.")
+
+    def apply(event: Credited, ctx: EffectContext) -> None:
+        ctx.session.execute(
+            sa.text("INSERT INTO bench_effects (event_id, amount) VALUES (:e, :a)"),
+            {"e": ctx.event_id, "a": event.amount},
+        )
+
+    effects.effect("apply", on=[model])(apply)
+    return effects, registry.for_model(model).topic
+
+
+def _produce(bench: Bench, effects: Effects, topic: str, count: int) -> None:
+    codec = Codec(registry=effects.registry)
+    model = effects.get("apply").event_types[0].model
+    producer = Producer({"bootstrap.servers": bench.bootstrap, "linger.ms": 20})
+    for i in range(count):
+        value, headers = codec.encode(model(account=f"acc-{i % bench.keys}", amount=i))
+        while True:
+            try:
+                producer.produce(
+                    topic,
+                    key=f"acc-{i % bench.keys}".encode(),
+                    value=value,
+                    headers=[
+                        ("id", str(uuid.uuid4())),
+                        ("eventType", "credited"),
+                        *headers.items(),
+                    ],
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(60)
+
+
+def _with_receipts(bench: Bench, effects: Effects, count: int) -> float:
+    effects.group_prefix = f"r3-{uuid.uuid4().hex[:8]}."
+    stop = threading.Event()
+    [consumer] = build_consumers(
+        effects=effects,
+        names=["apply"],
+        engine=bench.engine,
+        kafka=KafkaSettings(bootstrap_servers=bench.bootstrap),
+        settings=ConsumerSettings(batch_size=bench.batch_size, poll_timeout_seconds=0.1),
+        metrics=ConsumerMetrics(),
+    )
+    thread = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
+    thread.start()
+    while not consumer.joined:
+        time.sleep(0.01)
+    started = time.perf_counter()
+    sample = consumer.metrics.registry.get_sample_value
+    while (sample("oncely_consumer_applied_total", {"effect": "apply"}) or 0) < count:
+        time.sleep(0.01)
+    elapsed = time.perf_counter() - started
+    stop.set()
+    thread.join(60)
+    return count / elapsed
+
+
+def _raw(
+    bench: Bench, topic: str, count: int, *, per_batch: Callable[[Consumer], None] | None
+) -> float:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bench.bootstrap,
+            "group.id": f"raw-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+        }
+    )
+    joined = threading.Event()
+    consumer.subscribe([topic], on_assign=lambda c, p: joined.set())
+    seen = 0
+    started = None
+    while seen < count:
+        messages = consumer.consume(bench.batch_size, 0.1)
+        if started is None and joined.is_set():
+            started = time.perf_counter()
+        seen += sum(1 for m in messages if m.error() is None)
+        if messages and per_batch is not None:
+            per_batch(consumer)
+            consumer.store_offsets(messages[-1])
+            consumer.commit(asynchronous=True)
+    elapsed = time.perf_counter() - (started or time.perf_counter())
+    consumer.close()
+    return count / elapsed
+
+
+def consumer_cell(bench: Bench, *, repetitions: int, count: int) -> Cell:
+    """R3: applying with receipts vs counting, and vs an empty transaction per batch."""
+    with bench.engine.begin() as conn:
+        conn.execute(
+            sa.text("CREATE TABLE IF NOT EXISTS bench_effects (event_id uuid, amount int)")
+        )
+    effects, topic = _app(f"r3-{uuid.uuid4().hex[:6]}.")
+    admin = bench.admin()
+    admin.create_topics([NewTopic(topic, num_partitions=bench.partitions)])[topic].result(30)
+    _produce(bench, effects, topic, count)
+
+    def empty_transaction(_: Consumer) -> None:
+        with bench.engine.begin() as conn:
+            conn.execute(sa.text("SELECT 1"))
+
+    cell = Cell(
+        "R3",
+        "consumer with receipts (one row per effect)",
+        ["raw consumer, counting", "raw consumer + empty transaction and commit per batch"],
+        "records/s",
+        target="(ii) >= 0.8",
+        notes=[f"{count} records, batch {bench.batch_size}, {bench.partitions} partitions"],
+    )
+    cell.rates = alternate(
+        {
+            cell.numerator: lambda: _with_receipts(bench, effects, count),
+            cell.denominators[0]: lambda: _raw(bench, topic, count, per_batch=None),
+            cell.denominators[1]: lambda: _raw(bench, topic, count, per_batch=empty_transaction),
+        },
+        repetitions=repetitions,
+        warmup=False,
+    )
+    return cell
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": float("nan"), "p95": float("nan"), "p99": float("nan")}
+    q = statistics.quantiles(values, n=100, method="inclusive")
+    return {"p50": round(q[49], 1), "p95": round(q[94], 1), "p99": round(q[98], 1)}
+
+
+def _paced(rate: float, seconds: float, action: Callable[[int], None], threads: int = 4) -> None:
+    """Open loop: event i is due at ``t0 + i / rate`` whatever happened before (no waiting for
+    the system under test, so a slow system shows up as latency, not as a lower rate)."""
+    total = int(rate * seconds)
+    t0 = time.perf_counter() + 0.2
+
+    def worker(offset: int) -> None:
+        for i in range(offset, total, threads):
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            action(i)
+
+    workers = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+
+
+def _pipeline_latency(bench: Bench, rate: float, seconds: float) -> dict[str, float]:
+    effects, topic = _app(f"r4-{uuid.uuid4().hex[:6]}.")
+    admin = bench.admin()
+    admin.create_topics([NewTopic(topic, num_partitions=bench.partitions)])[topic].result(30)
+    codec = Codec(registry=effects.registry)
+    model = effects.get("apply").event_types[0].model
+    payloads = [
+        codec.encode(model(account=f"acc-{i % bench.keys}", amount=i))
+        for i in range(int(rate * seconds))
+    ]
+    with bench.engine.begin() as conn:
+        conn.execute(sa.text("TRUNCATE oncely_outbox"))
+    stop = threading.Event()
+    [consumer] = build_consumers(
+        effects=effects,
+        names=["apply"],
+        engine=bench.engine,
+        kafka=KafkaSettings(bootstrap_servers=bench.bootstrap),
+        settings=ConsumerSettings(batch_size=bench.batch_size, poll_timeout_seconds=0.05),
+        metrics=ConsumerMetrics(),
+    )
+    thread = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
+    thread.start()
+    while not consumer.joined:
+        time.sleep(0.01)
+
+    def stage_one(i: int) -> None:
+        value, headers = payloads[i]
+        with bench.engine.begin() as conn:
+            conn.execute(
+                sa.insert(outbox),
+                {
+                    "id": uuid.uuid4(),
+                    "aggregatetype": "account",
+                    "aggregateid": f"acc-{i % bench.keys}",
+                    "type": "credited",
+                    "topic": topic,
+                    "payload": value,
+                    "headers": headers,
+                    "event_key": uuid.uuid4().hex,
+                },
+            )
+
+    with relays(bench, 1):
+        _paced(rate, seconds, stage_one)
+        sample = consumer.metrics.registry.get_sample_value
+        deadline = time.monotonic() + 120
+        while (sample("oncely_consumer_applied_total", {"effect": "apply"}) or 0) < len(payloads):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    stop.set()
+    thread.join(60)
+    with bench.engine.connect() as conn:
+        latencies = [
+            float(ms)
+            for (ms,) in conn.execute(
+                sa.text(
+                    "SELECT EXTRACT(EPOCH FROM r.applied_at - o.created_at) * 1000"
+                    " FROM oncely_outbox o JOIN oncely_receipts r ON r.event_id = o.id"
+                    " WHERE o.topic = :t AND o.created_at > ("
+                    " SELECT min(created_at) + interval '1 second' FROM oncely_outbox"
+                    " WHERE topic = :t)"
+                ),
+                {"t": topic},
+            )
+        ]
+    return _percentiles(latencies)
+
+
+def _raw_latency(bench: Bench, rate: float, seconds: float) -> dict[str, float]:
+    topic = bench.new_topic()
+    producer = Producer(
+        {
+            "bootstrap.servers": bench.bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+        }
+    )
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bench.bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    joined = threading.Event()
+    consumer.subscribe([topic], on_assign=lambda c, p: joined.set())
+    latencies: list[float] = []
+    total = int(rate * seconds)
+    done = threading.Event()
+
+    def consume() -> None:
+        while len(latencies) < total and not done.is_set():
+            for message in consumer.consume(500, 0.05):
+                if message.error() is None:
+                    latencies.append(time.time() * 1000 - message.timestamp()[1])
+
+    while not joined.is_set():
+        consumer.poll(0.1)
+    reader = threading.Thread(target=consume)
+    reader.start()
+    lock = threading.Lock()
+
+    def produce(i: int) -> None:
+        with lock:
+            producer.produce(topic, key=f"acc-{i % bench.keys}".encode(), value=b"x" * 200)
+            producer.poll(0)
+
+    _paced(rate, seconds, produce)
+    producer.flush(30)
+    reader.join(60)
+    done.set()
+    consumer.close()
+    return _percentiles(latencies[int(rate) :])
+
+
+def latency_cell(bench: Bench, *, drain_rate: float, seconds: float) -> dict[str, object]:
+    """R4: commit → effect latency at 25/50/80% of the drain rate, and raw Kafka's alike."""
+    levels = []
+    for load in (0.25, 0.5, 0.8):
+        rate = max(10.0, drain_rate * load)
+        levels.append(
+            {
+                "load": load,
+                "rate_per_second": round(rate),
+                "pipeline_ms": _pipeline_latency(bench, rate, seconds),
+                "raw_kafka_ms": _raw_latency(bench, rate, seconds),
+            }
+        )
+    return {
+        "cell": "R4",
+        "unit": "ms",
+        "levels": levels,
+        "target": "pipeline p99 < 25 ms at 50% load",
+        "notes": [
+            f"open-loop paced staging, {seconds:.0f} s per level, first second excluded; one "
+            "transaction per event from 4 writer threads; latency on the database clock "
+            "(outbox created_at to receipt applied_at)"
+        ],
+    }
