@@ -14,8 +14,10 @@ from oncely.cli import (
     relay,
     replay,
     schemas,
+    status,
     tasks,
     topics,
+    verify,
 )
 
 app = typer.Typer(
@@ -35,6 +37,8 @@ app.add_typer(topics.app, name="topics")
 app.command(name="demo")(demo.run)
 app.command(name="consume")(consume.consume)
 app.command(name="replay")(replay.replay)
+app.command(name="status")(status.status)
+app.command(name="verify")(verify.verify)
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
 
 
-def parse_moment(text: str, *, now: datetime | None = None) -> datetime:
+def parse_moment(text: str) -> datetime:
     """An ISO-8601 time (naive means UTC), or a duration (``15m``) meaning that long before now.
 
     Raises ``typer.BadParameter`` for anything else.
@@ -51,5 +51,5 @@ def parse_moment(text: str, *, now: datetime | None = None) -> datetime:
                 f"{text!r} is neither an ISO-8601 time (2026-11-29T09:00:00Z) nor a duration "
                 "ago (15m, 12h)"
             ) from None
-        return (now or datetime.now(UTC)) - parse_duration(text)
+        return datetime.now(UTC) - parse_duration(text)
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from oncely.consumers.offsets import committed_offsets
 from oncely.errors import OncelyError
 from oncely.storage.queries import query
 
@@ -75,7 +76,6 @@ def plan_reset(
     timeout: float = 30,
 ) -> list[PartitionMove]:
     """Where each partition of ``topics`` would move for ``group``; changes nothing."""
-    admin = AdminClient(config)
     lookup = Consumer({**config, "group.id": f"{group}.oncely-replay-plan"})
     try:
         metadata = lookup.list_topics(timeout=timeout)
@@ -86,11 +86,7 @@ def plan_reset(
             partitions += [
                 TopicPartition(topic, p) for p in sorted(metadata.topics[topic].partitions)
             ]
-        request = [ConsumerGroupTopicPartitions(group, partitions)]
-        committed_list = admin.list_consumer_group_offsets(request)[group].result(timeout)
-        committed = {
-            (tp.topic, tp.partition): tp.offset for tp in committed_list.topic_partitions or []
-        }
+        committed = committed_offsets(config, group, partitions, timeout)
         if isinstance(target, AtTime):
             millis = int(target.moment.timestamp() * 1000)
             found = lookup.offsets_for_times(

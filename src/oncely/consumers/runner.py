@@ -94,6 +94,7 @@ class EffectConsumer:
         self._paused: dict[_TP, float | None] = {}  # resume time, or None while blocked
         self.heartbeat = time.monotonic()
         self.database_ok = True
+        self.joined = False
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -124,9 +125,11 @@ class EffectConsumer:
         return time.monotonic() - self.heartbeat < 60.0
 
     def ready(self) -> bool:
-        return self.healthy() and self.database_ok
+        """Healthy, the database answers, and the group has assigned partitions at least once."""
+        return self.healthy() and self.database_ok and self.joined
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.joined = True
         log.info(
             "partitions assigned",
             extra={"effect": self.effect.name, "partitions": _names(partitions)},

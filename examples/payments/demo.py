@@ -1,0 +1,542 @@
+"""The payments demo: the whole pipeline as separate processes, with faults, checked at the end.
+
+``oncely demo`` (what ``make demo`` runs) calls :func:`run_demo`. It upgrades the database,
+creates the topics, starts a relay, two effect consumer groups and a task worker as separate
+``oncely`` processes, and drives transfers from several writer threads (some retried with the
+same idempotency key). With chaos on, it kills the relay with SIGKILL mid-run and restarts it,
+lets the ``ledger-projection`` consumer die between its database commit and its offset commit
+(a failpoint), and finally replays that group from the earliest offset. A live view shows the
+counters; the run ends with an invariants table and a non-zero exit if any fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+from rich.table import Table
+
+import oncely
+from examples.payments.effects import effects
+from examples.payments.events import registry
+from examples.payments.models import metadata
+from examples.payments.service import TransferService
+from oncely.consumers.replay import Earliest, execute_reset, plan_reset
+from oncely.devstack._process import free_port
+from oncely.ops.verify import verify_window
+from oncely.relay.topics import ensure_topics, planned_topics
+from oncely.settings import TopicSettings
+from oncely.storage import upgrade
+
+EFFECTS = ("send-receipt", "ledger-projection")
+
+
+@dataclass
+class Options:
+    events: int = 5000
+    chaos: bool = True
+    writers: int = 4
+    keep_running: bool = False
+    timeout_seconds: float = 240.0
+
+
+@dataclass
+class _Process:
+    """One ``oncely`` child process, restartable, with its stderr kept in a log file."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_dir: Path
+    metrics_port: int | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self, **extra_env: str) -> None:
+        self.starts += 1
+        log = (self.log_dir / f"{self.name}.{self.starts}.log").open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "oncely", *self.argv],
+            env={**self.env, **extra_env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+
+    def ready(self) -> bool:
+        """``/readyz`` answers 200 (processes without a metrics port: running)."""
+        if self.metrics_port is None:
+            return self.alive()
+        try:
+            url = f"http://127.0.0.1:{self.metrics_port}/readyz"
+            with urllib.request.urlopen(url, timeout=1) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.proc is None:
+            return
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def metrics(self) -> dict[str, float]:
+        """Sum of each sample name over its labels, from the process's /metrics."""
+        if self.metrics_port is None or not self.alive():
+            return {}
+        try:
+            url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=1) as response:
+                text = response.read().decode()
+        except OSError:
+            return {}
+        totals: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+        return totals
+
+
+@dataclass
+class _Counters:
+    requested: int = 0
+    retried: int = 0
+    duplicates_seen: int = 0
+    chaos: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def note(self, text: str) -> None:
+        with self.lock:
+            self.chaos.append(f"{datetime.now(UTC):%H:%M:%S} {text}")
+
+
+class Demo:
+    def __init__(self, *, database_url: str, bootstrap: str, options: Options) -> None:
+        self.database_url = database_url
+        self.bootstrap = bootstrap
+        self.options = options
+        self.engine = sa.create_engine(database_url, pool_size=options.writers + 4)
+        self.counters = _Counters()
+        self.log_dir = Path(tempfile.mkdtemp(prefix="oncely-demo-"))
+        self.started = datetime.now(UTC)
+        self.topics = sorted({t.topic for t in registry})
+        env = {
+            **os.environ,
+            "ONCELY_DATABASE_URL": database_url,
+            "ONCELY_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "ONCELY_RELAY_POLL_INTERVAL_SECONDS": "0.5",
+            # A killed relay's claims are taken over after this lease (the default is 30 s),
+            # and a crashed consumer's partitions after this session timeout (default 45 s).
+            "ONCELY_RELAY_LEASE_SECONDS": "5",
+            "ONCELY_CONSUMER_SESSION_TIMEOUT_MS": "6000",
+            "PYTHONPATH": os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")]),
+        }
+        app = "examples.payments.effects:effects"
+        self.relay = _Process("relay", ["relay", "run"], env, self.log_dir, free_port())
+        self.relay.argv += ["--metrics-port", str(self.relay.metrics_port)]
+        self.consumers = {
+            name: _Process(name, ["consume", app, "--effect", name], env, self.log_dir, free_port())
+            for name in EFFECTS
+        }
+        for consumer in self.consumers.values():
+            consumer.argv += ["--metrics-port", str(consumer.metrics_port)]
+        self.worker = _Process(
+            "task-worker", ["tasks", "run", "examples.payments.tasks:tasks"], env, self.log_dir
+        )
+        self._start_offsets = self._high_watermarks()
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        upgrade(self.engine)
+        metadata.create_all(self.engine)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        ensure_topics(admin, planned_topics(registry, TopicSettings(partitions=6)))
+        self._start_offsets = self._high_watermarks()
+
+    def start_processes(self) -> None:
+        self.relay.start()
+        self.consumers["send-receipt"].start()
+        failpoint = {
+            "ONCELY_FAILPOINTS": "consumer.after_db_commit_before_offset_commit=exit-after:2"
+        }
+        self.consumers["ledger-projection"].start(**(failpoint if self.options.chaos else {}))
+        self.worker.start()
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        processes = [self.relay, *self.consumers.values(), self.worker]
+        while not all(p.ready() for p in processes):
+            dead = [p.name for p in processes if not p.alive()]
+            if dead or time.monotonic() > deadline:
+                raise oncely.OncelyError(
+                    f"processes not ready ({', '.join(dead) or 'timed out'}); logs: {self.log_dir}"
+                )
+            time.sleep(0.2)
+
+    def stop_processes(self) -> None:
+        for process in [self.relay, *self.consumers.values(), self.worker]:
+            process.stop()
+
+    # -- load -----------------------------------------------------------------------------
+
+    def write(self) -> None:
+        service = TransferService(self.engine)
+        per_writer = self.options.events // self.options.writers
+        extra = self.options.events - per_writer * self.options.writers
+
+        def writer(index: int, count: int) -> None:
+            rng = random.Random(index)  # noqa: S311 (load generation, not security)
+            for _ in range(count):
+                key = f"req-{uuid.uuid4()}"
+                request: dict[str, Any] = {
+                    "idempotency_key": key,
+                    "from_account": f"acc-{rng.randrange(200)}",
+                    "to_account": f"acc-{rng.randrange(200)}",
+                    "amount": Decimal(rng.randrange(100, 600_000)) / 100,
+                }
+                service.request_transfer(**request)
+                with self.counters.lock:
+                    self.counters.requested += 1
+                if rng.random() < 0.05:  # the client did not hear back and retries
+                    again = service.request_transfer(**request)
+                    with self.counters.lock:
+                        self.counters.retried += 1
+                        self.counters.duplicates_seen += bool(again.get("duplicate"))
+
+        threads = [
+            threading.Thread(target=writer, args=(i, per_writer + (i < extra)), daemon=True)
+            for i in range(self.options.writers)
+        ]
+        for thread in threads:
+            thread.start()
+        killed = False
+        while any(t.is_alive() for t in threads):
+            if (
+                self.options.chaos
+                and not killed
+                and self.counters.requested > self.options.events * 0.3
+            ):
+                self.relay.signal(signal.SIGKILL)
+                self.counters.note("relay killed with SIGKILL mid-run")
+                time.sleep(1.0)
+                self.relay.start()
+                self.counters.note("relay restarted")
+                killed = True
+            self._revive_crashed_consumer()
+            time.sleep(0.1)
+
+    def _revive_crashed_consumer(self) -> None:
+        ledger = self.consumers["ledger-projection"]
+        if ledger.proc is not None and ledger.proc.poll() == 137:
+            self.counters.note("ledger-projection died between its DB commit and offset commit")
+            ledger.start()
+            self.counters.note("ledger-projection restarted (redelivered records are duplicates)")
+
+    def replay_ledger(self) -> None:
+        ledger = self.consumers["ledger-projection"]
+        ledger.stop()
+        config: dict[str, str | int | float | bool] = {"bootstrap.servers": self.bootstrap}
+        group = effects.group_id("ledger-projection")
+        topics = effects.get("ledger-projection").topics
+        # The broker may still list the stopped member for a moment.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                moves = plan_reset(config, group=group, topics=topics, target=Earliest())
+                execute_reset(config, group=group, moves=moves)
+                break
+            except oncely.OncelyError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+        reread = sum(m.to_reread for m in moves)
+        self.counters.note(f"ledger-projection replayed to earliest: {reread} records to re-read")
+        ledger.start()
+
+    # -- observation ----------------------------------------------------------------------
+
+    def _high_watermarks(self) -> dict[tuple[str, int], int]:
+        """High watermarks of the payment topics; a partition that does not answer is left out."""
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "oncely-demo-view"})
+        marks = {}
+        try:
+            metadata_ = consumer.list_topics(timeout=10)
+            for topic in self.topics:
+                for partition in (metadata_.topics.get(topic) or _NoTopic()).partitions:
+                    tp = TopicPartition(topic, partition)
+                    with contextlib.suppress(KafkaException):
+                        marks[(topic, partition)] = consumer.get_watermark_offsets(tp, timeout=5)[1]
+            return marks
+        finally:
+            consumer.close()
+
+    def snapshot(self) -> dict[str, float]:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.text(
+                    """
+                    SELECT count(*) AS staged,
+                           count(*) FILTER (WHERE status = 'published') AS published,
+                           count(*) FILTER (WHERE status = 'pending') AS backlog,
+                           count(*) FILTER (WHERE type = 'transfer.completed') AS completed
+                    FROM oncely_outbox WHERE created_at >= :since
+                    """
+                ),
+                {"since": self.started},
+            ).one()
+            applied: dict[str, int] = dict(
+                conn.execute(
+                    sa.text(
+                        "SELECT r.effect, count(*) FROM oncely_receipts r JOIN oncely_outbox o"
+                        " ON o.id = r.event_id WHERE o.created_at >= :since GROUP BY r.effect"
+                    ),
+                    {"since": self.started},
+                ).all()
+            )
+            emails = conn.execute(
+                sa.text(
+                    "SELECT count(*), coalesce(sum(calls), 0) FROM provider_emails"
+                    " WHERE sent_at >= :since"
+                ),
+                {"since": self.started},
+            ).one()
+        marks = self._high_watermarks()
+        records = sum(high - self._start_offsets.get(tp, 0) for tp, high in marks.items())
+        duplicates = sum(
+            c.metrics().get("oncely_consumer_duplicates_suppressed_total", 0.0)
+            for c in self.consumers.values()
+        )
+        lag = sum(c.metrics().get("oncely_consumer_lag", 0.0) for c in self.consumers.values())
+        return {
+            "staged": row.staged,
+            "published": row.published,
+            "backlog": row.backlog,
+            "completed": row.completed,
+            "records": records,
+            **{f"applied:{name}": applied.get(name, 0) for name in EFFECTS},
+            "duplicates": duplicates,
+            "lag": lag,
+            "emails": emails[0],
+            "email_calls": emails[1],
+        }
+
+
+class _NoTopic:
+    partitions: dict[int, object] = {}
+
+
+def _view(demo: Demo, snap: dict[str, float], elapsed: float, phase: str) -> Group:
+    progress = Progress(
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.completed:>8.0f}"),
+    )
+    total = max(1, demo.options.events)
+    progress.add_task("transfers requested", total=total, completed=demo.counters.requested)
+    staged = max(1, snap.get("staged", 0))
+    progress.add_task("events published", total=staged, completed=int(snap.get("published", 0)))
+    completed = max(1, snap.get("completed", 0))
+    for name in EFFECTS:
+        done = int(snap.get(f"applied:{name}", 0))
+        progress.add_task(f"applied: {name}", total=completed, completed=done)
+    emails = int(snap.get("emails", 0))
+    progress.add_task("emails sent (task worker)", total=completed, completed=emails)
+    table = Table(show_header=False, box=None)
+    rate = snap.get("published", 0) / elapsed if elapsed else 0
+    for label, value in [
+        ("phase", phase),
+        ("staged events", f"{snap.get('staged', 0):.0f}"),
+        ("Kafka records", f"{snap.get('records', 0):.0f}"),
+        ("backlog (outbox pending)", f"{snap.get('backlog', 0):.0f}"),
+        ("consumer lag", f"{snap.get('lag', 0):.0f}"),
+        ("duplicates suppressed", f"{snap.get('duplicates', 0):.0f}"),
+        ("retried requests (same key)", f"{demo.counters.retried}"),
+        ("events/s published", f"{rate:.0f}"),
+    ]:
+        table.add_row(label, value)
+    chaos = Table(show_header=False, box=None)
+    for line in demo.counters.chaos[-6:]:
+        chaos.add_row(f"[yellow]{line}[/]")
+    return Group(progress, table, chaos)
+
+
+def _invariants(demo: Demo, snap: dict[str, float], elapsed: float) -> tuple[Table, bool]:
+    with demo.engine.connect() as conn:
+        dup_effects = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM (SELECT transfer_id FROM ledger_entries GROUP BY transfer_id"
+                " HAVING count(*) <> 2) AS d"
+            )
+        ).scalar_one()
+        max_calls = conn.execute(
+            sa.text("SELECT coalesce(max(calls), 0) FROM provider_emails WHERE sent_at >= :s"),
+            {"s": demo.started},
+        ).scalar_one()
+        latency = conn.execute(
+            sa.text(
+                "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY x),"
+                " percentile_cont(0.99) WITHIN GROUP (ORDER BY x) FROM ("
+                " SELECT EXTRACT(EPOCH FROM min(r.applied_at) - o.created_at) * 1000 AS x"
+                " FROM oncely_receipts r JOIN oncely_outbox o ON o.id = r.event_id"
+                " WHERE o.created_at >= :s AND r.effect = 'ledger-projection'"
+                " GROUP BY o.id, o.created_at) AS t"
+            ),
+            {"s": demo.started},
+        ).one()
+    report = demo_verify(demo)
+    requested = f"{demo.counters.requested} (+{demo.counters.retried} retried with the same key)"
+    completed = snap["completed"]
+    p50, p99 = (value or 0 for value in latency)
+    rows: list[tuple[str, str, bool]] = [
+        ("transfers requested", requested, demo.counters.duplicates_seen == demo.counters.retried),
+        ("events committed", f"{snap['staged']:.0f}", snap["staged"] > 0),
+        ("events published", f"{snap['published']:.0f}", snap["published"] == snap["staged"]),
+        ("lost (committed, not in Kafka)", str(report["lost"]), report["lost"] == 0),
+    ]
+    for name in EFFECTS:
+        applied = snap[f"applied:{name}"]
+        rows.append(
+            (f"effects applied: {name}", f"{applied:.0f} of {completed:.0f}", applied == completed)
+        )
+    rows += [
+        ("duplicate effects", str(dup_effects), dup_effects == 0),
+        ("order violations", str(report["out_of_order"]), report["out_of_order"] == 0),
+        ("provider calls per idempotency key", f"max {max_calls}", max_calls == 1),
+        ("emails sent", f"{snap['emails']:.0f} of {completed:.0f}", snap["emails"] == completed),
+        ("duplicates suppressed by receipts", f"{snap['duplicates']:.0f}", True),
+        ("throughput", f"{snap['staged'] / elapsed:.0f} events/s over {elapsed:.0f} s", True),
+        ("commit → effect latency (ledger)", f"p50 {p50:.0f} ms, p99 {p99:.0f} ms", True),
+    ]
+    table = Table(title="oncely demo — invariants (computed from this run)")
+    table.add_column("invariant")
+    table.add_column("value")
+    table.add_column("ok")
+    for name, value, ok in rows:
+        table.add_row(name, value, "[green]✔[/]" if ok else "[red]✘[/]")
+    return table, all(ok for _, _, ok in rows)
+
+
+def demo_verify(demo: Demo) -> dict[str, int]:
+    """Lost records and order violations of this run, by ``oncely verify``'s checks."""
+    report = verify_window(
+        demo.engine,
+        kafka_config={"bootstrap.servers": demo.bootstrap},
+        effects=[effects.get(name) for name in EFFECTS],
+        since=demo.started,
+    )
+    return {"lost": report.lost, "out_of_order": report.problems["out_of_order"]}
+
+
+def run_demo(*, database_url: str, bootstrap: str, options: Options, console: Console) -> int:
+    """Run the demo against these services; return the exit code (0: every invariant held)."""
+    demo = Demo(database_url=database_url, bootstrap=bootstrap, options=options)
+    demo.prepare()
+    demo.start_processes()
+    console.print("starting relay, consumers and task worker ...")
+    demo.wait_ready()
+    demo.started = datetime.now(UTC)
+    started = time.monotonic()
+    phase = ["writing transfers"]
+    try:
+        with Live(console=console, refresh_per_second=4) as live:
+            stop_view = threading.Event()
+
+            def refresh() -> None:
+                while not stop_view.is_set():
+                    live.update(_view(demo, demo.snapshot(), time.monotonic() - started, phase[0]))
+                    stop_view.wait(0.5)
+
+            viewer = threading.Thread(target=refresh, daemon=True)
+            viewer.start()
+            demo.write()
+            phase[0] = "draining: relay, consumers, task worker"
+            _wait(demo, lambda s: _all_done(s), options.timeout_seconds)
+            if options.chaos:
+                phase[0] = "replaying ledger-projection from the earliest offset"
+                demo.replay_ledger()
+                _wait(
+                    demo,
+                    lambda s: (
+                        demo.consumers["ledger-projection"]
+                        .metrics()
+                        .get("oncely_consumer_duplicates_suppressed_total", 0)
+                        >= s["completed"]
+                    ),
+                    options.timeout_seconds,
+                )
+            phase[0] = "done"
+            stop_view.set()
+            viewer.join()
+            elapsed = time.monotonic() - started
+            snap = demo.snapshot()
+            live.update(_view(demo, snap, elapsed, phase[0]))
+        table, ok = _invariants(demo, snap, elapsed)
+        console.print()
+        console.print(table)
+        console.print(f"process logs: {demo.log_dir}")
+        if options.keep_running:
+            console.print("processes keep running; Ctrl-C stops them")
+            while True:
+                time.sleep(1)
+        return 0 if ok else 1
+    finally:
+        demo.stop_processes()
+        demo.engine.dispose()
+
+
+def _all_done(snap: dict[str, float]) -> bool:
+    return (
+        snap["published"] == snap["staged"]
+        and all(snap[f"applied:{name}"] == snap["completed"] for name in EFFECTS)
+        and snap["emails"] == snap["completed"]
+    )
+
+
+def _wait(demo: Demo, done: Callable[[dict[str, float]], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        demo._revive_crashed_consumer()
+        snap = demo.snapshot()
+        if done(snap):
+            return
+        if time.monotonic() > deadline:
+            raise oncely.OncelyError(
+                f"the pipeline did not finish within {timeout:.0f} s: {snap}; logs: {demo.log_dir}"
+            )
+        time.sleep(0.5)

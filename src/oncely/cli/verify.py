@@ -1,0 +1,169 @@
+"""``oncely verify``: reconcile a time window across the outbox, Kafka and the receipts.
+
+Exit codes: 0 nothing lost, stuck, unapplied or out of order; 1 a problem was found, or the
+database or Kafka failed; 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import sqlalchemy as sa
+import typer
+from confluent_kafka import KafkaException
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from oncely.cli._imports import load_effects
+from oncely.cli._options import BootstrapServers, DatabaseUrl, parse_duration, parse_moment
+from oncely.cli._output import err, out
+from oncely.errors import ConfigurationError
+from oncely.ops.verify import Report, VerifyError, verify_window
+from oncely.settings import KafkaSettings
+
+_PROBLEM = 1
+_BAD_ARGUMENTS = 2
+
+_REASONS = {
+    "topic_missing": "topic does not exist",
+    "partition_missing": "partition does not exist",
+    "deleted": "below the log start offset (deleted or past retention)",
+    "missing": "no record at this offset",
+    "id_mismatch": "another event's record",
+}
+
+
+def verify(
+    since: Annotated[
+        str,
+        typer.Option(
+            help="Window start: ISO-8601 (naive means UTC) or a duration ago (1h).",
+            show_default=False,
+        ),
+    ],
+    app: Annotated[
+        str,
+        typer.Option(
+            help="Effects app (module:attribute) whose effects are checked.", show_default=False
+        ),
+    ],
+    database_url: DatabaseUrl,
+    bootstrap_servers: BootstrapServers,
+    until: Annotated[
+        str | None,
+        typer.Option(help="Window end (exclusive; default: now). Same forms as --since."),
+    ] = None,
+    effect: Annotated[
+        list[str] | None,
+        typer.Option(help="Check only this effect (repeatable; default: all of the app)."),
+    ] = None,
+    max_pending_age: Annotated[
+        str, typer.Option(help="An unpublished row older than this is stuck (90s, 15m).")
+    ] = "60s",
+    show: Annotated[int, typer.Option(help="List at most this many ids per problem.", min=0)] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
+) -> None:
+    """Reconcile a window of outbox rows with Kafka and the effects' receipts (read-only).
+
+    Problems (exit 1): stuck (unpublished longer than --max-pending-age); lost (no record with
+    the row's id at its stored partition and offset); not applied (published, no receipt of
+    the effect); out of order (a key's event applied before the previous one). Rows already
+    purged from the outbox cannot be checked.
+    """
+    start = parse_moment(since)
+    end = None if until is None else parse_moment(until)
+    threshold = parse_duration(max_pending_age).total_seconds()
+    try:
+        effects = load_effects(app)
+        chosen = [effects.get(name) for name in effect] if effect else list(effects)
+    except ConfigurationError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(_BAD_ARGUMENTS) from None
+    kafka = KafkaSettings(bootstrap_servers=bootstrap_servers).client_config()
+    engine = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
+    progress = Progress(
+        TextColumn("verifying: Kafka records"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+    )
+    task = progress.add_task("records", total=None)
+    try:
+        with progress:
+            report = verify_window(
+                engine,
+                kafka_config=kafka,
+                effects=chosen,
+                since=start,
+                until=end,
+                max_pending_age_seconds=threshold,
+                limit=show,
+                progress=lambda done, total: progress.update(task, completed=done, total=total),
+            )
+    except VerifyError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(_BAD_ARGUMENTS) from None
+    except sa.exc.DBAPIError as exc:
+        err.print(f"[red]error:[/] database failure: {escape(str(exc.orig))}")
+        raise typer.Exit(_PROBLEM) from None
+    except KafkaException as exc:
+        err.print(f"[red]error:[/] Kafka failure: {escape(str(exc))}")
+        raise typer.Exit(_PROBLEM) from None
+    finally:
+        engine.dispose()
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    else:
+        _print(report)
+    if not report.ok:
+        raise typer.Exit(_PROBLEM)
+
+
+def _print(report: Report) -> None:
+    out.print(
+        f"window [{report.since.isoformat()}, {report.until.isoformat()}) of "
+        f"{escape(report.database)}"
+    )
+    summary = Table("check", "count", "", title="verification")
+    o = report.outbox
+    rows: list[tuple[str, int, bool]] = [
+        ("committed events", o.committed, True),
+        ("published", o.published, True),
+        ("pending", o.pending, True),
+        ("dead", o.dead, True),
+        ("skipped", o.skipped, True),
+        (f"stuck (unpublished > {report.max_pending_age_seconds:g}s)", o.stuck, o.stuck == 0),
+        (f"lost (of {report.checked} records checked)", report.lost, report.lost == 0),
+    ]
+    for e in report.effects:
+        rows.append(
+            (f"not applied: {e.effect} (of {e.expected})", e.not_applied, not e.not_applied)
+        )
+        rows.append((f"out of order: {e.effect}", e.out_of_order, not e.out_of_order))
+    for label, count, good in rows:
+        summary.add_row(escape(label), str(count), "[green]ok[/]" if good else "[red]FAIL[/]")
+    out.print(summary)
+    for s in report.stuck_rows:
+        error = f" last error: {escape(s.last_error)}" if s.last_error else ""
+        out.print(f"stuck {s.id} {s.status} for {s.age_seconds:.0f}s in {escape(s.topic)}{error}")
+    for r in report.lost_records:
+        where = f"{escape(r.topic)}[{r.partition}]@{r.offset}"
+        found = (
+            f" (found {escape(r.found_id or 'no id header')})" if r.reason == "id_mismatch" else ""
+        )
+        out.print(f"lost {r.id} at {where}: {_REASONS[r.reason]}{found}")
+    for e in report.effects:
+        for event_id in e.not_applied_ids:
+            out.print(f"not applied by {escape(e.effect)}: {event_id}")
+        for pair in e.out_of_order_ids:
+            out.print(
+                f"out of order in {escape(e.effect)}: {pair.id} applied before {pair.previous_id}"
+            )
+    for note in report.notes:
+        out.print(f"[dim]note: {escape(note)}[/]")
+    out.print("[green]OK[/]" if report.ok else f"[red]FAILED[/] {report.problems}")

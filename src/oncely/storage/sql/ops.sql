@@ -1,0 +1,128 @@
+-- Read-only statements of `oncely status` and `oncely verify`. Each starts with "-- name: <name>".
+-- None of them writes; the callers run them in READ ONLY transactions.
+
+-- name: ops_outbox_by_topic
+-- Per topic: pending depth, age of the oldest pending row (NULL when none), dead rows and rows
+-- published in the last :recent_seconds. Two index-backed scans (the unsettled rows and the
+-- recent published rows), not the whole table.
+WITH backlog AS (
+    SELECT topic,
+           count(*) FILTER (WHERE status = 'pending') AS pending,
+           count(*) FILTER (WHERE status = 'dead') AS dead,
+           min(created_at) FILTER (WHERE status = 'pending') AS oldest_pending
+    FROM oncely_outbox
+    WHERE status = ANY (ARRAY['pending'::text, 'dead'::text])
+    GROUP BY topic
+), recent AS (
+    SELECT topic, count(*) AS published
+    FROM oncely_outbox
+    WHERE status = 'published' AND published_at >= now() - make_interval(secs => :recent_seconds)
+    GROUP BY topic
+)
+SELECT topic,
+       COALESCE(b.pending, 0) AS pending,
+       EXTRACT(EPOCH FROM now() - b.oldest_pending) AS oldest_pending_seconds,
+       COALESCE(b.dead, 0) AS dead,
+       COALESCE(r.published, 0) AS published_recently
+FROM backlog AS b FULL JOIN recent AS r USING (topic)
+ORDER BY topic
+
+-- name: ops_receipts_by_effect
+-- Per effect name found in the receipts: receipts in all, and those of the last :recent_seconds.
+SELECT effect,
+       count(*) AS applied,
+       count(*) FILTER (WHERE applied_at >= now() - make_interval(secs => :recent_seconds))
+           AS applied_recently
+FROM oncely_receipts
+GROUP BY effect
+ORDER BY effect
+
+-- name: ops_tasks_by_status
+SELECT status, count(*) AS tasks
+FROM oncely_tasks
+GROUP BY status
+
+-- name: verify_now
+-- The database clock, fixed for the whole (REPEATABLE READ) verification transaction.
+SELECT now()
+
+-- name: verify_outbox_summary
+-- The window's rows by state. "stuck": pending or dead for longer than :max_pending_age.
+-- "unlocated": published rows without a stored partition/offset (their record cannot be
+-- looked up).
+SELECT count(*) AS committed,
+       count(*) FILTER (WHERE status = 'published') AS published,
+       count(*) FILTER (WHERE status = 'pending') AS pending,
+       count(*) FILTER (WHERE status = 'dead') AS dead,
+       count(*) FILTER (WHERE status = 'skipped') AS skipped,
+       count(*) FILTER (WHERE status = ANY (ARRAY['pending'::text, 'dead'::text])
+                          AND created_at < now() - make_interval(secs => :max_pending_age))
+           AS stuck,
+       count(*) FILTER (WHERE status = 'published' AND kafka_offset IS NULL) AS unlocated,
+       EXTRACT(EPOCH FROM now() - min(created_at) FILTER (
+           WHERE status = ANY (ARRAY['pending'::text, 'dead'::text]))) AS oldest_unpublished_seconds
+FROM oncely_outbox
+WHERE created_at >= :since AND created_at < :until
+
+-- name: verify_stuck
+-- The first :limit stuck rows of the window (see verify_outbox_summary), oldest first.
+SELECT id, topic, aggregateid, status, attempts, last_error,
+       EXTRACT(EPOCH FROM now() - created_at) AS age_seconds
+FROM oncely_outbox
+WHERE created_at >= :since AND created_at < :until
+  AND status = ANY (ARRAY['pending'::text, 'dead'::text])
+  AND created_at < now() - make_interval(secs => :max_pending_age)
+ORDER BY seq
+LIMIT :limit
+
+-- name: verify_published_located
+-- The window's published rows in (topic, partition, offset) order: the order in which a
+-- consumer reads them back. Streamed through a server-side cursor.
+SELECT id, topic, kafka_partition, kafka_offset
+FROM oncely_outbox
+WHERE created_at >= :since AND created_at < :until
+  AND status = 'published' AND kafka_offset IS NOT NULL
+ORDER BY topic, kafka_partition, kafka_offset
+
+-- name: verify_effect_summary
+-- For one effect: the window's published rows of the types it consumes, and how many of them
+-- have its receipt. The receipts' primary key (event_id, effect) allows at most one each.
+SELECT count(*) AS expected, count(r.event_id) AS applied
+FROM oncely_outbox AS o
+LEFT JOIN oncely_receipts AS r ON r.event_id = o.id AND r.effect = :effect
+WHERE o.created_at >= :since AND o.created_at < :until
+  AND o.status = 'published' AND o.type = ANY (CAST(:types AS text[]))
+
+-- name: verify_not_applied
+-- The first :limit published rows of the window, of the effect's types, without its receipt.
+SELECT o.id
+FROM oncely_outbox AS o
+WHERE o.created_at >= :since AND o.created_at < :until
+  AND o.status = 'published' AND o.type = ANY (CAST(:types AS text[]))
+  AND NOT EXISTS (
+      SELECT 1 FROM oncely_receipts AS r WHERE r.event_id = o.id AND r.effect = :effect
+  )
+ORDER BY o.seq
+LIMIT :limit
+
+-- name: verify_out_of_order
+-- For one effect, per topic and key: an applied event whose receipt is older than the receipt
+-- of the key's previous applied event (in seq order) ran ahead of it. Kafka orders a key only
+-- within its topic's partition, so keys are compared within a topic. Returns the first
+-- violations (at least one, whatever :limit, so that the total count is never lost), each with
+-- the total count.
+WITH applied AS (
+    SELECT o.id, o.seq, r.applied_at,
+           lag(r.applied_at) OVER key_order AS previous_applied_at,
+           lag(o.id) OVER key_order AS previous_id
+    FROM oncely_outbox AS o
+    JOIN oncely_receipts AS r ON r.event_id = o.id AND r.effect = :effect
+    WHERE o.created_at >= :since AND o.created_at < :until
+      AND o.type = ANY (CAST(:types AS text[]))
+    WINDOW key_order AS (PARTITION BY o.topic, o.aggregateid ORDER BY o.seq)
+)
+SELECT id, previous_id, count(*) OVER () AS total
+FROM applied
+WHERE applied_at < previous_applied_at
+ORDER BY seq
+LIMIT GREATEST(:limit, 1)

@@ -1,0 +1,169 @@
+"""`oncely status` and `oncely verify` as processes against a small real deployment."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from oncely.ops.status import DUPLICATES_NOTE
+from oncely.schemas.codec import Codec
+from oncely.storage import outbox
+from tests.apps.ledger import App, build, create_tables
+from tests.helpers import (
+    count_status,
+    fast_settings,
+    publish_events,
+    running_consumers,
+    running_relay,
+    scalar,
+    wait_until,
+)
+
+pytestmark = pytest.mark.acceptance
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(database_url, pool_size=5)
+    create_tables(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def app(kafka_admin: AdminClient) -> Iterator[App]:
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    app = build(prefix, group_prefix=prefix)
+    kafka_admin.create_topics([NewTopic(app.topic, num_partitions=2)])[app.topic].result(30)
+    yield app
+    kafka_admin.delete_topics([app.topic])[app.topic].result(30)
+
+
+def _oncely(app: App, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "oncely", *args, "--app", "tests.apps.ledger:effects"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={
+            **os.environ,
+            "ONCELY_TEST_TOPIC_PREFIX": app.registry.topic_prefix,
+            "ONCELY_TEST_GROUP_PREFIX": app.effects.group_prefix,
+        },
+    )
+
+
+def _row(app: App, status: str, **columns: Any) -> dict[str, Any]:
+    event_id = uuid.uuid4()
+    return {
+        "id": event_id,
+        "aggregatetype": "account",
+        "aggregateid": "acc-0",
+        "type": "account.credited",
+        "topic": app.topic,
+        "payload": b"{}",
+        "event_key": str(event_id),
+        "status": status,
+        **columns,
+    }
+
+
+def test_status_json_of_a_small_deployment(
+    app: App, engine: sa.Engine, database_url: str, kafka_bootstrap: str
+) -> None:
+    with engine.begin() as conn:
+        for row in (
+            _row(app, "pending", available_at=sa.text("now() + interval '1 hour'")),
+            _row(app, "dead"),
+        ):
+            conn.execute(sa.insert(outbox).values(**row))
+    events = [(uuid.uuid4(), app.model(account_id=f"acc-{n}", amount=1, n=n)) for n in range(3)]
+    publish_events(kafka_bootstrap, Codec(registry=app.registry), events)
+
+    result = _oncely(
+        app,
+        *("status", "--json", "--database-url", database_url),
+        *("--bootstrap-servers", kafka_bootstrap),
+    )
+
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    oldest = document["topics"][0]["oldest_pending_seconds"]
+    assert oldest == pytest.approx(0, abs=30)
+    assert document == {
+        "database": sa.make_url(database_url).render_as_string(hide_password=True),
+        "topics": [
+            {
+                "topic": app.topic,
+                "pending": 1,
+                "oldest_pending_seconds": oldest,
+                "dead": 1,
+                "published_last_minute": 0,
+            }
+        ],
+        "effects": [
+            {
+                "effect": name,
+                "group": app.effects.group_prefix + name,
+                "topics": [app.topic],
+                "applied": 0,
+                "applied_last_minute": 0,
+                "lag": 3,
+                "dlq": 0,
+                "duplicates_suppressed": None,
+            }
+            for name in ["audit", "email", "ledger", "notify", "strict"]
+        ],
+        "tasks": dict.fromkeys(
+            ["queued", "leased", "completed", "dead", "failed", "stale", "expired"], 0
+        ),
+        "notes": [DUPLICATES_NOTE],
+    }
+
+
+def test_verify_passes_on_a_healthy_pipeline_and_fails_when_an_effect_missed_an_event(
+    app: App, engine: sa.Engine, database_url: str, kafka_bootstrap: str
+) -> None:
+    codec = Codec(registry=app.registry)
+    rows = []
+    for n in range(20):
+        value, headers = codec.encode(app.model(account_id=f"acc-{n % 5}", amount=1, n=n))
+        rows.append(
+            _row(app, "pending", aggregateid=f"acc-{n % 5}", payload=value, headers=headers)
+        )
+    with engine.begin() as conn:
+        conn.execute(sa.insert(outbox), rows)
+    with (
+        running_relay(engine, kafka_bootstrap, fast_settings()),
+        running_consumers(app.effects, ["ledger"], engine, kafka_bootstrap),
+    ):
+        wait_until(lambda: scalar(engine, "SELECT count(*) FROM oncely_receipts") == 20, timeout=90)
+    assert count_status(engine, "published") == 20
+    command = [
+        *("verify", "--since", "10m", "--effect", "ledger", "--json"),
+        *("--database-url", database_url, "--bootstrap-servers", kafka_bootstrap),
+    ]
+
+    healthy = _oncely(app, *command)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("DELETE FROM oncely_receipts WHERE event_id = :id"), {"id": rows[7]["id"]}
+        )
+    damaged = _oncely(app, *command)
+
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    assert json.loads(healthy.stdout)["kafka"] == {"checked": 20, "lost": 0}
+    assert damaged.returncode == 1, damaged.stderr
+    report = json.loads(damaged.stdout)
+    assert report["problems"] == {"lost": 0, "not_applied": 1, "out_of_order": 0, "stuck": 0}
+    assert report["effects"][0]["not_applied_ids"] == [str(rows[7]["id"])]

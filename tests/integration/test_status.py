@@ -1,0 +1,260 @@
+"""``oncely status`` against a small known deployment: exact numbers, read from real services."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+import typer
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from sqlalchemy.engine import make_url
+from typer.testing import CliRunner, Result
+
+from oncely.cli.status import status
+from oncely.ops.status import DUPLICATES_NOTE, collect_status
+from oncely.schemas.codec import Codec
+from oncely.storage import outbox, receipts, tasks
+from tests.apps.ledger import App, build, create_tables
+from tests.helpers import publish_events, running_consumers, scalar, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(database_url)
+    create_tables(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def app(kafka_admin: AdminClient) -> Iterator[App]:
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    app = build(prefix, group_prefix=prefix)
+    created = [app.topic, f"{app.topic}.notify.dlq"]
+    futures = kafka_admin.create_topics(
+        [NewTopic(app.topic, num_partitions=2), NewTopic(created[1], num_partitions=1)]
+    )
+    for future in futures.values():
+        future.result(30)
+    yield app
+    for future in kafka_admin.delete_topics(created).values():
+        future.result(30)
+
+
+def _cli(*args: str) -> Result:
+    command = typer.Typer()
+    command.command()(status)
+    return CliRunner().invoke(command, list(args))
+
+
+def _row(topic: str, status: str, **columns: Any) -> dict[str, Any]:
+    event_id = uuid.uuid4()
+    return {
+        "id": event_id,
+        "aggregatetype": "account",
+        "aggregateid": "acc-0",
+        "type": "account.credited",
+        "topic": topic,
+        "payload": b"{}",
+        "event_key": str(event_id),
+        "status": status,
+        **columns,
+    }
+
+
+def _task(status: str) -> dict[str, Any]:
+    return {
+        "id": uuid.uuid4(),
+        "task_key": uuid.uuid4().hex,
+        "name": "email.send",
+        "payload": {},
+        "policy": "retry_safe",
+        "max_attempts": 3,
+        "status": status,
+    }
+
+
+@pytest.fixture
+def deployment(app: App, engine: sa.Engine, kafka_bootstrap: str) -> str:
+    """The known setup; returns the other topic that has outbox rows but no event type."""
+    other = f"{app.topic}.other"
+    ago = sa.text("now() - interval '120 seconds'")
+    later = sa.text("now() + interval '1 hour'")
+    rows = [
+        _row(app.topic, "pending", created_at=ago, available_at=later),
+        _row(app.topic, "pending", created_at=ago, available_at=later),
+        _row(app.topic, "dead"),
+        *(_row(app.topic, "published", published_at=sa.text("now()")) for _ in range(3)),
+        _row(other, "published", published_at=sa.text("now() - interval '10 minutes'")),
+        _row(other, "pending", available_at=later),
+    ]
+    receipt_rows = [
+        {
+            "event_id": uuid.uuid4(),
+            "effect": "ledger",
+            "applied_at": sa.text("now() - interval '10 minutes'"),
+        },
+        {"event_id": uuid.uuid4(), "effect": "retired"},
+    ]
+    with engine.begin() as conn:
+        for row in rows:
+            conn.execute(sa.insert(outbox).values(**row))
+        for receipt in receipt_rows:
+            conn.execute(sa.insert(receipts).values(**receipt))
+        conn.execute(sa.insert(tasks), [_task("queued"), _task("queued"), _task("dead")])
+    events = [(uuid.uuid4(), app.model(account_id=f"acc-{i}", amount=1, n=i)) for i in range(5)]
+    publish_events(kafka_bootstrap, Codec(registry=app.registry), events)
+    dlq = Producer({"bootstrap.servers": kafka_bootstrap})
+    for n in range(2):
+        dlq.produce(f"{app.topic}.notify.dlq", key=b"acc-0", value=str(n).encode())
+    assert dlq.flush(30) == 0
+    with running_consumers(app.effects, ["ledger"], engine, kafka_bootstrap):
+        wait_until(
+            lambda: (
+                scalar(engine, "SELECT count(*) FROM oncely_receipts WHERE effect = 'ledger'") == 6
+            ),
+            timeout=60,
+        )
+    return other
+
+
+def _effect(app: App, name: str, **values: Any) -> dict[str, Any]:
+    return {
+        "effect": name,
+        "group": app.effects.group_prefix + name,
+        "topics": [app.topic],
+        "applied": 0,
+        "applied_last_minute": 0,
+        "lag": 5,
+        "dlq": 0,
+        "duplicates_suppressed": None,
+        **values,
+    }
+
+
+def test_status_reports_backlog_progress_and_tasks_of_a_known_setup(
+    app: App, engine: sa.Engine, kafka_bootstrap: str, deployment: str
+) -> None:
+    report = collect_status(
+        engine, effects=app.effects, kafka_config={"bootstrap.servers": kafka_bootstrap}
+    ).to_json()
+
+    topics = report["topics"]
+    assert [t["oldest_pending_seconds"] for t in topics] == [
+        pytest.approx(120, abs=30),
+        pytest.approx(0, abs=30),
+    ]
+    assert report == {
+        "database": engine.url.render_as_string(hide_password=True),
+        "topics": [
+            {
+                "topic": app.topic,
+                "pending": 2,
+                "oldest_pending_seconds": topics[0]["oldest_pending_seconds"],
+                "dead": 1,
+                "published_last_minute": 3,
+            },
+            {
+                "topic": deployment,
+                "pending": 1,
+                "oldest_pending_seconds": topics[1]["oldest_pending_seconds"],
+                "dead": 0,
+                "published_last_minute": 0,
+            },
+        ],
+        "effects": [
+            _effect(app, "audit"),
+            _effect(app, "email"),
+            _effect(app, "ledger", applied=6, applied_last_minute=5, lag=0),
+            _effect(app, "notify", dlq=2),
+            {
+                "effect": "retired",
+                "group": None,
+                "topics": [],
+                "applied": 1,
+                "applied_last_minute": 1,
+                "lag": None,
+                "dlq": None,
+                "duplicates_suppressed": None,
+            },
+            _effect(app, "strict"),
+        ],
+        "tasks": {
+            "queued": 2,
+            "leased": 0,
+            "completed": 0,
+            "dead": 1,
+            "failed": 0,
+            "stale": 0,
+            "expired": 0,
+        },
+        "notes": [DUPLICATES_NOTE, "effect 'retired' has receipts but is not in the app"],
+    }
+
+
+def test_without_app_or_kafka_effects_come_from_receipts_and_lag_is_unknown(
+    engine: sa.Engine, deployment: str
+) -> None:
+    report = collect_status(engine, effects=None, kafka_config=None)
+
+    assert [(e.effect, e.group, e.applied, e.lag, e.dlq) for e in report.effects] == [
+        ("ledger", None, 6, None, None),
+        ("retired", None, 1, None, None),
+    ]
+    assert [t.topic for t in report.topics] == sorted(t.topic for t in report.topics)
+    assert len(report.topics) == 2, "only topics with backlog or recent publishes"
+    assert report.notes[1:] == [
+        "no --app: effects are the names found in the receipts; lag and DLQ unknown"
+    ]
+
+
+def test_the_command_prints_json_or_tables_and_never_the_password(
+    app: App,
+    database_url: str,
+    kafka_bootstrap: str,
+    deployment: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = make_url(database_url)
+    if url.password is None:  # a trust-auth server ignores it; it must still never be shown
+        url = url.set(password="not-shown-secret")
+    secret = str(url.password)
+    monkeypatch.setenv("ONCELY_TEST_TOPIC_PREFIX", app.registry.topic_prefix)
+    monkeypatch.setenv("ONCELY_TEST_GROUP_PREFIX", app.effects.group_prefix)
+    monkeypatch.delitem(sys.modules, "tests.apps.ledger")  # re-imported with the env above
+    common = [
+        "--database-url",
+        url.render_as_string(hide_password=False),
+        "--bootstrap-servers",
+        kafka_bootstrap,
+        "--app",
+        "tests.apps.ledger:effects",
+    ]
+
+    as_json = _cli(*common, "--json")
+    tables = _cli(*common)
+
+    assert as_json.exit_code == 0, as_json.stderr
+    document = json.loads(as_json.stdout)
+    assert document["database"] == url.render_as_string(hide_password=True)
+    assert {e["effect"]: e["lag"] for e in document["effects"]}["ledger"] == 0
+    assert tables.exit_code == 0, tables.stderr
+    assert "n/a (see /metrics)" in tables.stdout
+    assert app.registry.topic_prefix in tables.stdout  # long names fold in 80 columns
+    assert all(name in tables.stdout for name in app.effects.names())
+    assert secret not in as_json.stdout + tables.stdout + as_json.stderr + tables.stderr
+
+
+def test_a_bad_app_exits_2(database_url: str) -> None:
+    result = _cli("--database-url", database_url, "--app", "tests.apps.ledger:nothing")
+
+    assert result.exit_code == 2
+    assert "has no attribute" in result.stderr
