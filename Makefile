@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint format test demo bench clean
+.PHONY: install lint format test chaos demo bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -18,17 +18,20 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: install
-	$(BIN)/ruff check src tests examples bench
-	$(BIN)/ruff format --check src tests examples bench
+	$(BIN)/ruff check src tests examples bench tools
+	$(BIN)/ruff format --check src tests examples bench tools
 	$(BIN)/mypy
 	$(BIN)/oncely schemas check --registry examples.payments.events:registry --dir schemas
 
 format: install
-	$(BIN)/ruff format src tests examples bench
-	$(BIN)/ruff check --fix src tests examples bench
+	$(BIN)/ruff format src tests examples bench tools
+	$(BIN)/ruff check --fix src tests examples bench tools
 
 test: lint
 	$(BIN)/pytest
+
+chaos: install
+	$(BIN)/pytest -m chaos tests/chaos
 
 demo: install
 	$(BIN)/oncely demo

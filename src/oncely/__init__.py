@@ -21,10 +21,13 @@ from oncely.producer.commands import (
     PostCommitResult,
     TaskEffect,
 )
+from oncely.producer.staging import StageLimitError
 from oncely.schemas.catalog import SchemaCatalog
 from oncely.schemas.codec import Codec
 from oncely.schemas.compatibility import CompatibilityMode
 from oncely.schemas.errors import DecodeError, DecodeFailure, EncodeError
+from oncely.security import KafkaAuthenticationError
+from oncely.settings import StageLimits
 
 __all__ = [
     "AsyncDurableCommand",
@@ -43,6 +46,7 @@ __all__ = [
     "EventType",
     "FailurePolicy",
     "IdempotencyKeys",
+    "KafkaAuthenticationError",
     "LeaseLost",
     "Mismatch",
     "OncelyError",
@@ -51,6 +55,8 @@ __all__ = [
     "Registry",
     "RegistryError",
     "SchemaCatalog",
+    "StageLimitError",
+    "StageLimits",
     "StagedEvent",
     "Task",
     "TaskEffect",

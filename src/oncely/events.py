@@ -180,6 +180,15 @@ class Registry:
     """
 
     def __init__(self, *, topic_prefix: str = "") -> None:
+        """Raises :class:`InvalidTopicNameError` when ``topic_prefix`` has characters Kafka
+        refuses in topic names, or leaves no room for an event type's name."""
+        if topic_prefix and (
+            not _TOPIC_CHARS.fullmatch(topic_prefix) or len(topic_prefix) >= _MAX_TOPIC_LENGTH
+        ):
+            raise InvalidTopicNameError(
+                f"topic prefix {topic_prefix[:60]!r} must be fewer than {_MAX_TOPIC_LENGTH} "
+                "characters of ASCII letters, digits, '.', '_' and '-'"
+            )
         self.topic_prefix = topic_prefix
         self._by_name: dict[str, EventType[Any]] = {}
         self._by_model: dict[type[BaseModel], EventType[Any]] = {}

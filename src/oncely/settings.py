@@ -3,36 +3,130 @@
 Each group has its own prefix, so ``ONCELY_KAFKA_BOOTSTRAP_SERVERS`` sets
 ``KafkaSettings.bootstrap_servers`` and ``ONCELY_DATABASE_URL`` sets ``DatabaseSettings.url``.
 Raw librdkafka options go through ``ONCELY_KAFKA_EXTRA`` as a JSON object.
+
+Secrets (``ONCELY_KAFKA_SASL_PASSWORD``, ``ONCELY_DATABASE_URL``, secret-looking keys of
+``ONCELY_KAFKA_EXTRA``) never appear in a settings object's ``repr`` nor in its validation
+errors; only :meth:`KafkaSettings.client_config` reveals them, to hand them to librdkafka.
 """
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+import re
+from typing import Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
+ClientValue = str | int | float | bool
+
+#: librdkafka keys whose values are secrets: masked wherever oncely shows a configuration.
+SECRET_KEY = re.compile(r"password|secret|token|key\.pem|oauthbearer\.config|jaas", re.IGNORECASE)
+_MASK = "**********"
+# Typed field -> the librdkafka key it sets (ONCELY_KAFKA_EXTRA must not set it as well).
+_TYPED_KEYS = {
+    "security_protocol": "security.protocol",
+    "sasl_mechanism": "sasl.mechanism",
+    "sasl_username": "sasl.username",
+    "sasl_password": "sasl.password",
+    "ssl_ca_location": "ssl.ca.location",
+}
+_ALIASES = {"sasl.mechanisms": "sasl.mechanism"}
+
+
+def redact_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the values of secret-looking keys (see :data:`SECRET_KEY`) masked."""
+    return {key: _MASK if SECRET_KEY.search(key) else value for key, value in config.items()}
 
 
 class KafkaSettings(BaseSettings):
-    """How to reach Kafka."""
+    """How to reach Kafka, including authentication (SASL) and encryption (TLS).
 
-    model_config = SettingsConfigDict(env_prefix="ONCELY_KAFKA_", extra="ignore")
+    The typed security fields cover the usual cases; any other librdkafka setting goes in
+    ``extra``. Setting one librdkafka key both ways is refused (it would be ambiguous which
+    wins). Raises ``pydantic.ValidationError`` (without echoing any value) when SASL
+    credentials are half given, or given for a protocol that does not use them.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="ONCELY_KAFKA_", extra="ignore", hide_input_in_errors=True
+    )
 
     bootstrap_servers: str = Field(
         default="127.0.0.1:9092", description="Comma-separated host:port list of brokers."
     )
-    extra: dict[str, str] = Field(
+    security_protocol: SecurityProtocol | None = Field(
+        default=None,
+        description="librdkafka security.protocol: PLAINTEXT (default), SSL, SASL_PLAINTEXT "
+        "or SASL_SSL.",
+    )
+    sasl_mechanism: SaslMechanism | None = Field(
+        default=None, description="librdkafka sasl.mechanism, e.g. SCRAM-SHA-512 or PLAIN."
+    )
+    sasl_username: str | None = Field(default=None, description="librdkafka sasl.username.")
+    sasl_password: SecretStr | None = Field(
+        default=None, description="librdkafka sasl.password (never logged or printed)."
+    )
+    ssl_ca_location: str | None = Field(
+        default=None,
+        description="librdkafka ssl.ca.location: PEM file of the CA that signed the brokers' "
+        "certificates (default: the system's trust store).",
+    )
+    extra: dict[str, ClientValue] = Field(
         default_factory=dict,
-        description="Raw librdkafka settings (SASL, TLS, ...) merged into every client's config.",
+        repr=False,
+        description="Raw librdkafka settings merged into every client's config (JSON object).",
     )
 
-    def client_config(self) -> dict[str, str | int | float | bool]:
-        """The librdkafka configuration shared by every client oncely creates."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.extra}
+    @model_validator(mode="after")
+    def _check_security(self) -> KafkaSettings:
+        extra = {_ALIASES.get(key, key): key for key in self.extra}
+        for field_name, key in _TYPED_KEYS.items():
+            if getattr(self, field_name) is not None and key in extra:
+                raise ValueError(
+                    f"ONCELY_KAFKA_EXTRA sets {extra[key]!r} and ONCELY_KAFKA_"
+                    f"{field_name.upper()} sets it too: set it in one place"
+                )
+        if (self.sasl_username is None) != (self.sasl_password is None):
+            raise ValueError(
+                "set both ONCELY_KAFKA_SASL_USERNAME and ONCELY_KAFKA_SASL_PASSWORD, or neither"
+            )
+        protocol = self.security_protocol or str(self.extra.get("security.protocol", ""))
+        if self.sasl_username is not None and not protocol.upper().startswith("SASL_"):
+            raise ValueError(
+                "SASL credentials are set but the security protocol is "
+                f"{protocol or 'PLAINTEXT (the default)'}: set ONCELY_KAFKA_SECURITY_PROTOCOL "
+                "to SASL_SSL or SASL_PLAINTEXT"
+            )
+        return self
+
+    def __repr_args__(self) -> Any:
+        yield from super().__repr_args__()
+        yield "extra", redact_config(self.extra)
+
+    def client_config(self) -> dict[str, ClientValue]:
+        """The librdkafka configuration shared by every client oncely creates.
+
+        It holds the secrets in clear text (librdkafka needs them): never log it; use
+        :func:`redact_config` to show it.
+        """
+        config: dict[str, ClientValue] = {"bootstrap.servers": self.bootstrap_servers}
+        for field_name, key in _TYPED_KEYS.items():
+            value = getattr(self, field_name)
+            if isinstance(value, SecretStr):
+                config[key] = value.get_secret_value()
+            elif value is not None:
+                config[key] = value
+        return {**config, **self.extra}
 
 
 class DatabaseSettings(BaseSettings):
     """How to reach PostgreSQL."""
 
-    model_config = SettingsConfigDict(env_prefix="ONCELY_DATABASE_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="ONCELY_DATABASE_", extra="ignore", hide_input_in_errors=True
+    )
 
     url: SecretStr = Field(
         description="SQLAlchemy URL, e.g. postgresql+psycopg://user:password@host:5432/db."
@@ -81,8 +175,35 @@ class RelaySettings(BaseSettings):
     )
 
 
+class TopicLayout(NamedTuple):
+    """The declared shape of one topic."""
+
+    partitions: int
+    replication_factor: int
+    min_insync_replicas: int
+
+
+class TopicOverride(BaseModel):
+    """What one event type's topics declare differently from the global ``ONCELY_TOPICS_*``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    partitions: int | None = Field(default=None, ge=1)
+    replication_factor: int | None = Field(default=None, ge=1)
+    min_insync_replicas: int | None = Field(default=None, ge=1)
+
+
 class TopicSettings(BaseSettings):
-    """How ``oncely topics ensure`` creates topics (``ONCELY_TOPICS_*``)."""
+    """How ``oncely topics ensure`` creates topics (``ONCELY_TOPICS_*``).
+
+    The global values apply to every event type's topic (and its effect topics) unless
+    ``overrides`` names the event type, e.g. ``ONCELY_TOPICS_OVERRIDES='{"transfer.completed":
+    {"partitions": 24}}'``; a key left out keeps the global value. The defaults suit one
+    development broker: production declares ``replication_factor`` 3 and
+    ``min_insync_replicas`` 2. Raises ``pydantic.ValidationError`` when any topic would have
+    ``min_insync_replicas`` above its ``replication_factor`` (no ``acks=all`` write could
+    ever succeed).
+    """
 
     model_config = SettingsConfigDict(env_prefix="ONCELY_TOPICS_", extra="ignore")
 
@@ -91,6 +212,32 @@ class TopicSettings(BaseSettings):
     min_insync_replicas: int = Field(
         default=1, ge=1, description="min.insync.replicas: acks=all waits for this many."
     )
+    overrides: dict[str, TopicOverride] = Field(
+        default_factory=dict,
+        description="Per event type name: {partitions, replication_factor, "
+        "min_insync_replicas}, each optional (JSON object).",
+    )
+
+    @model_validator(mode="after")
+    def _check_replicas(self) -> TopicSettings:
+        for name in ["", *self.overrides]:
+            layout = self.layout(name)
+            if layout.min_insync_replicas > layout.replication_factor:
+                where = f"event type {name!r}" if name else "ONCELY_TOPICS_*"
+                raise ValueError(
+                    f"{where}: min_insync_replicas {layout.min_insync_replicas} exceeds "
+                    f"replication_factor {layout.replication_factor}: no write could succeed"
+                )
+        return self
+
+    def layout(self, event_type: str) -> TopicLayout:
+        """The declared layout of ``event_type``'s topics: its override over the globals."""
+        override = self.overrides.get(event_type, TopicOverride())
+        return TopicLayout(
+            override.partitions or self.partitions,
+            override.replication_factor or self.replication_factor,
+            override.min_insync_replicas or self.min_insync_replicas,
+        )
 
 
 class ConsumerSettings(BaseSettings):
@@ -104,3 +251,35 @@ class ConsumerSettings(BaseSettings):
         default=None, description="Serve /metrics, /healthz and /readyz on this port."
     )
     session_timeout_ms: int = Field(default=45_000, description="librdkafka session.timeout.ms.")
+
+
+#: librdkafka's default ``message.max.bytes`` (the relay's producer refuses larger records);
+#: the broker's default ``message.max.bytes`` (1,048,588) is a little larger.
+PRODUCER_MESSAGE_MAX_BYTES = 1_000_000
+
+
+class StageLimits(BaseSettings):
+    """What ``stage()`` accepts (``ONCELY_STAGE_*``): checked before the row is added.
+
+    The defaults keep a whole record (value, key, headers and framing) under librdkafka's
+    default ``message.max.bytes`` (1,000,000 bytes), itself under the broker's default
+    (1,048,588): a staged event never becomes a row the relay cannot publish. Raising
+    ``max_payload_bytes`` needs the topic's ``max.message.bytes`` and the relay's producer
+    ``message.max.bytes`` (``ONCELY_KAFKA_EXTRA``) raised as well.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="ONCELY_STAGE_", extra="ignore")
+
+    max_payload_bytes: int = Field(
+        default=960_000, ge=1, description="Largest encoded event value (Kafka record value)."
+    )
+    max_key_bytes: int = Field(
+        default=1024,
+        ge=1,
+        le=2048,
+        description="Longest aggregate id (Kafka key), UTF-8 bytes; at most 2048 (index limit).",
+    )
+    max_headers: int = Field(default=32, ge=0, description="Most extra headers per event.")
+    max_headers_bytes: int = Field(
+        default=16 * 1024, ge=0, description="Largest total of header names and values, bytes."
+    )

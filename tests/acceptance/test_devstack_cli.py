@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -77,24 +76,3 @@ def test_dev_up_down_and_up_again(tmp_path: Path) -> None:
         stopped = _oncely("dev", "status", "--dir", str(directory))
         assert stopped.returncode == 1
         assert "no stack runs" in stopped.stdout
-
-
-def test_demo_produces_and_consumes_one_record(
-    kafka_bootstrap: str, oncely_services: object
-) -> None:
-    from oncely.testing import Services
-
-    assert isinstance(oncely_services, Services)
-    env = {
-        **os.environ,
-        "ONCELY_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "ONCELY_DATABASE_URL": oncely_services.database_url,
-    }
-    result = subprocess.run(
-        [*ONCELY, "demo"], capture_output=True, text=True, timeout=120, env=env, check=False
-    )
-    assert result.returncode == 0, result.stderr
-    assert "key=transfer-1" in result.stdout
-    assert "delivery report received" in result.stdout
-    assert "1 rolled back -> 1 row kept" in result.stdout
-    assert "Not built yet" in result.stdout

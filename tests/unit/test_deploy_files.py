@@ -9,6 +9,9 @@ from typing import Any
 import yaml
 from dockerfile_parse import DockerfileParser
 
+from oncely.debezium import ConnectorOptions, render
+from oncely.devstack.connect import DEFAULT_DEBEZIUM_VERSION
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -35,16 +38,44 @@ def test_compose_runs_postgres_with_logical_wal_and_a_kraft_broker() -> None:
 
 def test_compose_pipeline_services_read_oncely_settings_from_the_network() -> None:
     services = _compose()["services"]
-    for name in ("relay", "consumer"):
+    for name in ("migrate", "topics", "relay", "consumer", "send-receipt", "task-worker"):
         service = services[name]
-        assert service["profiles"] == ["pipeline"]
+        assert "pipeline" in service["profiles"]
         env = service["environment"]
         assert env["ONCELY_KAFKA_BOOTSTRAP_SERVERS"] == "kafka:29092"
         assert "@postgres:5432/" in env["ONCELY_DATABASE_URL"]
         assert env["ONCELY_DATABASE_URL"].startswith("postgresql+psycopg://")
-        assert set(service["depends_on"]) == {"postgres", "kafka"}
+    for name in ("relay", "consumer", "send-receipt", "task-worker"):
+        # Every process starts after the tables and topics exist.
+        conditions = {k: v["condition"] for k, v in services[name]["depends_on"].items()}
+        assert conditions == {
+            "migrate": "service_completed_successfully",
+            "topics": "service_completed_successfully",
+        }
+    assert services["migrate"]["command"] == ["db", "upgrade"]
+    # The relay's SIGTERM drain takes up to 30 s: Docker must not SIGKILL it first.
+    assert services["relay"]["stop_grace_period"] == "45s"
     assert services["relay"]["command"][:2] == ["relay", "run"]
     assert services["connect"]["profiles"] == ["debezium"]
+
+
+def test_compose_connect_service_runs_debezium_with_the_generated_connector_config() -> None:
+    services = _compose()["services"]
+    connect = services["connect"]
+    # Debezium mode replaces the relay: never in the same profile.
+    assert "debezium" not in services["relay"]["profiles"]
+    assert connect["image"] == f"quay.io/debezium/connect:{DEFAULT_DEBEZIUM_VERSION}"
+    assert connect["environment"]["BOOTSTRAP_SERVERS"] == "kafka:29092"
+    assert set(connect["depends_on"]) == {"postgres", "kafka"}
+    assert "./deploy/debezium:/oncely/debezium:ro" in connect["volumes"]
+    # The mounted file is what `oncely debezium config` prints for the compose database.
+    pg = services["postgres"]["environment"]
+    url = (
+        f"postgresql+psycopg://{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}"
+        f"@postgres:5432/{pg['POSTGRES_DB']}"
+    )
+    expected = render(ConnectorOptions.from_database_url(url), "json")
+    assert (ROOT / "deploy" / "debezium" / "oncely-outbox.json").read_text() == expected
 
 
 def test_dockerfile_image_runs_the_oncely_cli_as_a_non_root_user() -> None:

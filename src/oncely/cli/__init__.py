@@ -8,6 +8,7 @@ from oncely.cli import (
     consume,
     db,
     dead,
+    debezium,
     demo,
     dev,
     receipts,
@@ -28,6 +29,7 @@ app = typer.Typer(
 )
 app.add_typer(db.app, name="db")
 app.add_typer(dead.app, name="dead")
+app.add_typer(debezium.app, name="debezium")
 app.add_typer(dev.app, name="dev")
 app.add_typer(receipts.app, name="receipts")
 app.add_typer(relay.app, name="relay")

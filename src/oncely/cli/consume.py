@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from oncely.cli._imports import load_object
 from oncely.cli._options import BootstrapServers, DatabaseUrl
@@ -13,6 +14,7 @@ from oncely.consumers.effects import Effects
 from oncely.consumers.service import run_consumers
 from oncely.errors import ConfigurationError
 from oncely.ops.logs import configure_logging
+from oncely.security import KafkaAuthenticationError
 from oncely.settings import ConsumerSettings, KafkaSettings
 
 
@@ -34,7 +36,10 @@ def consume(
     """Apply events to effects, once each, one consumer group per effect.
 
     Each record's receipt (event id, effect) commits in the same transaction as the effect;
-    the Kafka offset is committed after. SIGTERM commits what was applied and exits 0.
+    the Kafka offset is committed after. SIGTERM commits what was applied and exits 0. Kafka
+    security settings: ONCELY_KAFKA_SECURITY_PROTOCOL, ONCELY_KAFKA_SASL_*,
+    ONCELY_KAFKA_SSL_CA_LOCATION, ONCELY_KAFKA_EXTRA. Exits 2 when Kafka refuses the
+    credentials.
     """
     configure_logging(json=log_format == "json")
     loaded = load_object(app)
@@ -48,10 +53,14 @@ def consume(
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
     flags: dict[str, Any] = {"batch_size": batch_size, "metrics_port": metrics_port}
-    run_consumers(
-        effects=loaded,
-        names=effect,
-        database_url=database_url,
-        kafka=KafkaSettings(bootstrap_servers=bootstrap_servers),
-        settings=ConsumerSettings(**{k: v for k, v in flags.items() if v is not None}),
-    )
+    try:
+        run_consumers(
+            effects=loaded,
+            names=effect,
+            database_url=database_url,
+            kafka=KafkaSettings(bootstrap_servers=bootstrap_servers),
+            settings=ConsumerSettings(**{k: v for k, v in flags.items() if v is not None}),
+        )
+    except KafkaAuthenticationError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from None

@@ -1,4 +1,7 @@
-"""``oncely dev up|down|status``: the local Kafka + PostgreSQL stack, without Docker."""
+"""``oncely dev up|down|status|connect``: the local Kafka + PostgreSQL stack, without Docker.
+
+``connect`` (defined in :mod:`oncely.cli.debezium`) adds Kafka Connect + Debezium to it.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +16,15 @@ from typing import Annotated
 import typer
 
 from oncely.cli._output import err, out
+from oncely.cli.debezium import connect
 from oncely.devstack import DevStack, default_stack_dir
-from oncely.devstack.stack import read_state, stop_recorded, write_state
+from oncely.devstack._process import pid_alive
+from oncely.devstack.cluster import active_controller
+from oncely.devstack.stack import StackInfo, read_state, stop_recorded, write_state
 from oncely.errors import DevstackError
 
 app = typer.Typer(help="Run a local Kafka broker and PostgreSQL (no Docker needed).")
+app.command(name="connect")(connect)
 
 StackDir = Annotated[
     Path,
@@ -44,6 +51,16 @@ def up(
             envvar="ONCELY_DEVSTACK_KAFKA_VERSION", help="org.apache.kafka:kafka_2.13 version."
         ),
     ] = None,
+    brokers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=9,
+            envvar="ONCELY_DEVSTACK_BROKERS",
+            help="Kafka nodes. More than 1 starts a KRaft cluster of combined broker+controller "
+            "nodes (3: replication factor 3, min.insync.replicas 2).",
+        ),
+    ] = 1,
 ) -> None:
     """Start the stack and keep it running until Ctrl-C or `oncely dev down`.
 
@@ -58,9 +75,10 @@ def up(
         )
         raise typer.Exit(1)
     signal.signal(signal.SIGTERM, _raise_exit)
-    stack = DevStack(directory=directory, kafka_version=kafka_version)
+    stack = DevStack(directory=directory, kafka_version=kafka_version, brokers=brokers)
     try:
-        err.print(f"starting Kafka and PostgreSQL in {directory} ...")
+        nodes = f"{brokers} Kafka nodes" if brokers > 1 else "Kafka"
+        err.print(f"starting {nodes} and PostgreSQL in {directory} ...")
         try:
             info = stack.start()
         except DevstackError as exc:
@@ -97,26 +115,49 @@ def down(directory: StackDir) -> None:
         out.print(f"stopped Kafka at {info.kafka_bootstrap} and PostgreSQL at {info.database_url}")
 
 
+def _kafka_lines(info: StackInfo, controller: int | None) -> list[str]:
+    nodes = info.kafka_nodes
+    count = f"{len(nodes)} nodes, " if len(nodes) > 1 else ""
+    leader = f"node {controller}" if controller is not None else "none answered"
+    lines = [
+        f"  Kafka {info.kafka_version} at {info.kafka_bootstrap} "
+        f"({count}active controller: {leader})"
+    ]
+    for node in nodes:
+        state = "running" if pid_alive(node.pid) else "not running"
+        lines.append(
+            f"    node {node.node_id} at {node.bootstrap} (pid {node.pid}, {state}, log {node.log})"
+        )
+    if not nodes:  # recorded by an older oncely
+        lines.append(f"    pid {info.kafka_pid}, log {info.kafka_log}")
+    return lines
+
+
 @app.command()
 def status(
     directory: StackDir,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
 ) -> None:
-    """Say whether a stack runs in --dir and how to reach it. Exit 1 when none runs."""
+    """Say whether a stack runs in --dir, its Kafka nodes and active controller, and how to
+    reach it. Exit 1 when none runs."""
     info = read_state(directory)
+    controller = active_controller(info.kafka_bootstrap) if info is not None else None
     if as_json:
-        sys.stdout.write(
-            json.dumps({"running": info is not None, **(asdict(info) if info else {})}) + "\n"
-        )
+        fields = {**asdict(info), "kafka_controller": controller} if info else {}
+        sys.stdout.write(json.dumps({"running": info is not None, **fields}) + "\n")
     elif info is None:
         out.print(f"no stack runs in {directory}")
     else:
         out.print(
-            f"running (pid {info.supervisor_pid})\n"
-            f"  Kafka {info.kafka_version} at {info.kafka_bootstrap} "
-            f"(pid {info.kafka_pid}, log {info.kafka_log})\n"
-            f"  PostgreSQL {info.postgres_version} at {info.database_url} "
-            f"(pid {info.postgres_pid}, log {info.postgres_log})"
+            "\n".join(
+                [
+                    f"running (pid {info.supervisor_pid})",
+                    *_kafka_lines(info, controller),
+                    f"  PostgreSQL {info.postgres_version} at {info.database_url} "
+                    f"(pid {info.postgres_pid}, log {info.postgres_log})",
+                ]
+            ),
+            highlight=False,
         )
     if info is None:
         raise typer.Exit(1)

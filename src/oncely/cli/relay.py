@@ -6,12 +6,14 @@ from typing import Annotated, Any
 
 import sqlalchemy as sa
 import typer
+from rich.markup import escape
 
 from oncely.cli._options import BootstrapServers, DatabaseUrl, parse_duration
-from oncely.cli._output import out
+from oncely.cli._output import err, out
 from oncely.ops.logs import configure_logging
 from oncely.relay.service import run_relay
 from oncely.relay.store import OutboxStore
+from oncely.security import KafkaAuthenticationError
 from oncely.settings import KafkaSettings, RelaySettings
 
 
@@ -45,7 +47,9 @@ def run(
     """Run a relay until SIGTERM/SIGINT (then drain, release leases and exit 0).
 
     Several relays may run against the same table: rows are claimed with leases, per-key order
-    holds, and a relay that lost its lease cannot settle another relay's rows.
+    holds, and a relay that lost its lease cannot settle another relay's rows. Kafka security
+    settings: ONCELY_KAFKA_SECURITY_PROTOCOL, ONCELY_KAFKA_SASL_*, ONCELY_KAFKA_SSL_CA_LOCATION,
+    ONCELY_KAFKA_EXTRA. Exits 2 when Kafka refuses the credentials.
     """
     configure_logging(json=log_format == "json")
     flags: dict[str, Any] = {
@@ -57,7 +61,11 @@ def run(
     }
     settings = RelaySettings(**{k: v for k, v in flags.items() if v is not None})
     kafka = KafkaSettings(bootstrap_servers=bootstrap_servers)
-    run_relay(database_url=database_url, kafka=kafka, settings=settings)
+    try:
+        run_relay(database_url=database_url, kafka=kafka, settings=settings)
+    except KafkaAuthenticationError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from None
 
 
 @app.command()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 from typing import Annotated
 
 import sqlalchemy as sa
@@ -12,6 +11,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from oncely.cli._imports import load_object
+from oncely.cli._options import parse_moment
 from oncely.cli._output import err, out
 from oncely.consumers.effects import Effects
 from oncely.consumers.replay import (
@@ -30,16 +30,6 @@ from oncely.errors import ConfigurationError
 from oncely.settings import KafkaSettings
 
 
-def _moment(text: str) -> datetime:
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise typer.BadParameter(
-            f"{text!r} is not an ISO-8601 time (2026-11-29T09:00:00Z)"
-        ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
 def _offset(text: str) -> AtOffset:
     topic, _, rest = text.rpartition(":")
     topic, _, partition = topic.rpartition(":")
@@ -55,7 +45,8 @@ def replay(
     effect: Annotated[str | None, typer.Option(help="The effect whose group moves.")] = None,
     to_earliest: Annotated[bool, typer.Option(help="Re-read everything retained.")] = False,
     to_datetime: Annotated[
-        str | None, typer.Option(help="Re-read from this time (ISO-8601; naive means UTC).")
+        str | None,
+        typer.Option(help="Re-read from this time (ISO-8601, naive means UTC; or 2h = 2 h ago)."),
     ] = None,
     to_offset: Annotated[
         str | None, typer.Option(help="Move one partition: TOPIC:PARTITION:OFFSET.")
@@ -69,6 +60,9 @@ def replay(
         str | None, typer.Option("--type", help="--from-outbox: only this event type.")
     ] = None,
     execute: Annotated[bool, typer.Option(help="Apply the plan (default: dry run).")] = False,
+    allow_skip: Annotated[
+        bool, typer.Option(help="Allow moving a group forward past records it has not read.")
+    ] = False,
     wait: Annotated[bool, typer.Option(help="--from-outbox: follow until republished.")] = True,
     bootstrap_servers: Annotated[
         str | None,
@@ -89,7 +83,16 @@ def replay(
         if from_outbox:
             _from_outbox(database_url, since, until, event_type, execute=execute, wait=wait)
         else:
-            _reset(app, effect, to_earliest, to_datetime, to_offset, bootstrap_servers, execute)
+            _reset(
+                app,
+                effect,
+                to_earliest,
+                to_datetime,
+                to_offset,
+                bootstrap_servers,
+                execute,
+                allow_skip=allow_skip,
+            )
     except (ReplayError, ConfigurationError) as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
@@ -103,6 +106,8 @@ def _reset(
     to_offset: str | None,
     bootstrap_servers: str | None,
     execute: bool,
+    *,
+    allow_skip: bool,
 ) -> None:
     chosen = [to_earliest, to_datetime is not None, to_offset is not None]
     if app is None or effect is None or sum(chosen) != 1 or bootstrap_servers is None:
@@ -117,7 +122,7 @@ def _reset(
     if to_earliest:
         target = Earliest()
     elif to_datetime is not None:
-        target = AtTime(_moment(to_datetime))
+        target = AtTime(parse_moment(to_datetime))
     else:
         assert to_offset is not None
         target = _offset(to_offset)
@@ -125,7 +130,7 @@ def _reset(
     config = KafkaSettings(bootstrap_servers=bootstrap_servers).client_config()
     moves = plan_reset(config, group=group, topics=effects.get(effect).topics, target=target)
     table = Table(title=f"group {group}: {'applying' if execute else 'dry run'}")
-    for column in ("topic", "partition", "committed", "new offset", "to re-read"):
+    for column in ("topic", "partition", "committed", "new offset", "to re-read", "skipped"):
         table.add_column(column)
     for move in moves:
         table.add_row(
@@ -134,8 +139,15 @@ def _reset(
             "-" if move.current is None else str(move.current),
             str(move.target),
             str(move.to_reread),
+            f"[red]{move.skips}[/]" if move.skips else "0",
         )
     out.print(table)
+    skipped = sum(m.skips for m in moves)
+    if skipped and not allow_skip:
+        raise ReplayError(
+            f"this plan moves the group forward past {skipped} record(s) it has not read: "
+            "their effects would never apply. Pass --allow-skip if that is what you want."
+        )
     total = sum(m.to_reread for m in moves)
     if not execute:
         out.print(f"dry run: {total} record(s) would be re-read; add --execute to apply")
@@ -155,7 +167,7 @@ def _from_outbox(
 ) -> None:
     if database_url is None or since is None:
         raise ReplayError("--from-outbox needs --database-url and --since")
-    start, end = _moment(since), (_moment(until) if until else None)
+    start, end = parse_moment(since), (parse_moment(until) if until else None)
     engine = sa.create_engine(database_url)
     try:
         if not execute:
@@ -168,10 +180,15 @@ def _from_outbox(
             return
         with Progress(console=out) as progress:
             task = progress.add_task("relay republishing", total=len(ids))
-            while (left := still_pending(engine, ids)) > 0:
-                progress.update(task, completed=len(ids) - left)
+            while True:
+                waiting, dead = still_pending(engine, ids)
+                progress.update(task, completed=len(ids) - waiting - dead)
+                if waiting == 0:
+                    break
                 time.sleep(0.5)
-            progress.update(task, completed=len(ids))
-        out.print(f"republished {len(ids)} row(s)")
+        out.print(f"republished {len(ids) - dead} row(s)")
+        if dead:
+            err.print(f"[red]{dead} row(s) went dead:[/] see `oncely dead list`")
+            raise typer.Exit(1)
     finally:
         engine.dispose()

@@ -6,10 +6,12 @@ from typing import Annotated, Any
 
 import typer
 from confluent_kafka.admin import AdminClient
+from pydantic import ValidationError
 
 from oncely.cli._imports import load_object
 from oncely.cli._options import BootstrapServers
 from oncely.cli._output import err, out
+from oncely.errors import ConfigurationError
 from oncely.events import Registry
 from oncely.relay.topics import ensure_topics, planned_topics
 from oncely.settings import KafkaSettings, TopicSettings
@@ -25,13 +27,27 @@ def ensure(
         int | None, typer.Option(help="Partitions (env ONCELY_TOPICS_PARTITIONS, default 6).")
     ] = None,
     replication_factor: Annotated[
-        int | None, typer.Option(help="Replicas (env ONCELY_TOPICS_REPLICATION_FACTOR).")
+        int | None,
+        typer.Option(
+            help="Replicas (env ONCELY_TOPICS_REPLICATION_FACTOR, default 1; production: 3)."
+        ),
     ] = None,
     min_insync_replicas: Annotated[
-        int | None, typer.Option(help="min.insync.replicas (ONCELY_TOPICS_MIN_INSYNC_REPLICAS).")
+        int | None,
+        typer.Option(
+            help="min.insync.replicas (env ONCELY_TOPICS_MIN_INSYNC_REPLICAS, default 1; "
+            "production: 2)."
+        ),
     ] = None,
 ) -> None:
-    """Create missing topics; exit 1 if an existing topic is weaker than declared."""
+    """Create missing topics; exit 1 if an existing topic is weaker than declared.
+
+    The options set every topic; ONCELY_TOPICS_OVERRIDES (JSON) sets some event types apart,
+    e.g. '{"transfer.completed": {"partitions": 24}}'. Weaker means fewer partitions or
+    replicas, a lower min.insync.replicas, min.insync.replicas above the replicas, or unclean
+    leader election enabled. Exit 1 as well when a topic cannot be created (e.g. more
+    replicas than brokers), 2 for a wrong registry or settings.
+    """
     loaded = load_object(registry)
     if not isinstance(loaded, Registry):
         err.print(f"[red]error:[/] {registry} is a {type(loaded).__name__}, not an oncely Registry")
@@ -41,14 +57,22 @@ def ensure(
         "replication_factor": replication_factor,
         "min_insync_replicas": min_insync_replicas,
     }
-    settings = TopicSettings(**{k: v for k, v in flags.items() if v is not None})
+    try:
+        settings = TopicSettings(**{k: v for k, v in flags.items() if v is not None})
+        specs = planned_topics(loaded, settings)
+    except (ValidationError, ConfigurationError) as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
     admin = AdminClient(KafkaSettings(bootstrap_servers=bootstrap_servers).client_config())
-    report = ensure_topics(admin, planned_topics(loaded, settings))
+    report = ensure_topics(admin, specs)
+    declared = {spec.name: spec for spec in specs}
     for name in report.created:
-        out.print(f"created   {name}")
+        out.print(f"created   {name} ({declared[name].describe()})", highlight=False)
     for name in report.matching:
-        out.print(f"ok        {name}")
+        out.print(f"ok        {name}", highlight=False)
     for problem in report.mismatches:
-        out.print(f"[red]mismatch[/]  {problem}")
-    if report.mismatches:
+        out.print(f"[red]mismatch[/]  {problem}", highlight=False)
+    for problem in report.failed:
+        out.print(f"[red]failed[/]    {problem}", highlight=False)
+    if report.mismatches or report.failed:
         raise typer.Exit(1)

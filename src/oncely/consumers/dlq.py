@@ -6,6 +6,12 @@ The key and value are copied byte for byte; the original headers are kept and th
 ``oncely.dlq.effect``, ``oncely.dlq.original.topic``, ``oncely.dlq.original.partition`` and
 ``oncely.dlq.original.offset``. A record counts as dead-lettered only once the DLQ topic's
 broker has confirmed it.
+
+A record too large for the dead-letter topic (a hostile 10 MB value, thousands of headers) is
+dead-lettered without its value and original headers (and without its key if that is large),
+with ``oncely.dlq.truncated`` = ``true`` and ``oncely.dlq.original.value.bytes``: the original
+stays readable at its topic, partition and offset while the topic's retention keeps it. So
+such a record cannot block its partition.
 """
 
 from __future__ import annotations
@@ -13,12 +19,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from oncely.errors import OncelyError
+from oncely.security import AuthWatch, wait_for_metadata
 
 _MAX_MESSAGE = 4000
+_MAX_KEPT_KEY = 1024
+_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 
 
 class DeadLetterError(OncelyError):
@@ -48,12 +57,18 @@ class DeadLetters:
 
     def __init__(self, config: Mapping[str, Any], *, timeout: float = 30.0) -> None:
         self._producer = Producer({**config, "enable.idempotence": True, "acks": "all"})
-        self._admin = AdminClient(dict(config))
+        self._auth = AuthWatch()
+        admin_config: dict[str, Any] = {**config, "error_cb": self._auth}
+        self._admin = AdminClient(admin_config)
         self._timeout = timeout
 
     def ensure_topics(self, topics: Mapping[str, int]) -> None:
-        """Create missing DLQ topics (name -> partitions) with the source's partition count."""
-        existing = self._admin.list_topics(timeout=self._timeout).topics
+        """Create missing DLQ topics (name -> partitions) with the source's partition count.
+
+        Raises :class:`~oncely.security.KafkaAuthenticationError` (within about a second) when
+        the broker refuses the credentials, ``KafkaException`` when it cannot be reached.
+        """
+        existing = wait_for_metadata(self._admin, self._auth, timeout=self._timeout).topics
         missing = [NewTopic(t, num_partitions=n) for t, n in topics.items() if t not in existing]
         for future in self._admin.create_topics(missing).values() if missing else []:
             try:
@@ -69,21 +84,55 @@ class DeadLetters:
         topic: str,
         headers: list[tuple[str, str | bytes | None]],
     ) -> None:
-        """Write ``message`` to ``topic``; raise :class:`DeadLetterError` if not confirmed."""
-        outcome: list[KafkaError | None] = []
-        self._producer.produce(
-            topic,
-            key=message.key(),
-            value=message.value(),
-            headers=headers,
-            on_delivery=lambda error, _msg: outcome.append(error),
-        )
-        self._producer.flush(self._timeout)
-        if not outcome or outcome[0] is not None:
-            raise DeadLetterError(
-                f"dead-letter topic {topic!r} did not confirm the record: "
-                f"{outcome[0] if outcome else 'timed out'}"
+        """Write ``message`` to ``topic``; raise :class:`DeadLetterError` if not confirmed.
+
+        A copy too large for the producer or the topic is replaced by a truncated one (see
+        the module's documentation).
+        """
+        error = self._send(topic, message.key(), message.value(), headers)
+        if error is not None and error.code() in _TOO_LARGE:
+            key = message.key()
+            value = message.value()
+            own = [(name, text) for name, text in headers if name.startswith("oncely.dlq.")]
+            error = self._send(
+                topic,
+                key if key is None or len(key) <= _MAX_KEPT_KEY else None,
+                None,
+                [
+                    *own,
+                    ("oncely.dlq.truncated", "true"),
+                    ("oncely.dlq.original.value.bytes", str(len(value or b""))),
+                ],
             )
+        if error is not None:
+            raise DeadLetterError(
+                f"dead-letter topic {topic!r} did not confirm the record: {error}"
+            )
+
+    def _send(
+        self,
+        topic: str,
+        key: bytes | str | None,
+        value: bytes | str | None,
+        headers: list[tuple[str, str | bytes | None]],
+    ) -> KafkaError | None:
+        """Produce one record and wait for its report; the error, or ``None`` once confirmed."""
+        outcome: list[KafkaError | None] = []
+        try:
+            self._producer.produce(
+                topic,
+                key=key,
+                value=value,
+                headers=headers,
+                on_delivery=lambda error, _msg: outcome.append(error),
+            )
+        except KafkaException as exc:  # refused locally, e.g. larger than message.max.bytes
+            refused: KafkaError = exc.args[0]
+            return refused
+        self._producer.flush(self._timeout)
+        if not outcome:
+            return KafkaError(KafkaError._TIMED_OUT, "no delivery report within the timeout")
+        return outcome[0]
 
     def close(self) -> None:
         self._producer.flush(self._timeout)

@@ -4,6 +4,10 @@ Records from oncely's relay and from Debezium's Outbox Event Router look the sam
 module: the event id is the ``id`` header (36-character UUID text), the event type comes from
 the topic's registered type (the ``eventType`` header must agree when present), and the value
 is decoded by the codec.
+
+Hostile records (random bytes, truncated or foreign Avro, non-UTF-8 or oversized headers, a
+missing or malformed ``id``) become :class:`Undecodable` with the reason; a fuzz test holds
+:func:`decode_record` to never raising and never hanging.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from oncely.schemas.codec import Codec
 from oncely.schemas.errors import DecodeError
 
 MAX_HEADER_BYTES = 64 * 1024
+#: Bounds on all headers of one record together: no oncely record comes near them.
+MAX_HEADERS = 1000
+MAX_HEADERS_TOTAL_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -38,19 +45,28 @@ class Undecodable:
 
 def text_headers(message: Message) -> dict[str, str] | str:
     """The record's headers as text, or the reason they are unusable."""
-    raw = message.headers() or []
-    pairs = raw.items() if isinstance(raw, dict) else raw
+    try:
+        raw = message.headers() or []
+    except (UnicodeDecodeError, ValueError) as exc:  # a header name that is not UTF-8
+        return f"the headers cannot be read: {type(exc).__name__}"
+    pairs = list(raw.items() if isinstance(raw, dict) else raw)
+    if len(pairs) > MAX_HEADERS:
+        return f"the record has {len(pairs)} headers, more than {MAX_HEADERS}"
     headers: dict[str, str] = {}
+    total = 0
     for name, value in pairs:
         if value is None:
             continue
         data = value if isinstance(value, bytes) else value.encode()
         if len(data) > MAX_HEADER_BYTES:
-            return f"header {name!r} is {len(data)} bytes long"
+            return f"header {name[:64]!r} is {len(data)} bytes long"
+        total += len(name) + len(data)
+        if total > MAX_HEADERS_TOTAL_BYTES:
+            return f"the headers are over {MAX_HEADERS_TOTAL_BYTES} bytes in all"
         try:
             headers[name] = data.decode()
         except UnicodeDecodeError:
-            return f"header {name!r} is not UTF-8"
+            return f"header {name[:64]!r} is not UTF-8"
     return headers
 
 

@@ -66,6 +66,12 @@ class PartitionMove:
         end = self.high if self.current is None else self.current
         return max(0, end - self.target)
 
+    @property
+    def skips(self) -> int:
+        """Records the group would never read: the move goes forward past unread records."""
+        start = self.current if self.current is not None else 0
+        return max(0, self.target - start)
+
 
 def plan_reset(
     config: dict[str, str | int | float | bool],
@@ -166,7 +172,8 @@ def republish(
         )
 
 
-def still_pending(engine: sa.Engine, ids: Sequence[UUID]) -> int:
-    """How many of ``ids`` the relay has not published again yet."""
+def still_pending(engine: sa.Engine, ids: Sequence[UUID]) -> tuple[int, int]:
+    """Of ``ids``: how many the relay has yet to publish again, and how many went dead."""
     with engine.connect() as conn:
-        return int(conn.execute(query("outbox_pending_among"), {"ids": list(ids)}).scalar_one())
+        row = conn.execute(query("outbox_pending_among"), {"ids": list(ids)}).one()
+    return int(row.waiting), int(row.dead)

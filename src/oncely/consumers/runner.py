@@ -34,6 +34,7 @@ from oncely.consumers.records import Decoded, Undecodable, decode_record
 from oncely.ops.failpoints import failpoint
 from oncely.ops.metrics import ConsumerMetrics
 from oncely.schemas.codec import Codec
+from oncely.security import AuthWatch
 from oncely.settings import ConsumerSettings, KafkaSettings
 from oncely.storage.queries import query
 
@@ -89,7 +90,10 @@ class EffectConsumer:
         self.metrics = metrics
         self.dead_letters = dead_letters
         self._types_by_topic = {t.topic: t for t in effect.event_types}
-        self._consumer = Consumer(consumer_config(kafka, settings, group_id))
+        self._auth = AuthWatch()  # refused credentials stop the consumer (retrying cannot help)
+        self._consumer = Consumer(
+            {**consumer_config(kafka, settings, group_id), "error_cb": self._auth}
+        )
         self._attempts: dict[tuple[str, int, int], int] = {}
         self._paused: dict[_TP, float | None] = {}  # resume time, or None while blocked
         self.heartbeat = time.monotonic()
@@ -99,7 +103,11 @@ class EffectConsumer:
     # -- life cycle -------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Apply events until ``stop`` is set; then commit what was applied and leave the group."""
+        """Apply events until ``stop`` is set; then commit what was applied and leave the group.
+
+        Raises :class:`~oncely.security.KafkaAuthenticationError` when the broker refuses the
+        credentials.
+        """
         self._consumer.subscribe(
             self.effect.topics, on_assign=self._on_assign, on_revoke=self._on_revoke
         )
@@ -112,6 +120,7 @@ class EffectConsumer:
                     num_messages=self.settings.batch_size,
                     timeout=self.settings.poll_timeout_seconds,
                 )
+                self._auth.check()
                 if messages:
                     self._process(messages)
                 if now >= next_lag:

@@ -66,7 +66,11 @@ def run_consumers(
     settings: ConsumerSettings,
     codec: Codec | None = None,
 ) -> None:
-    """Run the named effects until SIGTERM/SIGINT; commit what was applied, then return."""
+    """Run the named effects until SIGTERM/SIGINT; commit what was applied, then return.
+
+    When one effect's consumer fails (e.g. :class:`~oncely.security.KafkaAuthenticationError`
+    for refused credentials), the others are stopped too and its exception is raised.
+    """
     stop = threading.Event()
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
@@ -95,9 +99,17 @@ def run_consumers(
             port=settings.metrics_port,
         )
         server.start()
+    failures: list[BaseException] = []
+
+    def run(consumer: EffectConsumer) -> None:
+        try:
+            consumer.run(stop)
+        except BaseException as exc:  # raised again in the main thread, after the others stop
+            failures.append(exc)
+            stop.set()
+
     threads = [
-        threading.Thread(target=c.run, args=(stop,), name=f"effect-{c.effect.name}")
-        for c in consumers
+        threading.Thread(target=run, args=(c,), name=f"effect-{c.effect.name}") for c in consumers
     ]
     for thread in threads:
         thread.start()
@@ -112,4 +124,6 @@ def run_consumers(
         if server is not None:
             server.stop()
         engine.dispose()
+    if failures:
+        raise failures[0]
     log.info("consumers stopped", extra={"effects": list(names)})

@@ -16,7 +16,8 @@ import signal
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -122,42 +123,155 @@ def new_cluster_id() -> str:
             return text
 
 
+#: The SASL mechanism of the devstack's authenticated listeners.
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+_SCRAM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KafkaTls:
+    """The broker's TLS identity: a PKCS12 keystore holding its key and certificate chain.
+
+    Clients trust it through the CA that signed the certificate (librdkafka
+    ``ssl.ca.location``; oncely's ``ONCELY_KAFKA_SSL_CA_LOCATION``).
+    """
+
+    keystore: Path
+    keystore_password: str = field(repr=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KafkaSecurity:
+    """Authenticated listeners of a devstack broker, next to its PLAINTEXT one.
+
+    ``scram_users`` (name -> password) are SCRAM-SHA-512 credentials written into the storage
+    at format time (``StorageTool format --add-scram``), so they exist before the broker first
+    starts. The broker gets a ``SASL_PLAINTEXT`` listener and, with ``tls``, a ``SASL_SSL``
+    listener; the PLAINTEXT listener (``bootstrap_servers``) stays for inter-broker traffic
+    and tooling. There is no authorizer: any authenticated user may do anything.
+    """
+
+    scram_users: Mapping[str, str] = field(repr=False)
+    tls: KafkaTls | None = None
+
+    def __post_init__(self) -> None:
+        if not self.scram_users:
+            raise DevstackError("KafkaSecurity needs at least one SCRAM user")
+        for name, password in self.scram_users.items():
+            # The credentials go into a "[name=...,password=...]" argument: keep it parseable.
+            if not _SCRAM_NAME.fullmatch(name) or not password or set(password) & set(",[]="):
+                raise DevstackError(
+                    f"SCRAM user {name!r}: use 1-64 characters of [A-Za-z0-9_.-] for the name "
+                    "and a non-empty password without ',', '[', ']' or '='"
+                )
+
+    def format_arguments(self) -> list[str]:
+        """``StorageTool format`` arguments that create the SCRAM credentials."""
+        arguments = []
+        for name, password in self.scram_users.items():
+            arguments += ["--add-scram", f"{SCRAM_MECHANISM}=[name={name},password={password}]"]
+        return arguments
+
+
+@dataclass(frozen=True, kw_only=True)
+class KafkaQuorum:
+    """One node's place in a multi-node KRaft cluster (see :mod:`oncely.devstack.cluster`).
+
+    Every node is formatted with the same ``cluster_id`` and ``initial_controllers``
+    (``id@host:port:directory-id,...``, ``StorageTool format --initial-controllers``: a dynamic
+    quorum, so ``controller.quorum.voters`` stays unset) and finds the quorum through
+    ``bootstrap_servers`` (``controller.quorum.bootstrap.servers``). The internal topics get
+    ``replication_factor`` replicas; ``min_insync_replicas`` is the brokers' default.
+    """
+
+    cluster_id: str
+    bootstrap_servers: str
+    initial_controllers: str
+    replication_factor: int
+    min_insync_replicas: int
+
+
 @dataclass(frozen=True, kw_only=True)
 class KafkaNodeConfig:
-    """Ports and folders of one combined broker+controller node."""
+    """Ports and folders of one combined broker+controller node.
+
+    Without ``security`` the node has one PLAINTEXT listener on ``port``. With it, a
+    ``SASL_PLAINTEXT`` listener on ``sasl_port`` and, when ``security.tls`` is set, a
+    ``SASL_SSL`` listener on ``sasl_ssl_port`` are added (both ports are then required).
+    Without ``quorum`` the node is a single-node cluster (``--standalone``, replication 1).
+    """
 
     data_dir: Path
     port: int
     controller_port: int
     node_id: int = 1
     heap: str = "512m"
+    security: KafkaSecurity | None = None
+    sasl_port: int | None = None
+    sasl_ssl_port: int | None = None
+    quorum: KafkaQuorum | None = None
+
+    def _listeners(self) -> list[tuple[str, str, int]]:
+        """(listener name, security protocol, port) of every client-facing listener."""
+        listeners = [("PLAINTEXT", "PLAINTEXT", self.port)]
+        if self.security is not None:
+            if self.sasl_port is None:
+                raise DevstackError("a KafkaNodeConfig with security needs sasl_port")
+            listeners.append(("SASL_PLAINTEXT", "SASL_PLAINTEXT", self.sasl_port))
+            if self.security.tls is not None:
+                if self.sasl_ssl_port is None:
+                    raise DevstackError("a KafkaNodeConfig with TLS needs sasl_ssl_port")
+                listeners.append(("SASL_SSL", "SASL_SSL", self.sasl_ssl_port))
+        return listeners
 
     def server_properties(self) -> str:
-        return "\n".join(
-            [
-                "process.roles=broker,controller",
-                f"node.id={self.node_id}",
-                f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}",
-                f"listeners=PLAINTEXT://127.0.0.1:{self.port},"
-                f"CONTROLLER://127.0.0.1:{self.controller_port}",
-                f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
-                "controller.listener.names=CONTROLLER",
-                "inter.broker.listener.name=PLAINTEXT",
-                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-                f"log.dirs={self.data_dir / 'kraft-logs'}",
-                "num.partitions=1",
-                "auto.create.topics.enable=false",
-                "offsets.topic.replication.factor=1",
-                "offsets.topic.num.partitions=10",
-                "transaction.state.log.replication.factor=1",
-                "transaction.state.log.min.isr=1",
-                "transaction.state.log.num.partitions=4",
-                "share.coordinator.state.topic.replication.factor=1",
-                "share.coordinator.state.topic.min.isr=1",
-                "group.initial.rebalance.delay.ms=0",
-                "",
-            ]
+        listeners = self._listeners()
+        bound = ",".join(f"{name}://127.0.0.1:{port}" for name, _, port in listeners)
+        protocols = ",".join(f"{name}:{protocol}" for name, protocol, _ in listeners)
+        quorum = self.quorum
+        voters = quorum.bootstrap_servers if quorum else f"127.0.0.1:{self.controller_port}"
+        replicas, min_isr = (
+            (quorum.replication_factor, quorum.min_insync_replicas) if quorum else (1, 1)
         )
+        lines = [
+            "process.roles=broker,controller",
+            f"node.id={self.node_id}",
+            f"controller.quorum.bootstrap.servers={voters}",
+            f"listeners={bound},CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners={bound}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            f"listener.security.protocol.map=CONTROLLER:PLAINTEXT,{protocols}",
+            f"log.dirs={self.data_dir / 'kraft-logs'}",
+            "num.partitions=1",
+            "auto.create.topics.enable=false",
+            f"default.replication.factor={replicas}",
+            f"min.insync.replicas={min_isr}",
+            f"offsets.topic.replication.factor={replicas}",
+            "offsets.topic.num.partitions=10",
+            f"transaction.state.log.replication.factor={replicas}",
+            f"transaction.state.log.min.isr={min_isr}",
+            "transaction.state.log.num.partitions=4",
+            f"share.coordinator.state.topic.replication.factor={replicas}",
+            f"share.coordinator.state.topic.min.isr={min_isr}",
+            "group.initial.rebalance.delay.ms=0",
+        ]
+        if self.security is not None:
+            lines.append(f"sasl.enabled.mechanisms={SCRAM_MECHANISM}")
+            login = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            for name, protocol, _ in listeners:
+                if protocol.startswith("SASL_"):
+                    prefix = f"listener.name.{name.lower()}.{SCRAM_MECHANISM.lower()}"
+                    lines.append(f"{prefix}.sasl.jaas.config={login}")
+            if self.security.tls is not None:
+                tls = self.security.tls
+                lines += [
+                    "ssl.keystore.type=PKCS12",
+                    f"ssl.keystore.location={tls.keystore}",
+                    f"ssl.keystore.password={tls.keystore_password}",
+                    "ssl.client.auth=none",
+                ]
+        return "\n".join([*lines, ""])
 
 
 class KafkaNode:
@@ -175,19 +289,40 @@ class KafkaNode:
         port: int | None = None,
         controller_port: int | None = None,
         heap: str = "512m",
+        security: KafkaSecurity | None = None,
+        node_id: int = 1,
+        quorum: KafkaQuorum | None = None,
     ) -> None:
         self.version = version
         self.config = KafkaNodeConfig(
             data_dir=data_dir,
             port=port or free_port(),
             controller_port=controller_port or free_port(),
+            node_id=node_id,
+            quorum=quorum,
             heap=heap,
+            security=security,
+            sasl_port=free_port() if security is not None else None,
+            sasl_ssl_port=free_port() if security is not None and security.tls else None,
         )
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap_servers(self) -> str:
+        """The PLAINTEXT listener (always there)."""
         return f"127.0.0.1:{self.config.port}"
+
+    @property
+    def sasl_bootstrap_servers(self) -> str | None:
+        """The SASL_PLAINTEXT listener (SCRAM-SHA-512), when the node has ``security``."""
+        port = self.config.sasl_port
+        return f"127.0.0.1:{port}" if port is not None else None
+
+    @property
+    def sasl_ssl_bootstrap_servers(self) -> str | None:
+        """The SASL_SSL listener (TLS + SCRAM-SHA-512), when ``security.tls`` is set."""
+        port = self.config.sasl_ssl_port
+        return f"127.0.0.1:{port}" if port is not None else None
 
     @property
     def log_file(self) -> Path:
@@ -197,8 +332,15 @@ class KafkaNode:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
-    def start(self, *, timeout: float = 90.0) -> None:
-        """Resolve, format and start the broker; raise :class:`DevstackError` if it fails."""
+    def start(self, *, timeout: float = 90.0, wait: bool = True) -> None:
+        """Resolve, format and start the broker; raise :class:`DevstackError` if it fails.
+
+        With ``wait=False`` it returns once the process runs: a node of a multi-node cluster
+        cannot answer before a majority of the quorum runs (then call :meth:`wait_ready`).
+
+        With ``security``, the SCRAM users are created when the storage is formatted (first
+        start of a data folder); a data folder formatted without them keeps lacking them.
+        """
         java = check_java()
         libs = resolve_kafka_libs(self.version)
         data = self.config.data_dir
@@ -223,16 +365,21 @@ class KafkaNode:
             classpath,
         ]
         if not (data / "kraft-logs" / "meta.properties").exists():
+            quorum = self.config.quorum
+            membership = (
+                ["-t", quorum.cluster_id, "--initial-controllers", quorum.initial_controllers]
+                if quorum
+                else ["-t", new_cluster_id(), "--standalone"]
+            )
             fmt = subprocess.run(
                 [
                     *jvm,
                     "kafka.tools.StorageTool",
                     "format",
-                    "-t",
-                    new_cluster_id(),
                     "-c",
                     str(properties),
-                    "--standalone",
+                    *membership,
+                    *(self.config.security.format_arguments() if self.config.security else []),
                 ],
                 capture_output=True,
                 text=True,
@@ -252,7 +399,26 @@ class KafkaNode:
             preexec_fn=die_with_parent(signal.SIGTERM),
         )
         stdout.close()
+        if wait:
+            self._wait_ready(timeout)
+
+    def wait_ready(self, *, timeout: float = 90.0) -> None:
+        """Return once an AdminClient sees the started broker; :class:`DevstackError` if not."""
+        if self._proc is None:
+            raise DevstackError("the Kafka broker is not started")
         self._wait_ready(timeout)
+
+    def send_signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the running broker (SIGSTOP and SIGCONT pause and resume it)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL the broker, as a crash would; its data stays, :meth:`start` brings it back."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc = None
 
     def _wait_ready(self, timeout: float) -> None:
         assert self._proc is not None

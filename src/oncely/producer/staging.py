@@ -7,6 +7,10 @@ fails right at ``stage()``; with an ``AsyncSession`` the row joins the unit of w
 inserted at the next flush, so ``stage()`` stays a plain call without I/O.
 
 An insert trigger notifies ``oncely_outbox`` at commit, so an idle relay wakes immediately.
+
+Each event is checked against :class:`~oncely.settings.StageLimits` (payload size, key length,
+headers) before anything is added: an event the relay could never publish fails at
+``stage()``, inside the caller's transaction, not later in the relay.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from typing import Any
 from uuid import UUID
 
@@ -27,6 +32,7 @@ from oncely.errors import OncelyError
 from oncely.events import registry_of
 from oncely.producer.ids import uuid7
 from oncely.schemas.codec import Codec
+from oncely.settings import StageLimits
 from oncely.storage.tables import outbox
 
 Transactional = Session | AsyncSession | sa.Connection
@@ -35,6 +41,68 @@ Transactional = Session | AsyncSession | sa.Connection
 
 class DuplicateInTransactionError(OncelyError):
     """The same event key was staged twice in one transaction."""
+
+
+class StageLimitError(OncelyError):
+    """The event exceeds a limit of what can be staged (see ``StageLimits``)."""
+
+
+class PayloadTooLargeError(StageLimitError):
+    """The encoded event is larger than ONCELY_STAGE_MAX_PAYLOAD_BYTES."""
+
+
+class KeyTooLongError(StageLimitError):
+    """The event's aggregate id (its Kafka key) is longer than ONCELY_STAGE_MAX_KEY_BYTES."""
+
+
+class HeadersTooLargeError(StageLimitError):
+    """The event has more headers, or larger ones, than ONCELY_STAGE_MAX_HEADERS[_BYTES]."""
+
+
+@cache
+def default_limits() -> StageLimits:
+    """The limits from the ``ONCELY_STAGE_*`` environment, read once per process."""
+    return StageLimits()
+
+
+def check_limits(row: Mapping[str, Any], limits: StageLimits) -> None:
+    """Raise a :class:`StageLimitError` subclass if the outbox ``row`` exceeds ``limits``.
+
+    Each message names the event type, the measured size, the limit, its setting and the way
+    out; no event content is quoted (it may be personal data).
+    """
+    kind = row["type"]
+    payload = len(row["payload"])
+    if payload > limits.max_payload_bytes:
+        raise PayloadTooLargeError(
+            f"event type {kind!r}: the encoded event is {payload:,} bytes, over the limit of "
+            f"{limits.max_payload_bytes:,} (ONCELY_STAGE_MAX_PAYLOAD_BYTES or "
+            "stage(limits=...)). Store large content elsewhere (object storage) and put its "
+            "reference in the event; raising the limit also needs the topic's "
+            "max.message.bytes and the relay's message.max.bytes (ONCELY_KAFKA_EXTRA) raised"
+        )
+    key = len(row["aggregateid"].encode())
+    if key > limits.max_key_bytes:
+        raise KeyTooLongError(
+            f"event type {kind!r}: the aggregate id (Kafka key) is {key:,} bytes, over the "
+            f"limit of {limits.max_key_bytes:,} (ONCELY_STAGE_MAX_KEY_BYTES): use a short "
+            "stable id (a UUID or a database key) as the key field"
+        )
+    headers: Mapping[str, str] = row["headers"]
+    if len(headers) > limits.max_headers:
+        raise HeadersTooLargeError(
+            f"event type {kind!r}: {len(headers)} headers, over the limit of "
+            f"{limits.max_headers} (ONCELY_STAGE_MAX_HEADERS): put data in the event instead"
+        )
+    size = sum(
+        len(str(name).encode()) + len(str(value).encode()) for name, value in headers.items()
+    )
+    if size > limits.max_headers_bytes:
+        raise HeadersTooLargeError(
+            f"event type {kind!r}: the headers take {size:,} bytes, over the limit of "
+            f"{limits.max_headers_bytes:,} (ONCELY_STAGE_MAX_HEADERS_BYTES): headers are for "
+            "small metadata (trace context, content type), put data in the event"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,6 +195,7 @@ def stage_many(
     event_keys: Iterable[str | None] | None = None,
     headers: Mapping[str, str] | None = None,
     available_at: datetime | None = None,
+    limits: StageLimits | None = None,
 ) -> list[StagedEvent]:
     """Stage several events in the caller's transaction (one multi-row INSERT).
 
@@ -142,6 +211,8 @@ def stage_many(
         _row(event, codec or _codec_for(event), key, headers, available_at, traceparent)
         for event, key in zip(batch, keys, strict=True)
     ]
+    for row in rows:
+        check_limits(row, limits or default_limits())
     before = _transaction_of(target)
     seen = _keys_in_transaction.get(before, set()) if before is not None else set()
     new_keys = [row["event_key"] for row in rows]
@@ -180,6 +251,7 @@ def stage(
     event_key: str | None = None,
     headers: Mapping[str, str] | None = None,
     available_at: datetime | None = None,
+    limits: StageLimits | None = None,
 ) -> StagedEvent:
     """Add one event to the outbox in the caller's transaction; it is published after commit.
 
@@ -193,10 +265,14 @@ def stage(
         headers: extra Kafka headers (the codec's ``content-type`` and ``schema-version`` and
             the active OpenTelemetry ``traceparent`` are added).
         available_at: do not publish before this time.
+        limits: the payload, key and header limits (default: ``StageLimits()`` from the
+            ``ONCELY_STAGE_*`` environment, read once).
 
     Raises:
         UnknownEventTypeError: the model is not a registered event type.
         EncodeError: the event does not fit its schema.
+        PayloadTooLargeError, KeyTooLongError, HeadersTooLargeError: the event exceeds
+            ``limits`` (all are :class:`StageLimitError`); nothing was added.
         DuplicateInTransactionError: ``event_key`` was already staged in this transaction.
         DuplicateEventKeyError: ``event_key`` was staged by an earlier transaction (with an
             ``AsyncSession``: at flush or commit).
@@ -208,5 +284,6 @@ def stage(
         event_keys=[event_key],
         headers=headers,
         available_at=available_at,
+        limits=limits,
     )
     return staged

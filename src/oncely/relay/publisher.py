@@ -4,18 +4,21 @@ Each row's result arrives through its delivery report, the only truth about whet
 has the record. ``BufferError`` (the local queue is full) is backpressure: serve reports and
 try again. A fatal error of the idempotent producer is remembered in :attr:`fatal`; the relay
 then calls :meth:`recreate`, which fails every outstanding record (they retry) and starts a new
-producer.
+producer. Refused credentials are remembered in :attr:`auth_failed`: librdkafka would retry
+them forever, so the relay stops instead (:class:`~oncely.security.KafkaAuthenticationError`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from oncely.relay.records import ClaimedRow
+from oncely.security import KafkaAuthenticationError, is_authentication_failure
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +39,41 @@ class Publisher:
         self._config = {**config, **REQUIRED, "error_cb": self._on_error}
         self._on_result = on_result
         self.fatal: KafkaError | None = None
+        #: The broker refused the credentials (``_AUTHENTICATION``): retrying will not help.
+        self.auth_failed: KafkaError | None = None
         self.brokers_down = False
         self._producer = Producer(self._config)
 
+    def check_credentials(self, *, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the broker's metadata, to find refused credentials.
+
+        Call it before producing. Raises :class:`~oncely.security.KafkaAuthenticationError`
+        when the broker refuses the credentials. Returns when metadata arrived, and also when
+        no broker can be reached (an outage, which the relay rides out) or ``timeout`` passed.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._producer.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+                return
+            except KafkaException:
+                self._producer.poll(0)  # serves error_cb
+            if self.auth_failed is not None:
+                raise KafkaAuthenticationError.of(self.auth_failed)
+            if self.brokers_down or time.monotonic() >= deadline:
+                return
+
     def _on_error(self, error: KafkaError) -> None:
-        if error.fatal():
+        if is_authentication_failure(error):
+            if self.auth_failed is None:  # librdkafka repeats it on every reconnect
+                self.auth_failed = error
+                log.error(
+                    "Kafka refused the credentials: %s (check ONCELY_KAFKA_SASL_USERNAME and "
+                    "ONCELY_KAFKA_SASL_PASSWORD)",
+                    error.str(),
+                    extra={"code": error.name()},
+                )
+        elif error.fatal():
             self.fatal = error
             log.error("fatal producer error: %s", error.str(), extra={"code": error.name()})
         elif error.code() == KafkaError._ALL_BROKERS_DOWN:

@@ -13,7 +13,9 @@ Rules the loop keeps (each is tested against real PostgreSQL and Kafka):
   (bounded by ``max_in_flight``); settles are batched, one statement per kind.
 - Failures back off exponentially with jitter; transient broker trouble retries forever,
   permanent errors go ``dead`` after ``max_attempts`` (see :mod:`oncely.relay.policy`).
-- Database or broker outages never crash the loop: it waits and tries again.
+- Database or broker outages never crash the loop: it waits and tries again. Refused
+  credentials are not an outage: the loop stops, gives back its leases and raises
+  :class:`~oncely.security.KafkaAuthenticationError`.
 - Graceful stop: stop claiming, wait (bounded) for outstanding reports, settle them, and give
   back the leases of rows still without a result.
 """
@@ -37,6 +39,7 @@ from oncely.relay.publisher import Publisher
 from oncely.relay.records import ClaimedRow
 from oncely.relay.store import Failed, OutboxStore, Published, TopicBacklog
 from oncely.relay.wakeup import Wakeup
+from oncely.security import KafkaAuthenticationError
 from oncely.settings import RelaySettings
 
 log = logging.getLogger(__name__)
@@ -83,10 +86,16 @@ class Relay:
         self._results.append((row, error, message))
 
     def run(self, stop: threading.Event) -> None:
-        """Relay until ``stop`` is set, then drain; never raises for broker or database faults."""
+        """Relay until ``stop`` is set, then drain; never raises for broker or database faults.
+
+        Raises :class:`KafkaAuthenticationError` (after giving back its leases) when the
+        broker refuses the credentials.
+        """
         next_gauges = next_purge = time.monotonic()
         while not stop.is_set():
             self.heartbeat = now = time.monotonic()
+            if self._publisher.auth_failed is not None:
+                break
             if self._publisher.fatal is not None:
                 self._publisher.recreate()
             claimed = self._claim()
@@ -107,6 +116,8 @@ class Relay:
             else:
                 stop.wait(self.settings.poll_interval_seconds)
         self._drain()
+        if self._publisher.auth_failed is not None:
+            raise KafkaAuthenticationError.of(self._publisher.auth_failed)
 
     def _claim(self) -> list[ClaimedRow]:
         room = self.settings.max_in_flight - len(self._in_flight)
@@ -229,7 +240,9 @@ class Relay:
 
     def _drain(self) -> None:
         deadline = time.monotonic() + self.settings.shutdown_timeout_seconds
-        while self._in_flight and time.monotonic() < deadline:
+        while (
+            self._in_flight and self._publisher.auth_failed is None and time.monotonic() < deadline
+        ):
             self._publisher.flush(min(1.0, max(0.0, deadline - time.monotonic())))
             self._settle()
         unanswered = list(self._in_flight.values())

@@ -23,6 +23,9 @@ from oncely.settings import KafkaSettings, RelaySettings
 
 log = logging.getLogger(__name__)
 
+#: How long start-up waits for the broker's answer to find refused credentials.
+_CREDENTIALS_TIMEOUT = 10.0
+
 
 def default_relay_id() -> str:
     """``hostname-pid-random``: unique per process, readable in ``lease_owner``."""
@@ -47,12 +50,18 @@ def build_relay(
     stop: threading.Event,
     metrics: RelayMetrics | None = None,
 ) -> Relay:
-    """A :class:`Relay` over ``engine`` and Kafka, listening for staged rows."""
+    """A :class:`Relay` over ``engine`` and Kafka, listening for staged rows.
+
+    Raises :class:`~oncely.security.KafkaAuthenticationError` when the broker refuses the
+    credentials (checked before anything is claimed; an unreachable broker is not an error).
+    """
     owner = settings.relay_id or default_relay_id()
     config = producer_config(kafka, settings)
 
     def publisher(on_result: Callable[..., None]) -> Publisher:
-        return Publisher(config, on_result=on_result)
+        made = Publisher(config, on_result=on_result)
+        made.check_credentials(timeout=_CREDENTIALS_TIMEOUT)
+        return made
 
     dsn = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     return Relay(
@@ -65,7 +74,11 @@ def build_relay(
 
 
 def run_relay(*, database_url: str, kafka: KafkaSettings, settings: RelaySettings) -> None:
-    """Run a relay until SIGTERM or SIGINT, then drain gracefully and return."""
+    """Run a relay until SIGTERM or SIGINT, then drain gracefully and return.
+
+    Raises :class:`~oncely.security.KafkaAuthenticationError` when the broker refuses the
+    credentials, at start-up or later (the leases it holds are given back first).
+    """
     stop = threading.Event()
 
     def request_stop(signum: int, frame: FrameType | None) -> None:

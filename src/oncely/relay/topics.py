@@ -2,47 +2,85 @@
 
 The relay never relies on broker auto-creation. :func:`ensure_topics` creates what is missing
 with the declared partitions, replication factor and ``min.insync.replicas``, and reports
-existing topics whose live configuration is weaker than declared (it never alters them).
+existing topics whose live configuration is weaker than declared (it never alters them):
+
+- fewer partitions than declared (more are not reported: they are not weaker, though keys
+  would map to other partitions than in a topic created as declared);
+- a partition with fewer replicas than the declared replication factor;
+- a lower effective ``min.insync.replicas`` (the topic's own or the brokers' default);
+- ``min.insync.replicas`` above the live replication factor (``acks=all`` writes always fail);
+- ``unclean.leader.election.enable=true`` (a lagging replica may become leader and drop
+  acknowledged records, which ``acks=all`` is meant to rule out).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from oncely.errors import ConfigurationError
 from oncely.events import Registry
 from oncely.settings import TopicSettings
 
 
 @dataclass(frozen=True)
 class TopicSpec:
+    """What one topic is declared to be."""
+
     name: str
     partitions: int
     replication_factor: int
     min_insync_replicas: int
 
+    def describe(self) -> str:
+        """``6 partitions, replication factor 3, min.insync.replicas 2``."""
+        return (
+            f"{self.partitions} partitions, replication factor {self.replication_factor}, "
+            f"min.insync.replicas {self.min_insync_replicas}"
+        )
+
 
 @dataclass
 class EnsureReport:
+    """Topic names created or found as declared; ``"<topic>: <why>"`` for the others."""
+
     created: list[str] = field(default_factory=list)
     matching: list[str] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
+    #: Topics that could not be created (e.g. more replicas declared than there are brokers).
+    failed: list[str] = field(default_factory=list)
 
 
 def planned_topics(registry: Registry, settings: TopicSettings) -> list[TopicSpec]:
-    """Every topic of ``registry``'s event types and their named effects."""
-    names = sorted(
-        {t.topic for t in registry}
-        | {topic for t in registry for topic in t.effect_topics.values()}
-    )
-    return [
-        TopicSpec(
-            name, settings.partitions, settings.replication_factor, settings.min_insync_replicas
+    """Every topic of ``registry``'s event types and their named effects, sorted by name.
+
+    Each event type's topics take ``settings.layout(name)`` (its override over the global
+    values); a topic shared by several event types takes the largest value of each. Raises
+    :class:`ConfigurationError` when ``settings.overrides`` names an event type the registry
+    does not have (most likely a typo that would silently apply the global values).
+    """
+    unknown = sorted(name for name in settings.overrides if name not in registry)
+    if unknown:
+        known = ", ".join(sorted(t.name for t in registry)) or "none"
+        raise ConfigurationError(
+            f"ONCELY_TOPICS_OVERRIDES names unknown event types: {', '.join(unknown)} "
+            f"(registered: {known})"
         )
-        for name in names
-    ]
+    layouts: dict[str, tuple[int, int, int]] = {}
+    for event_type in registry:
+        layout = tuple(settings.layout(event_type.name))
+        for topic in [event_type.topic, *event_type.effect_topics.values()]:
+            before = layouts.get(topic, (0, 0, 0))
+            layouts[topic] = (
+                max(before[0], layout[0]),
+                max(before[1], layout[1]),
+                max(before[2], layout[2]),
+            )
+    return [TopicSpec(name, *layouts[name]) for name in sorted(layouts)]
 
 
 def ensure_topics(
@@ -51,6 +89,7 @@ def ensure_topics(
     """Create missing topics; report how existing ones differ from their spec."""
     report = EnsureReport()
     metadata = admin.list_topics(timeout=timeout)
+    existing = [spec for spec in specs if spec.name in metadata.topics]
     missing = [spec for spec in specs if spec.name not in metadata.topics]
     if missing:
         futures = admin.create_topics(
@@ -65,18 +104,31 @@ def ensure_topics(
             ],
             request_timeout=timeout,
         )
-        for name, future in futures.items():
-            future.result(timeout)
-            report.created.append(name)
-    existing = [spec for spec in specs if spec.name in metadata.topics]
+        for spec in missing:
+            try:
+                futures[spec.name].result(timeout)
+            except KafkaException as exc:
+                error = exc.args[0]
+                if (
+                    isinstance(error, KafkaError)
+                    and error.code() == KafkaError.TOPIC_ALREADY_EXISTS
+                ):
+                    existing.append(spec)  # created meanwhile by someone else: check it
+                    continue
+                text = error.str() if isinstance(error, KafkaError) else str(exc)
+                report.failed.append(f"{spec.name}: {text}")
+                continue
+            report.created.append(spec.name)
     if existing:
+        if any(spec.name not in metadata.topics for spec in existing):  # created meanwhile
+            metadata = admin.list_topics(timeout=timeout)
         resources = [ConfigResource(ConfigResource.Type.TOPIC, spec.name) for spec in existing]
         configs = {
             resource.name: future.result(timeout)
             for resource, future in admin.describe_configs(resources).items()
         }
         for spec in existing:
-            problems = _differences(spec, metadata.topics[spec.name], configs[spec.name])
+            problems = differences(spec, metadata.topics[spec.name], configs[spec.name])
             if problems:
                 report.mismatches.append(f"{spec.name}: {'; '.join(problems)}")
             else:
@@ -84,7 +136,8 @@ def ensure_topics(
     return report
 
 
-def _differences(spec: TopicSpec, topic: object, config: dict[str, object]) -> list[str]:
+def differences(spec: TopicSpec, topic: Any, config: Mapping[str, Any]) -> list[str]:
+    """Where a live topic (``TopicMetadata`` and ``describe_configs`` entries) is weaker."""
     partitions = getattr(topic, "partitions", {})
     problems = []
     if len(partitions) < spec.partitions:
@@ -92,8 +145,19 @@ def _differences(spec: TopicSpec, topic: object, config: dict[str, object]) -> l
     replicas = min((len(p.replicas) for p in partitions.values()), default=0)
     if replicas < spec.replication_factor:
         problems.append(f"replication factor {replicas}, {spec.replication_factor} declared")
-    entry = config.get("min.insync.replicas")
-    live = int(getattr(entry, "value", 1) or 1)
-    if live < spec.min_insync_replicas:
-        problems.append(f"min.insync.replicas {live}, {spec.min_insync_replicas} declared")
+    min_isr = int(_value(config, "min.insync.replicas") or 1)
+    if min_isr < spec.min_insync_replicas:
+        problems.append(f"min.insync.replicas {min_isr}, {spec.min_insync_replicas} declared")
+    if replicas and min_isr > replicas:
+        problems.append(
+            f"min.insync.replicas {min_isr} exceeds the {replicas} replicas: every acks=all "
+            "write fails"
+        )
+    if (_value(config, "unclean.leader.election.enable") or "false").lower() == "true":
+        problems.append("unclean.leader.election.enable=true: acknowledged writes may be lost")
     return problems
+
+
+def _value(config: Mapping[str, Any], name: str) -> str | None:
+    value = getattr(config.get(name), "value", None)
+    return str(value) if value is not None else None

@@ -45,6 +45,10 @@ def validate_schema_name(schema: str) -> str:
             f"schema name {schema!r} is not a plain identifier: use 1-63 characters of "
             "lower-case letters, digits and '_', not starting with a digit"
         )
+    if schema.startswith("pg_"):
+        raise ConfigurationError(
+            f"schema name {schema!r}: the prefix 'pg_' is reserved for PostgreSQL's own schemas"
+        )
     return schema
 
 

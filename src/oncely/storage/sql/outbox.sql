@@ -139,5 +139,7 @@ WHERE status = 'published'
   AND (CAST(:type AS text) IS NULL OR type = :type)
 
 -- name: outbox_pending_among
-SELECT count(*) FROM oncely_outbox
-WHERE status <> 'published' AND id = ANY (CAST(:ids AS uuid[]))
+SELECT count(*) FILTER (WHERE status = 'pending') AS waiting,
+       count(*) FILTER (WHERE status = 'dead') AS dead
+FROM oncely_outbox
+WHERE id = ANY (CAST(:ids AS uuid[]))

@@ -1,0 +1,293 @@
+"""``oncely debezium config|purge|slot|drop-slot``: Debezium's Outbox Event Router as the relay.
+
+Also defines :func:`connect`, the ``oncely dev connect`` command (a local Kafka Connect worker
+with the generated connector, against the devstack or any broker and PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any
+
+import sqlalchemy as sa
+import typer
+
+from oncely import debezium
+from oncely.cli._options import DatabaseUrl, parse_duration
+from oncely.cli._output import err, out
+from oncely.devstack import default_stack_dir
+from oncely.devstack.connect import DEFAULT_DEBEZIUM_VERSION, ConnectNode
+from oncely.devstack.stack import read_state
+from oncely.errors import ConfigurationError, DevstackError
+
+app = typer.Typer(
+    help="Relay the outbox with Debezium's Outbox Event Router instead of `oncely relay run`."
+)
+
+Schema = Annotated[
+    str,
+    typer.Option(envvar="ONCELY_DATABASE_SCHEMA", help="Schema holding oncely_outbox."),
+]
+Name = Annotated[str, typer.Option(help="The connector's name in Kafka Connect.")]
+LogicalName = Annotated[
+    str,
+    typer.Option(
+        help="Debezium's topic.prefix: names its metrics (unique per Connect worker); "
+        "never part of the event topics."
+    ),
+]
+TopicPrefix = Annotated[
+    str, typer.Option(help="Put in front of every routed topic (default: the row's topic as is).")
+]
+RouteRegex = Annotated[
+    str,
+    typer.Option(
+        help="Java regex matched against the whole topic column; its (?<routedByValue>...) "
+        "group, after --topic-prefix, is the routed topic."
+    ),
+]
+SlotName = Annotated[str, typer.Option(help="PostgreSQL replication slot of the connector.")]
+PublicationName = Annotated[str, typer.Option(help="PostgreSQL publication of the connector.")]
+ExtendedHeaders = Annotated[
+    bool,
+    typer.Option(
+        help="Debezium's extended.headers.enabled: add __debezium.context.* headers before `id`."
+    ),
+]
+
+
+def _options(database_url: str, **options: Any) -> debezium.ConnectorOptions:
+    try:
+        return debezium.ConnectorOptions.from_database_url(database_url, **options)
+    except ConfigurationError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def config(
+    database_url: DatabaseUrl,
+    output: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="json: the body of POST /connectors; properties: ConnectStandalone's file.",
+        ),
+    ] = "json",
+    schema: Schema = "public",
+    name: Name = debezium.DEFAULT_CONNECTOR_NAME,
+    logical_name: LogicalName = debezium.DEFAULT_LOGICAL_NAME,
+    topic_prefix: TopicPrefix = "",
+    route_regex: RouteRegex = debezium.DEFAULT_ROUTE_REGEX,
+    slot_name: SlotName = debezium.DEFAULT_SLOT_NAME,
+    publication_name: PublicationName = debezium.DEFAULT_PUBLICATION_NAME,
+    extended_headers: ExtendedHeaders = False,
+) -> None:
+    """Print the Debezium PostgreSQL connector configuration that relays oncely_outbox.
+
+    The database URL is how Kafka Connect reaches PostgreSQL (e.g. `postgres:5432` inside
+    docker compose); its password, if any, is written into the configuration. Register the JSON
+    with `curl -X POST -H 'Content-Type: application/json' --data @oncely-outbox.json
+    http://connect:8083/connectors`. Do not run `oncely relay run` as well.
+    """
+    if output not in ("json", "properties"):
+        err.print(f"[red]error:[/] --format {output!r}: use json or properties")
+        raise typer.Exit(2)
+    options = _options(
+        database_url,
+        schema=schema,
+        name=name,
+        logical_name=logical_name,
+        topic_prefix=topic_prefix,
+        route_regex=route_regex,
+        slot_name=slot_name,
+        publication_name=publication_name,
+        extended_headers=extended_headers,
+    )
+    sys.stdout.write(debezium.render(options, "json" if output == "json" else "properties"))
+
+
+@app.command()
+def purge(
+    database_url: DatabaseUrl,
+    older_than: Annotated[
+        str, typer.Option(help="Delete rows created longer ago than this (e.g. 7d, 12h).")
+    ] = "7d",
+) -> None:
+    """Delete outbox rows created before --older-than, whatever their status (Debezium mode).
+
+    Debezium never marks rows published, so `oncely relay purge` would keep them forever.
+    Deleting is safe: Debezium reads INSERTs from the WAL, and the connector skips DELETEs.
+    """
+    horizon = parse_duration(older_than)
+    engine = sa.create_engine(database_url)
+    try:
+        deleted = debezium.purge(engine, older_than_seconds=horizon.total_seconds())
+    finally:
+        engine.dispose()
+    out.print(f"deleted {deleted} outbox row(s) created more than {older_than} ago")
+
+
+@app.command("drop-slot")
+def drop_slot(
+    database_url: DatabaseUrl,
+    slot_name: SlotName = debezium.DEFAULT_SLOT_NAME,
+    wait: Annotated[
+        float, typer.Option(help="Seconds to wait for a stopping connector to release it.")
+    ] = 30.0,
+) -> None:
+    """Drop the connector's replication slot after the connector was deleted for good.
+
+    An idle slot makes PostgreSQL keep all WAL from its position on. Exit 1 if the slot is
+    still in use after --wait seconds.
+    """
+    engine = sa.create_engine(database_url)
+    try:
+        dropped = debezium.drop_slot(engine, slot_name, timeout=wait)
+    except debezium.SlotInUseError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    except ConfigurationError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    finally:
+        engine.dispose()
+    out.print(f"dropped slot {slot_name}" if dropped else f"no slot {slot_name}")
+
+
+@app.command()
+def slot(
+    database_url: DatabaseUrl,
+    slot_name: SlotName = debezium.DEFAULT_SLOT_NAME,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
+) -> None:
+    """Show the connector's replication slot: held by a connector or idle, WAL it retains.
+
+    Exit 1 when there is no such slot.
+    """
+    engine = sa.create_engine(database_url)
+    try:
+        status = debezium.slot_status(engine, slot_name)
+    except ConfigurationError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    finally:
+        engine.dispose()
+    if as_json:
+        sys.stdout.write(json.dumps(status, default=str) + "\n")
+    elif status is None:
+        out.print(f"no slot {slot_name}")
+    else:
+        state = "active" if status["active"] else "[yellow]idle[/] (retains WAL)"
+        out.print(
+            f"slot {slot_name} ({status['plugin']}, database {status['database']}): {state}, "
+            f"{status['retained_wal_bytes']} bytes of WAL retained"
+        )
+    if status is None:
+        raise typer.Exit(1)
+
+
+def _raise_exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def connect(
+    directory: Annotated[
+        Path,
+        typer.Option(
+            "--dir",
+            envvar="ONCELY_DEVSTACK_DIR",
+            help="Folder of the `oncely dev up` stack whose settings are the defaults.",
+            default_factory=default_stack_dir,
+            show_default="~/.cache/oncely/devstack",
+        ),
+    ],
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ONCELY_DATABASE_URL",
+            help="Database holding oncely_outbox (default: the running `oncely dev up` stack's).",
+            show_default=False,
+        ),
+    ] = None,
+    bootstrap_servers: Annotated[
+        str | None,
+        typer.Option(
+            "--bootstrap-servers",
+            envvar="ONCELY_KAFKA_BOOTSTRAP_SERVERS",
+            help="Kafka brokers (default: the running `oncely dev up` stack's).",
+            show_default=False,
+        ),
+    ] = None,
+    schema: Schema = "public",
+    topic_prefix: TopicPrefix = "",
+    route_regex: RouteRegex = debezium.DEFAULT_ROUTE_REGEX,
+    slot_name: SlotName = debezium.DEFAULT_SLOT_NAME,
+    publication_name: PublicationName = debezium.DEFAULT_PUBLICATION_NAME,
+    debezium_version: Annotated[
+        str, typer.Option(help="io.debezium:debezium-connector-postgres version.")
+    ] = DEFAULT_DEBEZIUM_VERSION,
+) -> None:
+    """Run Kafka Connect + Debezium's outbox connector until Ctrl-C (instead of the relay).
+
+    Resolves Kafka Connect and Debezium from Maven Central the first time (needs Java 17+ and
+    Maven), starts a standalone worker whose REST API listens on 127.0.0.1, and registers the
+    connector of `oncely debezium config`. On exit the worker stops and the replication slot is
+    dropped, so the next run snapshots the rows still pending again (consumers' receipts absorb
+    the repeats). Do not run `oncely relay run` at the same time.
+    """
+    stack = read_state(directory)
+    database_url = database_url or (stack.database_url if stack else None)
+    bootstrap_servers = bootstrap_servers or (stack.kafka_bootstrap if stack else None)
+    if database_url is None or bootstrap_servers is None:
+        err.print(
+            f"[red]error:[/] no stack runs in {directory}: start one with `oncely dev up`, or "
+            "pass --database-url and --bootstrap-servers"
+        )
+        raise typer.Exit(2)
+    options = _options(
+        database_url,
+        schema=schema,
+        topic_prefix=topic_prefix,
+        route_regex=route_regex,
+        slot_name=slot_name,
+        publication_name=publication_name,
+    )
+    signal.signal(signal.SIGTERM, _raise_exit)
+    data_dir = Path(tempfile.mkdtemp(prefix="oncely-connect-"))
+    node = ConnectNode(
+        data_dir=data_dir, bootstrap_servers=bootstrap_servers, debezium_version=debezium_version
+    )
+    engine = sa.create_engine(database_url)
+    try:
+        err.print("starting Kafka Connect with Debezium (the first run downloads it) ...")
+        try:
+            node.start()
+            node.add_connector(options.name, debezium.connector_config(options))
+        except DevstackError as exc:
+            err.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(1) from None
+        out.print(f"Kafka Connect REST API: {node.rest_url}")
+        err.print(
+            f"[green]up[/]: connector {options.name} relays {options.schema}.oncely_outbox "
+            f"to {bootstrap_servers} (log {node.log_file}). Ctrl-C stops it."
+        )
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        node.stop()
+        try:
+            debezium.drop_slot(engine, options.slot_name)
+        except (debezium.SlotInUseError, sa.exc.SQLAlchemyError) as exc:
+            err.print(f"[yellow]warning:[/] replication slot {options.slot_name} kept: {exc}")
+        engine.dispose()
+        shutil.rmtree(data_dir, ignore_errors=True)
+        err.print("stopped")

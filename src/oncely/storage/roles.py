@@ -1,0 +1,237 @@
+"""Least-privilege PostgreSQL GRANTs per oncely component, derived from the SQL it runs.
+
+Each component (the services that stage events, the relay, the consumers, the task worker)
+is described by the named statements it executes (``sql/*.sql``) and the rows it inserts
+through SQLAlchemy (``stage()``, ``enqueue_task()``). :func:`privileges_of` reads a statement
+and returns the privileges PostgreSQL checks for it; :func:`grant_statements` turns the union
+into ``GRANT`` statements (``oncely db sql --roles``). A unit test checks that every statement
+a component's modules call is in its list, so a new query cannot silently need a new grant.
+
+Rules applied (PostgreSQL's): ``INSERT`` needs INSERT, and SELECT on the ``RETURNING``
+columns and on the ``ON CONFLICT`` arbiter's columns; ``UPDATE`` and ``DELETE`` need their
+own privilege plus SELECT (their ``WHERE`` reads the table); ``SELECT ... FOR UPDATE`` needs
+UPDATE; reading a table needs SELECT. Identity columns (``seq``) need no sequence grant, and
+the NOTIFY triggers call ``pg_notify``, which any role may.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.sql.schema import ColumnCollectionConstraint
+
+from oncely.errors import ConfigurationError
+from oncely.storage.queries import query
+from oncely.storage.tables import metadata, validate_schema_name
+
+__all__ = [
+    "COMPONENTS",
+    "Component",
+    "Privileges",
+    "component_privileges",
+    "grant_statements",
+    "privileges_of",
+    "validate_role_name",
+]
+
+#: table -> privileges; a privilege is "INSERT", "UPDATE", "DELETE", "SELECT" (whole table)
+#: or "SELECT:<column>" (one column).
+Privileges = dict[str, set[str]]
+
+_ROLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_TABLE = r"(oncely_[a-z_]+)"
+_COMMENT = re.compile(r"--[^\n]*")
+
+
+@dataclass(frozen=True)
+class Component:
+    """One oncely component: what it is, and the SQL it runs."""
+
+    name: str
+    purpose: str
+    #: Named statements of ``sql/*.sql`` it executes.
+    statements: tuple[str, ...]
+    #: Tables it inserts rows into through SQLAlchemy, with the columns it always provides.
+    inserts: Mapping[str, tuple[str, ...]]
+
+
+_OUTBOX_PROVIDED = ("id", "aggregatetype", "aggregateid", "type", "topic", "payload", "headers")
+_TASK_PROVIDED = ("id", "task_key", "name", "payload", "policy", "max_attempts")
+
+COMPONENTS: dict[str, Component] = {
+    "writer": Component(
+        "writer",
+        "services that stage events: stage(), stage_many(), enqueue_task(), IdempotencyKeys",
+        ("idempotency_insert", "idempotency_get", "idempotency_reclaim", "idempotency_finish"),
+        {"oncely_outbox": (*_OUTBOX_PROVIDED, "event_key"), "oncely_tasks": _TASK_PROVIDED},
+    ),
+    "relay": Component(
+        "relay",
+        "`oncely relay run`: claim, settle, release and purge outbox rows",
+        (
+            "outbox_claim",
+            "outbox_mark_published",
+            "outbox_delete_published",
+            "outbox_mark_failed",
+            "outbox_release",
+            "outbox_purge",
+            "outbox_backlog",
+        ),
+        {},
+    ),
+    "consumer": Component(
+        "consumer",
+        "`oncely consume`: receipts, and the tasks effects enqueue (ctx.enqueue_task)",
+        ("receipt_insert",),
+        {"oncely_tasks": _TASK_PROVIDED},
+    ),
+    "task_worker": Component(
+        "task_worker",
+        "`oncely tasks run` and DurableCommand(deliver=...): lease, settle, sweep, purge tasks",
+        (
+            "task_names_waiting",
+            "task_lease",
+            "task_lease_by_key",
+            "task_complete",
+            "task_retry",
+            "task_dead",
+            "task_renew",
+            "task_expire_queued",
+            "task_lapsed_leases",
+            "task_settle_lapsed",
+            "task_purge",
+        ),
+        {},
+    ),
+}
+
+
+def validate_role_name(role: str) -> str:
+    """Return ``role`` if it is a plain lower-case PostgreSQL identifier.
+
+    Raises :class:`ConfigurationError` naming the value otherwise: role names are printed into
+    SQL, so nothing else is accepted (quoting is applied as well).
+    """
+    if not _ROLE_NAME.fullmatch(role):
+        raise ConfigurationError(
+            f"role name {role!r} is not a plain identifier: use 1-63 characters of "
+            "lower-case letters, digits and '_', not starting with a digit"
+        )
+    return role
+
+
+def privileges_of(sql: str) -> Privileges:
+    """The table privileges PostgreSQL checks when running ``sql`` (one oncely statement)."""
+    text = _COMMENT.sub("", sql)
+    found: Privileges = defaultdict(set)
+    for table in re.findall(rf"\bINSERT\s+INTO\s+{_TABLE}", text):
+        found[table].add("INSERT")
+        conflict = re.search(r"\bON\s+CONFLICT\s+ON\s+CONSTRAINT\s+(\w+)", text)
+        if conflict:  # the arbiter constraint's columns are read
+            found[table] |= {f"SELECT:{c}" for c in _constraint_columns(table, conflict[1])}
+        returning = re.search(r"\bRETURNING\s+(.*)$", text, re.DOTALL)
+        if returning:
+            for column in returning.group(1).split(","):
+                name = column.strip().split(".")[-1].strip('"')
+                found[table].add("SELECT" if name == "*" else f"SELECT:{name}")
+    for table in re.findall(rf"(?<!FOR\s)(?<!DO\s)\bUPDATE\s+{_TABLE}", text):
+        found[table] |= {"UPDATE", "SELECT"}
+    for table in re.findall(rf"\bDELETE\s+FROM\s+{_TABLE}", text):
+        found[table] |= {"DELETE", "SELECT"}
+    for table in re.findall(rf"\b(?:FROM|JOIN|USING)\s+{_TABLE}", text):
+        found[table].add("SELECT")
+    if re.search(r"\bFOR\s+UPDATE\b", text):
+        for table in re.findall(rf"\bFROM\s+{_TABLE}", text):
+            found[table].add("UPDATE")
+    return dict(found)
+
+
+def _constraint_columns(table: str, constraint: str) -> list[str]:
+    for candidate in metadata.tables[table].constraints:
+        if candidate.name == constraint and isinstance(candidate, ColumnCollectionConstraint):
+            return [column.name for column in candidate.columns]
+    raise KeyError(f"{table} has no constraint {constraint!r}")
+
+
+def _insert_privileges(table: sa.Table, provided: Iterable[str]) -> set[str]:
+    """INSERT, and SELECT on the server-generated columns an ORM insert reads back."""
+    given = set(provided)
+    generated = [
+        column.name
+        for column in table.columns
+        if (column.server_default is not None or column.identity is not None)
+        and column.name not in given
+    ]
+    return {"INSERT", *(f"SELECT:{name}" for name in generated)}
+
+
+def component_privileges(component: Component) -> Privileges:
+    """The union of the privileges of everything ``component`` runs."""
+    merged: Privileges = defaultdict(set)
+    for name in component.statements:
+        for table, privileges in privileges_of(query(name).text).items():
+            merged[table] |= privileges
+    for table, provided in component.inserts.items():
+        merged[table] |= _insert_privileges(metadata.tables[table], provided)
+    return dict(merged)
+
+
+def grant_statements(roles: Mapping[str, str], *, schema: str = "public") -> str:
+    """``GRANT`` statements giving each role (component name -> role name) what it needs.
+
+    Tables are qualified with ``schema``; with a schema other than ``public`` each role also
+    gets it first on its ``search_path`` (oncely's statements use unqualified names).
+
+    Raises:
+        ConfigurationError: an unknown component, or a role or schema name that is not a
+            plain identifier.
+    """
+    dialect: sa.Dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    quote = dialect.identifier_preparer.quote  # quotes reserved words only
+    schema_sql = quote(validate_schema_name(schema))
+    lines = [
+        "-- Least-privilege roles for oncely (generated by `oncely db sql --roles`), derived from",
+        "-- the statements each component runs. Run as the owner of oncely's tables, after",
+        "-- `oncely db upgrade`, and again after an upgrade that adds a table.",
+        "-- Identity columns (seq) need no sequence grant; the NOTIFY triggers need none.",
+    ]
+    for component_name, role in roles.items():
+        component = COMPONENTS.get(component_name)
+        if component is None:
+            raise ConfigurationError(
+                f"no oncely component {component_name!r} (known: {', '.join(COMPONENTS)})"
+            )
+        role_sql = quote(validate_role_name(role))
+        lines += [
+            "",
+            f"-- {component.name}: {component.purpose}",
+            f"-- CREATE ROLE {role_sql} LOGIN PASSWORD '...';",
+            f"GRANT USAGE ON SCHEMA {schema_sql} TO {role_sql};",
+        ]
+        for table, privileges in sorted(component_privileges(component).items()):
+            target = f"{schema_sql}.{quote(table)}"
+            whole = sorted(p for p in privileges if ":" not in p)
+            columns = sorted(p.split(":", 1)[1] for p in privileges if p.startswith("SELECT:"))
+            if whole:
+                lines.append(f"GRANT {', '.join(_ordered(whole))} ON {target} TO {role_sql};")
+            if columns and "SELECT" not in whole:
+                listed = ", ".join(quote(c) for c in columns)
+                lines.append(f"GRANT SELECT ({listed}) ON {target} TO {role_sql};")
+        if schema != "public":
+            lines.append(f"ALTER ROLE {role_sql} SET search_path = {schema_sql}, public;")
+        if component.name == "consumer":
+            lines += [
+                "-- Your effects' own tables: grant what the handlers do through ctx.session, e.g.",
+                f"--   GRANT SELECT, INSERT, UPDATE ON {schema_sql}.my_table TO {role_sql};",
+            ]
+    return "\n".join(lines) + "\n"
+
+
+def _ordered(privileges: list[str]) -> list[str]:
+    order = ["SELECT", "INSERT", "UPDATE", "DELETE"]
+    return sorted(privileges, key=order.index)

@@ -1,0 +1,190 @@
+"""Scenario plumbing: a test app on its own topics, writers, and oncely processes to break."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from oncely.producer.staging import stage
+from oncely.schemas.codec import Codec
+from tests.apps.ledger import App
+
+
+@dataclass
+class Proc:
+    """An ``oncely`` child process whose output is kept for the failure message."""
+
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, **extra_env: str) -> Proc:
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "oncely", *self.argv],
+                env={**self.env, **extra_env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                self.proc.wait(60)
+
+    def stop(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class Pipeline:
+    engine: sa.Engine
+    database_url: str
+    bootstrap: str
+    app: App
+    log_dir: Path
+    procs: list[Proc] = field(default_factory=list)
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "ONCELY_DATABASE_URL": self.database_url,
+            "ONCELY_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+            "ONCELY_TEST_TOPIC_PREFIX": self.app.registry.topic_prefix,
+            "ONCELY_TEST_GROUP_PREFIX": self.app.effects.group_prefix,
+            "ONCELY_RELAY_POLL_INTERVAL_SECONDS": "0.2",
+            "ONCELY_RELAY_LEASE_SECONDS": "3",
+            "ONCELY_RELAY_BACKOFF_BASE_SECONDS": "0.2",
+            "ONCELY_RELAY_BACKOFF_MAX_SECONDS": "2",
+            "ONCELY_RELAY_DELIVERY_TIMEOUT_MS": "5000",
+            "ONCELY_CONSUMER_POLL_TIMEOUT_SECONDS": "0.2",
+            "ONCELY_CONSUMER_SESSION_TIMEOUT_MS": "6000",
+        }
+
+    def relay(self, name: str = "relay") -> Proc:
+        proc = Proc(
+            ["relay", "run", "--log-format", "text"], self.env(), self.log_dir / f"{name}.log"
+        )
+        self.procs.append(proc)
+        return proc
+
+    def consumer(self, effect: str = "ledger", name: str | None = None) -> Proc:
+        proc = Proc(
+            ["consume", "tests.apps.ledger:effects", "--effect", effect, "--log-format", "text"],
+            self.env(),
+            self.log_dir / f"{name or effect}.log",
+        )
+        self.procs.append(proc)
+        return proc
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.log.name}\n{p.log.read_text(errors='replace')[-3000:]}"
+            for p in self.procs
+            if p.log.exists()
+        )
+
+    def write(self, count: int, *, keys: int = 20, rollback_every: int = 0, seed: int = 0) -> None:
+        """Stage ``count`` events in business transactions (one event each); every
+        ``rollback_every``-th transaction is rolled back after staging."""
+        codec = Codec(registry=self.app.registry)
+        rng = random.Random(seed)
+        for i in range(count):
+            with Session(self.engine) as session:
+                session.begin()
+                event = self.app.model(account_id=f"acc-{rng.randrange(keys)}", amount=i + 1, n=i)
+                staged = stage(session, event, codec=codec)
+                keep = not (rollback_every and i % rollback_every == rollback_every - 1)
+                if keep:
+                    session.execute(
+                        sa.text(
+                            "INSERT INTO chaos_business (event_id, committed) VALUES (:e, true)"
+                        ),
+                        {"e": staged.id},
+                    )
+                    session.commit()
+                else:
+                    session.rollback()
+                    with self.engine.begin() as conn:
+                        conn.execute(
+                            sa.text(
+                                "INSERT INTO chaos_business (event_id, committed)"
+                                " VALUES (:e, false)"
+                            ),
+                            {"e": staged.id},
+                        )
+
+    def write_in_background(self, count: int, **kwargs: object) -> threading.Thread:
+        thread = threading.Thread(target=self.write, args=(count,), kwargs=kwargs, daemon=True)
+        thread.start()
+        return thread
+
+    def count(self, sql: str) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.text(sql)).scalar_one())
+
+    def wait_applied(self, expected: int, *, effect: str = "ledger", timeout: float = 120) -> float:
+        """Wait until ``expected`` receipts of ``effect`` exist; return the seconds it took."""
+        started = time.monotonic()
+        while (
+            self.count(f"SELECT count(*) FROM oncely_receipts WHERE effect = '{effect}'") < expected
+        ):
+            if time.monotonic() - started > timeout:
+                raise AssertionError(
+                    f"only {self.count('SELECT count(*) FROM oncely_receipts')} of {expected} "
+                    f"applied after {timeout} s\n{self.logs()}"
+                )
+            time.sleep(0.2)
+        return time.monotonic() - started
+
+
+@contextmanager
+def pipeline(
+    engine: sa.Engine, database_url: str, bootstrap: str, app: App, log_dir: Path
+) -> Iterator[Pipeline]:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("CREATE TABLE chaos_business (event_id uuid PRIMARY KEY, committed boolean)")
+        )
+    running = Pipeline(engine, database_url, bootstrap, app, log_dir)
+    try:
+        yield running
+    finally:
+        for proc in running.procs:
+            proc.stop()
+
+
+def unique_prefix() -> str:
+    return f"c{uuid.uuid4().hex[:10]}."

@@ -1,0 +1,193 @@
+"""Outages of the broker and the database, rebalance storms, a long-held transaction (`make chaos`).
+
+Each scenario runs real processes against real services, then the ledger checker proves 0 lost,
+0 duplicate effects and per-key order; the printed line reports events, Kafka duplicates,
+recovery time and (S12) peak memory.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from oncely.devstack import KafkaNode, PostgresNode
+from oncely.storage import upgrade
+from tests.apps.ledger import build, create_tables
+from tests.chaos.harness import Pipeline, pipeline, unique_prefix
+from tests.chaos.ledger import check
+
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
+
+
+def _report(name: str, chaos: Pipeline, recovery: float, **extra: object) -> None:
+    report = check(chaos.engine, chaos.bootstrap, topics=[chaos.app.topic], effects=["ledger"])
+    details = " ".join(f"{k}={v}" for k, v in extra.items())
+    print(f"{name} recovery={recovery:.1f}s {details} {report.summary()}")
+    assert report.ok, f"{report.summary()}\n{chaos.logs()}"
+
+
+def _create_topic(bootstrap: str, topic: str) -> None:
+    # A local client: one kept alive in a failed test's traceback would log for ever.
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=3)])[topic].result(30)
+
+
+def _peak_rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_s5_a_rebalance_storm_keeps_effects_single_and_ordered(chaos: Pipeline) -> None:
+    chaos.relay().start()
+    members = [chaos.consumer(name=f"ledger-{i}").start() for i in range(2)]
+    writer = chaos.write_in_background(2000, keys=30)
+    joins = 0
+    while writer.is_alive():
+        time.sleep(3)
+        members.pop(0).kill(signal.SIGTERM)
+        members.append(chaos.consumer(name=f"ledger-{joins + 2}").start())
+        joins += 1
+    started = time.monotonic()
+    chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
+    _report("S5", chaos, time.monotonic() - started, membership_changes=joins)
+
+
+def test_s9_a_long_held_transaction_does_not_stop_the_pipeline(chaos: Pipeline) -> None:
+    chaos.relay().start()
+    chaos.consumer().start()
+    blocker = psycopg.connect(chaos.engine.url.set(drivername="postgresql").render_as_string(False))
+    blocker.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    blocker.execute("SELECT count(*) FROM oncely_outbox")  # holds its snapshot (xmin)
+    try:
+        started = time.monotonic()
+        chaos.write(500, keys=10)
+        recovery = chaos.wait_applied(500, timeout=180)
+        with chaos.engine.connect() as conn:
+            claim_ms = conn.execute(
+                sa.text(
+                    "SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY"
+                    " EXTRACT(EPOCH FROM published_at - created_at) * 1000) FROM oncely_outbox"
+                )
+            ).scalar_one()
+    finally:
+        blocker.rollback()
+        blocker.close()
+    _report(
+        "S9",
+        chaos,
+        recovery,
+        p99_commit_to_publish_ms=round(claim_ms or 0),
+        wall=round(time.monotonic() - started),
+    )
+
+
+def test_s6_broker_killed_and_paused_past_the_delivery_timeout(
+    database_url: str, tmp_path: Path
+) -> None:
+    broker = KafkaNode(data_dir=tmp_path / "kafka")
+    broker.start()
+    engine = sa.create_engine(database_url, pool_size=5)
+    create_tables(engine)
+    prefix = unique_prefix()
+    app = build(prefix, group_prefix=prefix)
+    _create_topic(broker.bootstrap_servers, app.topic)
+    try:
+        with pipeline(engine, database_url, broker.bootstrap_servers, app, tmp_path) as chaos:
+            chaos.relay().start()
+            chaos.consumer().start()
+            writer = chaos.write_in_background(1500, keys=20)
+            time.sleep(3)
+            assert broker._proc is not None
+            broker._proc.send_signal(signal.SIGKILL)
+            broker._proc.wait()
+            broker._proc = None
+            time.sleep(5)
+            broker.start()
+            time.sleep(3)
+            assert broker._proc is not None
+            broker._proc.send_signal(signal.SIGSTOP)  # longer than message.timeout.ms (5 s)
+            time.sleep(8)
+            broker._proc.send_signal(signal.SIGCONT)
+            writer.join()
+            started = time.monotonic()
+            chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
+            _report("S6", chaos, time.monotonic() - started)
+    finally:
+        broker.stop()
+        engine.dispose()
+
+
+def test_s8_postgres_restart_and_terminated_connections(
+    kafka_bootstrap: str, kafka_admin: Any, tmp_path: Path
+) -> None:
+    database = PostgresNode(data_dir=tmp_path / "pg")
+    database.start()
+    engine = sa.create_engine(database.url, pool_size=5, pool_pre_ping=True)
+    upgrade(engine)
+    create_tables(engine)
+    prefix = unique_prefix()
+    app = build(prefix, group_prefix=prefix)
+    kafka_admin.create_topics([NewTopic(app.topic, num_partitions=3)])[app.topic].result(30)
+    try:
+        with pipeline(engine, database.url, kafka_bootstrap, app, tmp_path) as chaos:
+            chaos.relay().start()
+            chaos.consumer().start()
+            chaos.write(300, keys=10)
+            with engine.begin() as conn:
+                killed = conn.execute(
+                    sa.text(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                        " WHERE pid <> pg_backend_pid() AND datname = current_database()"
+                    )
+                ).scalar_one()
+            chaos.write(300, keys=10, seed=1)
+            database.stop()  # fast shutdown: every connection drops
+            time.sleep(3)
+            database.start()
+            engine.dispose()
+            chaos.write(300, keys=10, seed=2)
+            started = time.monotonic()
+            chaos.wait_applied(900, timeout=300)
+            _report("S8", chaos, time.monotonic() - started, terminated=killed)
+    finally:
+        engine.dispose()
+        database.stop()
+
+
+def test_s12_broker_down_for_a_minute_under_load_keeps_memory_bounded(
+    database_url: str, tmp_path: Path
+) -> None:
+    broker = KafkaNode(data_dir=tmp_path / "kafka")
+    broker.start()
+    engine = sa.create_engine(database_url, pool_size=5)
+    create_tables(engine)
+    prefix = unique_prefix()
+    app = build(prefix, group_prefix=prefix)
+    _create_topic(broker.bootstrap_servers, app.topic)
+    try:
+        with pipeline(engine, database_url, broker.bootstrap_servers, app, tmp_path) as chaos:
+            relay = chaos.relay().start()
+            chaos.consumer().start()
+            broker.stop()
+            writer = chaos.write_in_background(3000, keys=50)
+            time.sleep(60)
+            assert relay.alive() and relay.proc is not None
+            peak = _peak_rss_kb(relay.proc.pid)
+            writer.join()
+            broker.start()
+            started = time.monotonic()
+            chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
+            _report("S12", chaos, time.monotonic() - started, relay_peak_rss_mb=peak // 1024)
+            assert peak < 512 * 1024, f"relay peak RSS {peak} kB"
+    finally:
+        broker.stop()
+        engine.dispose()

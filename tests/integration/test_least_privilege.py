@@ -1,0 +1,154 @@
+"""`oncely db sql --roles` grants are enough, and no more: the pipeline runs under those roles.
+
+The writer stages events (sync and async sessions), enqueues a task and claims an idempotency
+key; the relay publishes; consumers apply a ledger effect and an effect that enqueues tasks.
+Each role is then refused what it should not do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from confluent_kafka.admin import AdminClient, NewTopic
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+from typer.testing import CliRunner
+
+from oncely.cli import app as cli
+from oncely.consumers.tasks.enqueue import enqueue_task
+from oncely.producer.idempotency import IdempotencyKeys
+from oncely.producer.staging import stage
+from tests.apps.ledger import build, create_tables
+from tests.helpers import fast_settings, running_consumers, running_relay, scalar, wait_until
+
+pytestmark = pytest.mark.integration
+
+PASSWORD = "role-pw"
+
+
+@pytest.fixture
+def roles(database_url: str) -> Iterator[tuple[dict[str, str], Callable[[str], sa.Engine]]]:
+    """Three fresh LOGIN roles with the printed GRANTs; an engine factory per role."""
+    suffix = uuid.uuid4().hex[:8]
+    names = {"writer": f"w_{suffix}", "relay": f"r_{suffix}", "consumer": f"c_{suffix}"}
+    printed = CliRunner().invoke(
+        cli,
+        ["db", "sql", "--roles", *(arg for k, v in names.items() for arg in (f"--{k}", v))],
+    )
+    assert printed.exit_code == 0, printed.output
+    owner = sa.create_engine(database_url)
+    engines = [owner]
+    with owner.begin() as conn:
+        for role in names.values():
+            conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN PASSWORD '{PASSWORD}'")
+        conn.exec_driver_sql(printed.output)
+        create_tables(owner)
+        # The app's own tables, as the --roles output tells: the effect writes to the ledger.
+        conn.exec_driver_sql(f"GRANT INSERT ON ledger TO {names['consumer']}")
+
+    def engine_of(role: str) -> sa.Engine:
+        engine = sa.create_engine(make_url(database_url).set(username=role, password=PASSWORD))
+        engines.append(engine)
+        return engine
+
+    try:
+        yield names, engine_of
+    finally:
+        for engine in engines[1:]:
+            engine.dispose()
+        with owner.begin() as conn:
+            for role in names.values():
+                conn.exec_driver_sql(f"DROP OWNED BY {role}")
+                conn.exec_driver_sql(f"DROP ROLE {role}")
+        owner.dispose()
+
+
+def _refused(engine: sa.Engine, sql: str) -> bool:
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(sql)
+    except sa.exc.ProgrammingError as exc:
+        return "permission denied" in str(exc.orig)
+    return False
+
+
+@pytest.mark.timeout(180)
+def test_pipeline_runs_under_the_printed_roles(
+    roles: tuple[dict[str, str], Callable[[str], sa.Engine]],
+    database_url: str,
+    kafka_bootstrap: str,
+    kafka_admin: AdminClient,
+) -> None:
+    names, engine_of = roles
+    prefix = f"lp{uuid.uuid4().hex[:10]}."
+    app = build(prefix, group_prefix=prefix)
+    kafka_admin.create_topics([NewTopic(app.topic, num_partitions=2)])[app.topic].result(30)
+    owner = sa.create_engine(database_url)
+
+    writer = engine_of(names["writer"])
+    with Session(writer) as session, session.begin():
+        for n in range(6):
+            stage(session, app.model(account_id=f"a{n % 3}", amount=n + 1, n=n))
+        enqueue_task(session, "note", {"n": 1})
+
+    async def stage_async() -> None:
+        url = make_url(database_url).set(
+            drivername="postgresql+psycopg", username=names["writer"], password=PASSWORD
+        )
+        engine = create_async_engine(url)
+        try:
+            async with AsyncSession(engine) as session, session.begin():
+                stage(session, app.model(account_id="a9", amount=7, n=6))
+        finally:
+            await engine.dispose()
+
+    asyncio.run(stage_async())
+    keys = IdempotencyKeys(writer)
+    assert keys.claim("api", "k-1").previous is None
+    keys.finish("api", "k-1", "accepted", result={"ok": True})
+    assert keys.claim("api", "k-1").duplicate
+
+    with running_relay(engine_of(names["relay"]), kafka_bootstrap, fast_settings()):
+        published = "SELECT count(*) FROM oncely_outbox WHERE status = 'published'"
+        wait_until(lambda: scalar(owner, published) == 7, timeout=60)
+
+    consumer = engine_of(names["consumer"])
+    with running_consumers(app.effects, ["ledger", "email"], consumer, kafka_bootstrap):
+        wait_until(lambda: scalar(owner, "SELECT count(*) FROM oncely_receipts") == 14, timeout=90)
+    assert scalar(owner, "SELECT count(*) FROM ledger") == 7
+    assert scalar(owner, "SELECT count(*) FROM oncely_tasks WHERE name = 'email.send'") == 7
+
+    refusals: dict[str, list[str]] = {
+        "writer": [
+            "UPDATE oncely_outbox SET status = 'dead'",
+            "DELETE FROM oncely_outbox",
+            "SELECT payload FROM oncely_outbox",
+            "SELECT * FROM oncely_receipts",
+        ],
+        "relay": [
+            "INSERT INTO oncely_outbox (id) VALUES (gen_random_uuid())",
+            "SELECT * FROM oncely_receipts",
+            "SELECT * FROM oncely_tasks",
+            "SELECT * FROM oncely_idempotency_keys",
+        ],
+        "consumer": [
+            "SELECT * FROM oncely_outbox",
+            "DELETE FROM oncely_receipts",
+            "UPDATE oncely_tasks SET status = 'dead'",
+            "SELECT * FROM ledger",
+        ],
+    }
+    allowed: list[Any] = [
+        (role, sql)
+        for role, sqls in refusals.items()
+        for sql in sqls
+        if not _refused(engine_of(names[role]), sql)
+    ]
+    owner.dispose()
+    assert not allowed, f"allowed but should be refused: {allowed}"

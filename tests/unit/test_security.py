@@ -1,0 +1,296 @@
+"""Security settings, secret hygiene, hostile identifiers, staging limits and derived GRANTs."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from oncely.cli import app as cli
+from oncely.devstack.kafka import KafkaNodeConfig, KafkaSecurity, KafkaTls
+from oncely.errors import ConfigurationError, DevstackError, OncelyError
+from oncely.events import InvalidTopicNameError, Registry
+from oncely.producer.staging import (
+    HeadersTooLargeError,
+    KeyTooLongError,
+    PayloadTooLargeError,
+    StageLimitError,
+    check_limits,
+)
+from oncely.settings import PRODUCER_MESSAGE_MAX_BYTES, KafkaSettings, StageLimits, redact_config
+from oncely.storage.queries import query_names
+from oncely.storage.roles import COMPONENTS, grant_statements, privileges_of, validate_role_name
+from oncely.storage.tables import build_metadata, validate_schema_name
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "oncely"
+SECRET = "s3cr3t-Pa55"
+
+HOSTILE_IDENTIFIERS = [
+    "",
+    "public; DROP TABLE oncely_outbox",
+    'x" OR "1"="1',
+    "Upper",
+    "1starts_with_digit",
+    "a-b",
+    "a b",
+    "dollar$",
+    "new\nline",
+    "nul\x00byte",
+    "\u0455chema",  # Cyrillic 's'
+    "x" * 64,
+    "pg_catalog",
+]
+
+# -- Kafka security settings ------------------------------------------------------------------
+
+
+def test_typed_security_fields_map_to_librdkafka_keys() -> None:
+    settings = KafkaSettings(
+        bootstrap_servers="broker:9093",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="relay",
+        sasl_password=SECRET,  # type: ignore[arg-type]
+        ssl_ca_location="/etc/ca.pem",
+        extra={"ssl.endpoint.identification.algorithm": "https", "message.max.bytes": 2_000_000},
+    )
+    assert settings.client_config() == {
+        "bootstrap.servers": "broker:9093",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "relay",
+        "sasl.password": SECRET,
+        "ssl.ca.location": "/etc/ca.pem",
+        "ssl.endpoint.identification.algorithm": "https",
+        "message.max.bytes": 2_000_000,
+    }
+    assert KafkaSettings().client_config() == {"bootstrap.servers": "127.0.0.1:9092"}
+
+
+def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONCELY_KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT")
+    monkeypatch.setenv("ONCELY_KAFKA_SASL_MECHANISM", "SCRAM-SHA-512")
+    monkeypatch.setenv("ONCELY_KAFKA_SASL_USERNAME", "relay")
+    monkeypatch.setenv("ONCELY_KAFKA_SASL_PASSWORD", SECRET)
+    monkeypatch.setenv("ONCELY_KAFKA_EXTRA", '{"ssl.key.password": "k3y-pw", "linger.ms": 5}')
+    config = KafkaSettings(bootstrap_servers="b:1").client_config()
+    assert config["sasl.password"] == SECRET and config["ssl.key.password"] == "k3y-pw"
+    assert config["linger.ms"] == 5
+
+
+def test_secrets_are_absent_from_repr_str_and_validation_errors() -> None:
+    settings = KafkaSettings(
+        security_protocol="SASL_SSL",
+        sasl_username="u",
+        sasl_password=SECRET,  # type: ignore[arg-type]
+        extra={"ssl.key.password": "k3y-pw", "sasl.oauthbearer.client.secret": "0auth"},
+    )
+    for text in (repr(settings), str(settings), f"{settings!r}"):
+        assert SECRET not in text and "k3y-pw" not in text and "0auth" not in text
+    assert redact_config(settings.client_config())["sasl.password"] != SECRET
+    # A conflict, a half-given credential, a bad value: the message never echoes a secret.
+    bad_inputs: list[dict[str, object]] = [
+        {
+            "sasl_username": "u",
+            "sasl_password": SECRET,
+            "security_protocol": "SASL_SSL",
+            "extra": {"sasl.password": SECRET},
+        },
+        {"sasl_password": SECRET, "security_protocol": "SASL_SSL"},
+        {"sasl_username": "u", "sasl_password": SECRET},
+        {"sasl_mechanism": SECRET},
+        {"extra": {"sasl.password": [SECRET]}},
+    ]
+    for values in bad_inputs:
+        with pytest.raises(ValidationError) as info:
+            KafkaSettings(**values)  # type: ignore[arg-type]
+        assert SECRET not in str(info.value)
+    with pytest.raises(ValidationError, match="ONCELY_KAFKA_SASL_PASSWORD sets it too"):
+        KafkaSettings(**bad_inputs[0])  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="SECURITY_PROTOCOL to SASL_SSL"):
+        KafkaSettings(**bad_inputs[2])  # type: ignore[arg-type]
+
+
+def test_cli_help_shows_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONCELY_KAFKA_SASL_PASSWORD", SECRET)
+    monkeypatch.setenv("ONCELY_DATABASE_URL", f"postgresql+psycopg://u:{SECRET}@h/db")
+    runner = CliRunner()
+    for command in (["relay", "run"], ["consume"], ["status"], ["topics", "ensure"], ["verify"]):
+        result = runner.invoke(cli, [*command, "--help"])
+        assert result.exit_code == 0, result.output
+        assert SECRET not in result.output
+
+
+# -- the devstack's secured broker ------------------------------------------------------------
+
+
+def test_secured_broker_properties(tmp_path: Path) -> None:
+    tls = KafkaTls(keystore=tmp_path / "broker.p12", keystore_password="ks-pw")
+    security = KafkaSecurity(scram_users={"alice": "pw-a", "bob": "pw-b"}, tls=tls)
+    config = KafkaNodeConfig(
+        data_dir=tmp_path,
+        port=1,
+        controller_port=2,
+        security=security,
+        sasl_port=3,
+        sasl_ssl_port=4,
+    )
+    text = config.server_properties()
+    assert (
+        "listeners=PLAINTEXT://127.0.0.1:1,SASL_PLAINTEXT://127.0.0.1:3,"
+        "SASL_SSL://127.0.0.1:4,CONTROLLER://127.0.0.1:2"
+    ) in text
+    assert "inter.broker.listener.name=PLAINTEXT" in text
+    assert "sasl.enabled.mechanisms=SCRAM-SHA-512" in text
+    assert "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=" in text
+    assert f"ssl.keystore.location={tmp_path / 'broker.p12'}" in text
+    assert security.format_arguments() == [
+        "--add-scram",
+        "SCRAM-SHA-512=[name=alice,password=pw-a]",
+        "--add-scram",
+        "SCRAM-SHA-512=[name=bob,password=pw-b]",
+    ]
+    assert "pw-a" not in repr(security) and "ks-pw" not in repr(config)
+    plain = KafkaNodeConfig(data_dir=tmp_path, port=1, controller_port=2).server_properties()
+    assert "SASL" not in plain and "advertised.listeners=PLAINTEXT://127.0.0.1:1\n" in plain
+    with pytest.raises(DevstackError, match="SCRAM user"):
+        KafkaSecurity(scram_users={"x": "a,password=b]"})
+
+
+# -- hostile identifiers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", HOSTILE_IDENTIFIERS)
+def test_hostile_schema_and_role_names_are_refused(name: str) -> None:
+    with pytest.raises(ConfigurationError, match="schema name"):
+        validate_schema_name(name)
+    with pytest.raises(ConfigurationError, match="schema name"):
+        build_metadata(schema=name)
+    if not name.startswith("pg_"):
+        with pytest.raises(ConfigurationError, match="role name"):
+            validate_role_name(name)
+        with pytest.raises(ConfigurationError):
+            grant_statements({"relay": name})
+    with pytest.raises(ConfigurationError):
+        grant_statements({"relay": "oncely_relay"}, schema=name)
+
+
+@pytest.mark.parametrize(
+    "prefix", ["a b.", "x/../", "ev;", "p\n", "ü.", "*", "x" * 249, "topic\x00."]
+)
+def test_hostile_topic_prefixes_are_refused(prefix: str) -> None:
+    with pytest.raises(InvalidTopicNameError, match="topic prefix"):
+        Registry(topic_prefix=prefix)
+
+
+def test_cli_refuses_hostile_names_with_exit_2() -> None:
+    runner = CliRunner()
+    for args in (
+        ["db", "sql", "--roles", "--writer", "w; DROP ROLE postgres"],
+        ["db", "sql", "--roles", "--schema", 'x"; --'],
+        ["db", "upgrade", "--database-url", "postgresql+psycopg://u@h/d", "--schema", "a;b"],
+    ):
+        result = runner.invoke(cli, args)
+        assert result.exit_code == 2, result.output
+        assert "not a plain identifier" in result.output
+
+
+# -- staging limits -------------------------------------------------------------------------------
+
+
+def _row(
+    payload: int = 10, key: str = "k", headers: dict[str, str] | None = None
+) -> dict[str, object]:
+    return {"type": "t.x", "payload": b"p" * payload, "aggregateid": key, "headers": headers or {}}
+
+
+def test_stage_limits_default_fit_under_the_producer_limit() -> None:
+    limits = StageLimits()
+    worst = limits.max_payload_bytes + limits.max_key_bytes + limits.max_headers_bytes
+    assert worst + 2_000 < PRODUCER_MESSAGE_MAX_BYTES < 1_048_588  # framing and id/eventType
+
+
+@pytest.mark.parametrize(
+    ("row", "error", "setting"),
+    [
+        (_row(payload=960_001), PayloadTooLargeError, "ONCELY_STAGE_MAX_PAYLOAD_BYTES"),
+        (_row(key="ключ" * 200), KeyTooLongError, "ONCELY_STAGE_MAX_KEY_BYTES"),
+        (_row(headers={f"h{i}": "v" for i in range(33)}), HeadersTooLargeError, "MAX_HEADERS"),
+        (_row(headers={"h": "v" * 16_384}), HeadersTooLargeError, "MAX_HEADERS_BYTES"),
+    ],
+)
+def test_stage_limits_name_the_setting(
+    row: dict[str, object], error: type[StageLimitError], setting: str
+) -> None:
+    with pytest.raises(error, match=setting) as info:
+        check_limits(row, StageLimits())
+    assert isinstance(info.value, OncelyError) and "t.x" in str(info.value)
+    check_limits(_row(payload=960_000, key="k" * 1024), StageLimits())
+
+
+def test_stage_limits_are_configurable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONCELY_STAGE_MAX_PAYLOAD_BYTES", "100")
+    with pytest.raises(PayloadTooLargeError):
+        check_limits(_row(payload=101), StageLimits())
+    check_limits(_row(payload=101), StageLimits(max_payload_bytes=101))
+
+
+# -- least-privilege GRANTs --------------------------------------------------------------------
+
+
+def test_privileges_follow_postgresql_rules() -> None:
+    assert privileges_of("INSERT INTO oncely_receipts (a) VALUES (1) RETURNING event_id") == {
+        "oncely_receipts": {"INSERT", "SELECT:event_id"}
+    }
+    upsert = "INSERT INTO oncely_receipts (a) VALUES (1) ON CONFLICT ON CONSTRAINT "
+    assert privileges_of(upsert + "oncely_receipts_pkey DO NOTHING") == {
+        "oncely_receipts": {"INSERT", "SELECT:event_id", "SELECT:effect"}
+    }
+    claim = privileges_of(
+        "WITH due AS (SELECT id FROM oncely_outbox FOR UPDATE SKIP LOCKED) "
+        "UPDATE oncely_outbox AS o SET x = 1 FROM due RETURNING o.id"
+    )
+    assert claim == {"oncely_outbox": {"SELECT", "UPDATE"}}
+    assert privileges_of("DELETE FROM oncely_tasks AS t USING doomed") == {
+        "oncely_tasks": {"SELECT", "DELETE"}
+    }
+
+
+def _statements_named_in(paths: list[Path]) -> set[str]:
+    names = query_names()
+    found: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.add(node.value)
+    return found
+
+
+def test_each_component_lists_exactly_the_statements_its_code_runs() -> None:
+    assert set(COMPONENTS["relay"].statements) == _statements_named_in([SRC / "relay/store.py"])
+    assert set(COMPONENTS["writer"].statements) == _statements_named_in(
+        [SRC / "producer/idempotency.py"]
+    )
+    assert set(COMPONENTS["consumer"].statements) == _statements_named_in(
+        [SRC / "consumers/runner.py"]
+    )
+    operator_only = {"task_reclaim", "task_get", "task_list"}
+    assert set(COMPONENTS["task_worker"].statements) == (
+        _statements_named_in([SRC / "consumers/tasks/store.py"]) - operator_only
+    )
+
+
+def test_roles_match_the_documented_least_privilege() -> None:
+    text = grant_statements({"writer": "w", "relay": "r", "consumer": "c", "task_worker": "t"})
+    grants = {line for line in text.splitlines() if line.startswith("GRANT")}
+    assert "GRANT SELECT, UPDATE, DELETE ON public.oncely_outbox TO r;" in grants
+    assert "GRANT INSERT ON public.oncely_outbox TO w;" in grants
+    assert not any("UPDATE" in g and "oncely_outbox" in g and g.endswith(" w;") for g in grants)
+    assert "GRANT SELECT, INSERT, UPDATE ON public.oncely_idempotency_keys TO w;" in grants
+    assert "GRANT INSERT ON public.oncely_receipts TO c;" in grants
+    assert "GRANT SELECT (effect, event_id) ON public.oncely_receipts TO c;" in grants
+    assert not any("oncely_outbox" in g and g.endswith(" c;") for g in grants)
+    assert "GRANT SELECT, UPDATE, DELETE ON public.oncely_tasks TO t;" in grants
