@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from bench.fixtures import Bench, relays
 from bench.harness import Cell, alternate
 from oncely.consumers.effects import EffectContext, Effects
+from oncely.consumers.runner import EffectConsumer
 from oncely.consumers.service import build_consumers
 from oncely.events import Registry
 from oncely.ops.metrics import ConsumerMetrics
@@ -69,24 +70,32 @@ def _produce(bench: Bench, effects: Effects, topic: str, count: int) -> None:
     producer.flush(60)
 
 
-def _with_receipts(bench: Bench, effects: Effects, count: int) -> float:
-    # Every repetition applies every record again: a fresh group and no receipts left.
-    with bench.engine.begin() as conn:
-        conn.execute(sa.text("TRUNCATE oncely_receipts, bench_effects"))
-    effects.group_prefix = f"r3-{uuid.uuid4().hex[:8]}."
-    stop = threading.Event()
+def _joined_consumer(
+    bench: Bench, effects: Effects, stop: threading.Event, *, poll_timeout: float
+) -> tuple[EffectConsumer, threading.Thread]:
+    """The ``apply`` effect's consumer on a thread, returned once it has joined its group."""
     [consumer] = build_consumers(
         effects=effects,
         names=["apply"],
         engine=bench.engine,
         kafka=KafkaSettings(bootstrap_servers=bench.bootstrap),
-        settings=ConsumerSettings(batch_size=bench.batch_size, poll_timeout_seconds=0.1),
+        settings=ConsumerSettings(batch_size=bench.batch_size, poll_timeout_seconds=poll_timeout),
         metrics=ConsumerMetrics(),
     )
     thread = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
     thread.start()
     while not consumer.joined:
         time.sleep(0.01)
+    return consumer, thread
+
+
+def _with_receipts(bench: Bench, effects: Effects, count: int) -> float:
+    # Every repetition applies every record again: a fresh group and no receipts left.
+    with bench.engine.begin() as conn:
+        conn.execute(sa.text("TRUNCATE oncely_receipts, bench_effects"))
+    effects.group_prefix = f"r3-{uuid.uuid4().hex[:8]}."
+    stop = threading.Event()
+    consumer, thread = _joined_consumer(bench, effects, stop, poll_timeout=0.1)
     started = time.perf_counter()
     sample = consumer.metrics.registry.get_sample_value
     while (sample("oncely_consumer_applied_total", {"effect": "apply"}) or 0) < count:
@@ -202,18 +211,7 @@ def _pipeline_latency(bench: Bench, rate: float, seconds: float) -> dict[str, fl
     with bench.engine.begin() as conn:
         conn.execute(sa.text("TRUNCATE oncely_outbox"))
     stop = threading.Event()
-    [consumer] = build_consumers(
-        effects=effects,
-        names=["apply"],
-        engine=bench.engine,
-        kafka=KafkaSettings(bootstrap_servers=bench.bootstrap),
-        settings=ConsumerSettings(batch_size=bench.batch_size, poll_timeout_seconds=0.05),
-        metrics=ConsumerMetrics(),
-    )
-    thread = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
-    thread.start()
-    while not consumer.joined:
-        time.sleep(0.01)
+    consumer, thread = _joined_consumer(bench, effects, stop, poll_timeout=0.05)
 
     def stage_one(i: int) -> None:
         value, headers = payloads[i]
