@@ -1,6 +1,8 @@
 """``python -m bench [CELL ...]``: run benchmark cells and write JSON, Markdown and a PNG plot.
 
-Cells: R1 R2 R7 (relay), R2b (pgbench claim), R3 (consumer), R4 (latency), R5 (stage cost).
+Cells: R1 R2 R7 (relay), R2b (pgbench claim), R3 (consumer), R4 (latency), R5 (stage cost), and
+R-CLUSTER (3 consumers vs 1, 2 relays vs 1, on a 3-broker cluster it starts; not in the default
+set: it adds several minutes).
 Runs against the devstack unless ``ONCELY_DATABASE_URL`` and ``ONCELY_KAFKA_BOOTSTRAP_SERVERS``
 name other services. ``make bench`` runs them all.
 """
@@ -20,12 +22,14 @@ from typing import Any
 import sqlalchemy as sa
 
 from bench import cells, consumer_cells, stage
+from bench.cluster_cells import cluster_cells
 from bench.fixtures import Bench
 from bench.harness import environment
 from oncely.devstack import DevStack
 from oncely.storage import upgrade
 
 ALL = ["R1", "R2", "R2b", "R3", "R4", "R5", "R7"]
+OPTIONAL = ["R-CLUSTER"]
 
 
 @contextlib.contextmanager
@@ -115,9 +119,9 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
-    unknown = set(args.cells) - set(ALL)
+    unknown = set(args.cells) - set(ALL) - set(OPTIONAL)
     if unknown:
-        parser.error(f"unknown cells {sorted(unknown)}; choose from {ALL}")
+        parser.error(f"unknown cells {sorted(unknown)}; choose from {ALL + OPTIONAL}")
     results: list[dict[str, Any]] = []
     with _services() as (url, kafka, services):
         engine = sa.create_engine(url, pool_size=8)
@@ -148,6 +152,8 @@ def main() -> None:
             results.append(
                 consumer_cells.latency_cell(bench, drain_rate=rate, seconds=args.latency_seconds)
             )
+        if "R-CLUSTER" in args.cells:
+            results += [c.to_json() for c in cluster_cells(repetitions=args.repetitions)]
         if "R5" in args.cells:
             results.append(stage.measure(url, transactions=2000, repetitions=args.repetitions))
         with engine.connect() as conn:

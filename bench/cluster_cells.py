@@ -4,12 +4,13 @@ Two ratios, each side run as separate ``oncely`` processes, the way they are dep
 
 - **consumer group**: 3 instances of one consumer group vs 1 instance, applying effects with
   receipts from a 6-partition topic (records/s);
-- **relay**: 2 relays vs 1, draining pre-staged outbox rows to the cluster (rows/s).
+- **relay**: 2 relays vs 1, draining outbox rows staged all at once to the cluster (rows/s).
 
 Rates are measured on the database clock between the first and the last effect applied (or
-row published), so process start-up and the group join are left out. The machine's cores
-bound what more processes can add: on 2 cores, three brokers, PostgreSQL and the processes
-under test share them.
+row published). Start-up is left out: records are produced once the group's partitions are
+spread evenly and stable, and rows are staged (in one transaction) once every relay is
+ready. The machine's cores bound what more processes can add: on 2 cores, three brokers,
+PostgreSQL and the processes under test share them.
 
 ``cluster_cells()`` starts its own :class:`~oncely.devstack.KafkaCluster` (and a PostgreSQL
 unless given a database URL). Alone: ``python -m bench.cluster_cells [--repetitions N]``.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -27,6 +29,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -41,7 +44,7 @@ from oncely.devstack import KafkaCluster, PostgresNode
 from oncely.devstack._process import free_port
 from oncely.events import Registry
 from oncely.schemas.codec import Codec
-from oncely.storage import upgrade
+from oncely.storage import outbox, upgrade
 
 PARTITIONS = 6
 CONSUMER_NUMERATOR, CONSUMER_DENOMINATOR = "3 consumer instances", "1 consumer instance"
@@ -77,10 +80,17 @@ effects = build_effects(
 )
 
 
+@dataclass
+class _Running:
+    """One ``oncely`` process of a side: its metrics port, process and (JSON) log."""
+
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
 @contextlib.contextmanager
-def _processes(
-    argv: list[str], count: int, env: dict[str, str]
-) -> Iterator[list[tuple[int, subprocess.Popen[bytes]]]]:
+def _processes(argv: list[str], count: int, env: dict[str, str]) -> Iterator[list[_Running]]:
     """``count`` ``oncely`` processes, each with its own metrics port; SIGTERMed afterwards.
 
     Their output goes to ``$ONCELY_BENCH_LOG_DIR`` (default: a temporary folder).
@@ -88,33 +98,35 @@ def _processes(
     logs = Path(os.environ.get("ONCELY_BENCH_LOG_DIR") or tempfile.mkdtemp(prefix="r-cluster-"))
     logs.mkdir(parents=True, exist_ok=True)
     ports = [free_port() for _ in range(count)]
-    procs = []
+    running = []
     for port in ports:
-        with (logs / f"{argv[0]}-{port}.log").open("ab") as log:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "oncely", *argv, "--metrics-port", str(port)],
-                    env={**os.environ, **env},
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
+        path = logs / f"{argv[0]}-{port}.log"
+        with path.open("ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "oncely", *argv, "--metrics-port", str(port)],
+                env={**os.environ, **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
+        running.append(_Running(port, proc, path))
     try:
-        yield list(zip(ports, procs, strict=True))
+        yield running
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
+        for each in running:
+            each.proc.terminate()
+        for each in running:
             try:
-                proc.wait(60)
+                each.proc.wait(60)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                each.proc.kill()
+                each.proc.wait()
 
 
-def _wait_ready(procs: list[tuple[int, subprocess.Popen[bytes]]], *, timeout: float = 120) -> None:
+def _wait_ready(running: list[_Running], *, timeout: float = 120) -> None:
+    """Wait until every process answers ``/readyz`` with 200."""
     deadline = time.monotonic() + timeout
-    for port, proc in procs:
+    for each in running:
+        port, proc = each.port, each.proc
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(
@@ -133,6 +145,38 @@ def _wait_ready(procs: list[tuple[int, subprocess.Popen[bytes]]], *, timeout: fl
                     "$ONCELY_BENCH_LOG_DIR)"
                 )
             time.sleep(0.2)
+
+
+def _owned(log: Path) -> set[str]:
+    """The partitions a consumer holds now, replayed from its assign/revoke log records."""
+    owned: set[str] = set()
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("message") == "partitions assigned":
+            owned |= set(record.get("partitions", []))
+        elif record.get("message") == "partitions revoked":
+            owned -= set(record.get("partitions", []))
+    return owned
+
+
+def _wait_balanced(running: list[_Running], *, settle: float = 2.0, timeout: float = 120) -> None:
+    """Wait until the group's partitions are spread evenly and stayed so for ``settle`` s."""
+    deadline = time.monotonic() + timeout
+    stable_since, last = time.monotonic(), None
+    while True:
+        owned = [frozenset(_owned(each.log)) for each in running]
+        sizes = [len(o) for o in owned]
+        balanced = sum(sizes) == PARTITIONS and max(sizes) - min(sizes) <= 1
+        if owned != last:
+            stable_since, last = time.monotonic(), owned
+        elif balanced and time.monotonic() - stable_since >= settle:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the group never settled: {sizes} partitions per instance")
+        time.sleep(0.2)
 
 
 def _rate(bench: Bench, sql: str, expected: int, *, timeout: float = 600, **params: str) -> float:
@@ -189,9 +233,9 @@ def _consumer_group(bench: Bench, instances: int, count: int) -> float:
         "ONCELY_CONSUMER_POLL_TIMEOUT_SECONDS": "0.1",
     }
     argv = ["consume", "bench.cluster_cells:effects", "--effect", "apply"]
-    with _processes(argv, instances, env) as procs:
-        _wait_ready(procs)
-        time.sleep(2)  # the last join's (cooperative) rebalance settles
+    with _processes(argv, instances, env) as running:
+        _wait_ready(running)
+        _wait_balanced(running)  # produce only once the last join's rebalance is over
         _produce(bench, app, count)
         rate = _rate(
             bench,
@@ -204,9 +248,22 @@ def _consumer_group(bench: Bench, instances: int, count: int) -> float:
     return rate
 
 
+def _stage_at_once(bench: Bench, rows: list[dict[str, object]]) -> None:
+    """Stage ``rows`` (fresh ids) in one transaction, so every relay sees them at once."""
+    with bench.engine.begin() as conn:
+        for start in range(0, len(rows), 5000):
+            chunk = [
+                {**row, "id": uuid.uuid4(), "event_key": uuid.uuid4().hex}
+                for row in rows[start : start + 5000]
+            ]
+            conn.execute(sa.insert(outbox), chunk)
+    with bench.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("ANALYZE oncely_outbox"))
+
+
 def _relays(bench: Bench, relays: int, rows: list[dict[str, object]]) -> float:
-    """Rows/s of ``relays`` relay processes draining ``rows`` (staged afresh)."""
-    restage(bench, rows)
+    """Rows/s of ``relays`` relay processes draining ``rows``, staged once all are ready."""
+    restage(bench, [])  # an empty, vacuumed outbox
     env = {
         "ONCELY_DATABASE_URL": bench.database_url,
         "ONCELY_KAFKA_BOOTSTRAP_SERVERS": bench.bootstrap,
@@ -215,7 +272,9 @@ def _relays(bench: Bench, relays: int, rows: list[dict[str, object]]) -> float:
         "ONCELY_RELAY_POLL_INTERVAL_SECONDS": "0.2",
         "ONCELY_RELAY_PURGE_INTERVAL_SECONDS": "3600",
     }
-    with _processes(["relay", "run"], relays, env):
+    with _processes(["relay", "run"], relays, env) as running:
+        _wait_ready(running)
+        _stage_at_once(bench, rows)
         return _rate(
             bench,
             "SELECT count(*), min(published_at), max(published_at) FROM oncely_outbox"
@@ -236,7 +295,9 @@ def cluster_cells(
     """R-CLUSTER cells measured on a fresh three-node cluster: consumer group and relay scaling.
 
     Starts (and stops) its own :class:`KafkaCluster` and, without ``database_url``, its own
-    PostgreSQL. Returns the consumer cell and the relay cell.
+    PostgreSQL; a given database is the benchmark's (oncely's tables are upgraded and the
+    outbox is truncated, as the other relay cells do). Returns the consumer cell and the relay
+    cell.
     """
     with contextlib.ExitStack() as stack:
         directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="r-cluster-")))
