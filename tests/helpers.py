@@ -182,7 +182,7 @@ def publish_events(
 
 @contextlib.contextmanager
 def running_consumers(
-    effects: object, names: Sequence[str], engine: sa.Engine, bootstrap: str
+    effects: object, names: Sequence[str], engine: sa.Engine, bootstrap: str, *, lanes: int = 1
 ) -> Iterator[list[object]]:
     """Effect consumers on threads for the block; stopped (offsets committed) afterwards."""
     from oncely.consumers.effects import Effects
@@ -197,7 +197,7 @@ def running_consumers(
         names=names,
         engine=engine,
         kafka=KafkaSettings(bootstrap_servers=bootstrap),
-        settings=ConsumerSettings(batch_size=200, poll_timeout_seconds=0.2),
+        settings=ConsumerSettings(batch_size=200, poll_timeout_seconds=0.2, lanes=lanes),
         metrics=ConsumerMetrics(),
     )
     threads = [threading.Thread(target=c.run, args=(stop,), daemon=True) for c in consumers]

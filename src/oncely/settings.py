@@ -251,6 +251,15 @@ class ConsumerSettings(BaseSettings):
         default=None, description="Serve /metrics, /healthz and /readyz on this port."
     )
     session_timeout_ms: int = Field(default=45_000, description="librdkafka session.timeout.ms.")
+    lanes: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "Worker threads applying each batch, each in its own transaction; a key always goes"
+            " to the same lane, so per-key order holds. Each lane holds a database connection."
+        ),
+    )
 
 
 #: librdkafka's default ``message.max.bytes`` (the relay's producer refuses larger records);

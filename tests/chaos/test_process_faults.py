@@ -60,9 +60,12 @@ def test_s2_a_relay_exiting_at_each_failpoint_loses_nothing(chaos: Pipeline, poi
 def test_s4_a_consumer_exiting_at_each_failpoint_applies_once(chaos: Pipeline, point: str) -> None:
     chaos.write(60, keys=6, rollback_every=7)
     chaos.relay().start()
-    doomed = chaos.consumer(name=f"ledger-{point}").start(ONCELY_FAILPOINTS=f"{point}=exit")
+    lanes = "3"  # per-key lanes: each key's order must survive the crash too
+    doomed = chaos.consumer(name=f"ledger-{point}").start(
+        ONCELY_FAILPOINTS=f"{point}=exit", ONCELY_CONSUMER_LANES=lanes
+    )
     assert doomed.wait(60) == 137, chaos.logs()
-    chaos.consumer(name="ledger-after").start()
+    chaos.consumer(name="ledger-after").start(ONCELY_CONSUMER_LANES=lanes)
     chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"))
     _assert_ledger(chaos)
 

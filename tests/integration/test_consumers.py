@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
+from oncely.consumers.effects import EffectContext
+from oncely.consumers.offsets import committed_offsets
 from oncely.consumers.runner import EffectConsumer
 from oncely.schemas.codec import Codec
 from tests.apps.ledger import App, build, create_tables
@@ -182,3 +186,78 @@ def test_an_effect_s_task_is_queued_once_however_often_the_event_arrives(
     assert [tuple(t) for t in tasks] == [
         (f"email:{event_id}:email.send", "email.send", {"to": "acc-6", "amount": 9})
     ]
+
+
+def _keys_on_distinct_lanes(lanes: int, count: int) -> list[str]:
+    keys: dict[int, str] = {}
+    for i in range(1000):
+        key = f"acc-lane-{i}"
+        keys.setdefault(zlib.crc32(key.encode()) % lanes, key)
+    assert len(keys) >= count
+    return list(keys.values())[:count]
+
+
+def test_lanes_apply_keys_in_parallel_and_each_key_in_order(
+    app: App, engine: sa.Engine, kafka_bootstrap: str
+) -> None:
+    # The first events of two keys on different lanes meet at a barrier: with one lane (or lanes
+    # run one after the other) the barrier breaks and the handler fails.
+    meet = threading.Barrier(2, timeout=20)
+    met: set[str] = set()
+
+    def post(event: Any, ctx: EffectContext) -> None:
+        if event.account_id in first_two and event.account_id not in met:
+            meet.wait()
+            met.add(event.account_id)
+        ctx.session.execute(
+            sa.text("INSERT INTO ledger (event_id, effect, account_id, n) VALUES (:e, :f, :a, :n)"),
+            {"e": ctx.event_id, "f": ctx.effect, "a": event.account_id, "n": event.n},
+        )
+
+    app.effects.effect("lanes", on=[app.model])(post)
+    keys = _keys_on_distinct_lanes(4, 4) + [f"acc-{i}" for i in range(8)]
+    first_two = set(keys[:2])
+    events = [(uuid.uuid4(), _credit(app, keys[i % len(keys)], 1, i)) for i in range(600)]
+    publish_events(kafka_bootstrap, Codec(registry=app.registry), events)
+    with running_consumers(app.effects, ["lanes"], engine, kafka_bootstrap, lanes=4) as [c]:
+        wait_until(lambda: _sample(c, "oncely_consumer_applied_total") == 600, timeout=90)
+        assert _sample(c, "oncely_consumer_handler_failures_total") == 0
+    assert met == first_two
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT account_id, n FROM ledger WHERE effect = 'lanes' ORDER BY applied_at")
+        ).all()
+    assert len(rows) == 600 and len({n for _, n in rows}) == 600, "each event applied once"
+    for key in keys:
+        applied = [n for account, n in rows if account == key]
+        assert applied == sorted(applied), f"{key} applied out of order"
+
+
+def test_lanes_commit_only_below_the_lowest_unfinished_record(
+    app: App, engine: sa.Engine, kafka_bootstrap: str
+) -> None:
+    keys = _keys_on_distinct_lanes(4, 4)
+    missing = keys[0]  # no account yet: its notification violates the foreign key
+    with engine.begin() as conn:
+        for key in keys[1:]:
+            conn.execute(sa.text("INSERT INTO accounts VALUES (:k)"), {"k": key})
+    events = [(uuid.uuid4(), _credit(app, keys[1 + i % 3], 1, i)) for i in range(1, 41)]
+    events.insert(10, (uuid.uuid4(), _credit(app, missing, 1, 0)))  # offset 10 fails
+    publish_events(kafka_bootstrap, Codec(registry=app.registry), events)
+    group = app.effects.group_id("notify")
+    partition = [TopicPartition(app.topic, 0)]
+    with running_consumers(app.effects, ["notify"], engine, kafka_bootstrap, lanes=4) as [c]:
+        wait_until(lambda: _sample(c, "oncely_consumer_handler_failures_total") >= 3, timeout=60)
+        others = "SELECT count(*) FROM notifications WHERE account_id <> :k"
+        # The other keys' lanes go past the failing record.
+        wait_until(lambda: scalar(engine, others, k=missing) == 40, timeout=30)
+        committed = committed_offsets({"bootstrap.servers": kafka_bootstrap}, group, partition, 30)
+        assert committed[(app.topic, 0)] == 10, "the commit stops at the lowest unfinished record"
+        with engine.begin() as conn:  # fix the data
+            conn.execute(sa.text("INSERT INTO accounts VALUES (:k)"), {"k": missing})
+        wait_until(lambda: _sample(c, "oncely_consumer_applied_total") == 41, timeout=60)
+        assert _sample(c, "oncely_consumer_duplicates_suppressed_total") > 0
+    assert scalar(engine, "SELECT count(DISTINCT event_id) FROM notifications") == 41
+    assert scalar(engine, "SELECT count(*) FROM notifications") == 41
+    committed = committed_offsets({"bootstrap.servers": kafka_bootstrap}, group, partition, 30)
+    assert committed[(app.topic, 0)] == 41

@@ -275,7 +275,7 @@ def test_each_component_lists_exactly_the_statements_its_code_runs() -> None:
         [SRC / "producer/idempotency.py"]
     )
     assert set(COMPONENTS["consumer"].statements) == _statements_named_in(
-        [SRC / "consumers/runner.py"]
+        [SRC / "consumers/apply.py"]
     )
     operator_only = {"task_reclaim", "task_get", "task_list"}
     assert set(COMPONENTS["task_worker"].statements) == (

@@ -28,6 +28,12 @@ def consume(
     batch_size: Annotated[
         int | None, typer.Option(help="Records per transaction (ONCELY_CONSUMER_BATCH_SIZE).")
     ] = None,
+    lanes: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Worker threads per effect; a key stays on one (ONCELY_CONSUMER_LANES)."
+        ),
+    ] = None,
     metrics_port: Annotated[
         int | None, typer.Option(help="Serve /metrics, /healthz, /readyz on this port.")
     ] = None,
@@ -52,7 +58,7 @@ def consume(
     except ConfigurationError as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
-    flags: dict[str, Any] = {"batch_size": batch_size, "metrics_port": metrics_port}
+    flags: dict[str, Any] = {"batch_size": batch_size, "lanes": lanes, "metrics_port": metrics_port}
     try:
         run_consumers(
             effects=loaded,

@@ -1,18 +1,23 @@
 """The consumer loop of one effect: poll a batch, apply it once, commit the DB, then the offsets.
 
-Per polled batch, one database transaction: for each record, in a savepoint, insert the receipt
-``(event_id, effect)`` with ``ON CONFLICT DO NOTHING``; only when the receipt is new is the
-handler called (its writes join the savepoint). The transaction commits, and only then are the
-offsets stored and committed. A crash anywhere before the offset commit redelivers records
-whose receipts already exist: they are counted as duplicates and not applied again.
+Each polled batch is applied by :class:`~oncely.consumers.apply.Applier` in one database
+transaction per lane (receipts and effects together); only then are the offsets stored and
+committed. A crash anywhere before the offset commit redelivers records whose receipts already
+exist: they are counted as duplicates and not applied again.
 
-A failing record stops its partition for the rest of the batch (later records of the same
-partition, and so of the same key, never run ahead of it), and the committed offset stops just
-before it. Then the failure policy acts: retry in place (pause the partition, seek back to the
-record, resume after a backoff), then dead-letter it (produce it to ``<topic>.<effect>.dlq``,
-confirmed, and only then commit past it) or block the partition. Records that cannot be decoded
-(corrupt bytes, unknown schema, missing ``id``) are dead-lettered at once with the reason.
-Nothing is skipped silently.
+With ``lanes`` > 1 (``ONCELY_CONSUMER_LANES``) the batch is split by record key over that many
+worker threads, each applying its share in its own transaction: a key always lands on the same
+lane, so its records apply in order, while other keys proceed in parallel. The offset committed
+for a partition never passes its lowest record that was not applied: records of other keys after
+it that were applied are read again and suppressed by their receipts.
+
+A failing record stops its partition (in its lane) for the rest of the batch, and the committed
+offset stops just before it. Then the failure policy acts: retry in place (pause the partition,
+seek back to the record, resume after a backoff), then dead-letter it (produce it to
+``<topic>.<effect>.dlq``, confirmed, and only then commit past it) or block the partition.
+Records that cannot be decoded (corrupt bytes, unknown schema, missing ``id``) are dead-lettered
+at once with the reason. Nothing is skipped silently. With lanes, ``block`` stops the partition
+at the failing record, but records of other keys after it may already have been applied.
 """
 
 from __future__ import annotations
@@ -20,28 +25,34 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+import zlib
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import sqlalchemy as sa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from sqlalchemy.orm import Session
 
+from oncely.consumers.apply import (
+    Applier,
+    Failure,
+    Outcome,
+    PartitionId,
+    Record,
+    topic_partition,
+)
 from oncely.consumers.dlq import DeadLetterError, DeadLetters, dlq_headers
-from oncely.consumers.effects import Effect, EffectContext
-from oncely.consumers.records import Decoded, Undecodable, decode_record
+from oncely.consumers.effects import Effect
+from oncely.consumers.records import decode_record
 from oncely.ops.failpoints import failpoint
 from oncely.ops.metrics import ConsumerMetrics
 from oncely.schemas.codec import Codec
 from oncely.security import AuthWatch
 from oncely.settings import ConsumerSettings, KafkaSettings
-from oncely.storage.queries import query
 
 log = logging.getLogger(__name__)
 
 _LAG_INTERVAL = 5.0
-_TP = tuple[str, int]
 
 
 def consumer_config(
@@ -58,13 +69,6 @@ def consumer_config(
         "partition.assignment.strategy": "cooperative-sticky",
         "isolation.level": "read_committed",
     }
-
-
-@dataclass
-class _Failure:
-    message: Message
-    error: BaseException | str
-    undecodable: bool
 
 
 class EffectConsumer:
@@ -94,8 +98,14 @@ class EffectConsumer:
         self._consumer = Consumer(
             {**consumer_config(kafka, settings, group_id), "error_cb": self._auth}
         )
+        self._applier = Applier(effect, engine, metrics)
+        self._lanes = (
+            ThreadPoolExecutor(settings.lanes, thread_name_prefix=f"lane-{effect.name}")
+            if settings.lanes > 1
+            else None
+        )
         self._attempts: dict[tuple[str, int, int], int] = {}
-        self._paused: dict[_TP, float | None] = {}  # resume time, or None while blocked
+        self._paused: dict[PartitionId, float | None] = {}  # resume time, or None while blocked
         self.heartbeat = time.monotonic()
         self.database_ok = True
         self.joined = False
@@ -129,6 +139,8 @@ class EffectConsumer:
         finally:
             self._commit(asynchronous=False)
             self._consumer.close()
+            if self._lanes is not None:
+                self._lanes.shutdown()
 
     def healthy(self) -> bool:
         return time.monotonic() - self.heartbeat < 60.0
@@ -164,7 +176,7 @@ class EffectConsumer:
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error: %s", error.str())
                 continue
-            if (message.topic() or "", message.partition() or 0) not in self._paused:
+            if topic_partition(message) not in self._paused:
                 batch.append(message)
         if not batch:
             return
@@ -173,95 +185,37 @@ class EffectConsumer:
         records = [
             decode_record(m, codec=self.codec, types_by_topic=self._types_by_topic) for m in batch
         ]
-        try:
-            next_offsets, failures = self._apply(records)
-        except sa.exc.DBAPIError as exc:
-            # The whole transaction rolled back: nothing applied, nothing committed. Seek back.
-            self.database_ok = False
-            log.warning("database failed, re-reading the batch: %s", exc.orig)
-            for tp, offset in _first_offsets(batch).items():
-                self._seek(tp, offset)
-            time.sleep(1.0)
-            return
-        self.database_ok = True
+        if self._lanes is None:
+            outcomes = [self._applier.apply(records)]
+        else:
+            outcomes = list(
+                self._lanes.map(self._applier.apply, split_lanes(records, self.settings.lanes))
+            )
+        next_offsets, stops = merge_outcomes(outcomes)
+        self.metrics.applied.labels(self.effect.name).inc(sum(o.applied for o in outcomes))
+        self.metrics.duplicates.labels(self.effect.name).inc(sum(o.duplicates for o in outcomes))
         failpoint("consumer.after_db_commit_before_offset_commit")
         self._store_offsets(next_offsets)
         self._commit(asynchronous=True)
-        for failure in failures:
-            self._handle_failure(failure)
-
-    def _apply(
-        self, records: Sequence[Decoded | Undecodable]
-    ) -> tuple[dict[_TP, int], list[_Failure]]:
-        """One transaction over the batch; returns offsets to commit and the failures."""
-        next_offsets: dict[_TP, int] = {}
-        failures: list[_Failure] = []
-        stopped: set[_TP] = set()
-        with Session(self.engine) as session, session.begin():
-            for record in records:
-                message = record.message
-                tp = (message.topic() or "", message.partition() or 0)
-                if tp in stopped:
-                    continue
-                if isinstance(record, Undecodable):
-                    failures.append(_Failure(message, record.reason, undecodable=True))
-                    stopped.add(tp)
-                    continue
-                savepoint = session.begin_nested()
-                try:
-                    applied = self._apply_one(session, record)
-                    savepoint.commit()
-                except Exception as exc:  # the failure policy decides, nothing is swallowed
-                    savepoint.rollback()
-                    failures.append(_Failure(message, exc, undecodable=False))
-                    stopped.add(tp)
-                    continue
-                next_offsets[tp] = (message.offset() or 0) + 1
-                if applied:
-                    self.metrics.applied.labels(self.effect.name).inc()
-                else:
-                    self.metrics.duplicates.labels(self.effect.name).inc()
-            failpoint("consumer.after_effect_before_db_commit")
-        return next_offsets, failures
-
-    def _apply_one(self, session: Session, record: Decoded) -> bool:
-        message = record.message
-        inserted = session.execute(
-            query("receipt_insert"),
-            {
-                "event_id": record.event_id,
-                "effect": self.effect.name,
-                "topic": message.topic(),
-                "partition": message.partition(),
-                "offset": message.offset(),
-            },
-        ).first()
-        if inserted is None:
-            return False
-        context = EffectContext(
-            session=session,
-            effect=self.effect.name,
-            event_id=record.event_id,
-            event_type=record.event_type.name,
-            topic=message.topic() or "",
-            partition=message.partition() or 0,
-            offset=message.offset() or 0,
-            headers=record.headers,
-        )
-        started = time.perf_counter()
-        self.effect.handler(record.event, context)
-        session.flush()  # integrity errors surface here, inside the record's savepoint
-        self.metrics.handler_latency.labels(self.effect.name).observe(time.perf_counter() - started)
-        return True
+        self.database_ok = all(f.kind != "database" for f in stops)
+        for failure in stops:
+            if failure.kind == "database":
+                # Nothing of that lane was applied or committed: read it again.
+                log.warning("database failed, re-reading from the failed record: %s", failure.error)
+                self._seek(topic_partition(failure.message), failure.offset)
+            else:
+                self._handle_failure(failure)
+        if not self.database_ok:
+            time.sleep(1.0)
 
     # -- failures ---------------------------------------------------------------------------
 
-    def _handle_failure(self, failure: _Failure) -> None:
+    def _handle_failure(self, failure: Failure) -> None:
         message = failure.message
-        tp = (message.topic() or "", message.partition() or 0)
-        offset = message.offset() or 0
+        tp = topic_partition(message)
+        offset = failure.offset
         policy = self.effect.failure
-        if failure.undecodable:
+        if failure.kind == "undecodable":
             self._dead_letter(failure, attempts=1, reason="undecodable")
             return
         self.metrics.failures.labels(self.effect.name).inc()
@@ -299,10 +253,10 @@ class EffectConsumer:
                 },
             )
 
-    def _dead_letter(self, failure: _Failure, *, attempts: int, reason: str) -> None:
+    def _dead_letter(self, failure: Failure, *, attempts: int, reason: str) -> None:
         message = failure.message
-        tp = (message.topic() or "", message.partition() or 0)
-        offset = message.offset() or 0
+        tp = topic_partition(message)
+        offset = failure.offset
         error = failure.error
         error_class = "Undecodable" if isinstance(error, str) else type(error).__name__
         try:
@@ -328,7 +282,7 @@ class EffectConsumer:
         self._commit(asynchronous=True)
         self._seek(tp, offset + 1)
 
-    def _pause(self, tp: _TP, offset: int, *, resume_at: float | None) -> None:
+    def _pause(self, tp: PartitionId, offset: int, *, resume_at: float | None) -> None:
         partition = TopicPartition(tp[0], tp[1], offset)
         self._consumer.pause([partition])
         self._seek(tp, offset)
@@ -341,7 +295,7 @@ class EffectConsumer:
             for tp in due:
                 del self._paused[tp]
 
-    def _seek(self, tp: _TP, offset: int) -> None:
+    def _seek(self, tp: PartitionId, offset: int) -> None:
         try:
             self._consumer.seek(TopicPartition(tp[0], tp[1], offset))
         except KafkaException as exc:  # no longer assigned: the new owner starts from the commit
@@ -349,7 +303,7 @@ class EffectConsumer:
 
     # -- offsets ----------------------------------------------------------------------------
 
-    def _store_offsets(self, next_offsets: dict[_TP, int]) -> None:
+    def _store_offsets(self, next_offsets: dict[PartitionId, int]) -> None:
         if next_offsets:
             try:
                 self._consumer.store_offsets(
@@ -383,12 +337,39 @@ class EffectConsumer:
             self.metrics.lag.labels(self.effect.name, tp.topic, str(tp.partition)).set(max(0, lag))
 
 
-def _first_offsets(messages: Sequence[Message]) -> dict[_TP, int]:
-    first: dict[_TP, int] = {}
-    for message in messages:
-        tp = (message.topic() or "", message.partition() or 0)
-        first.setdefault(tp, message.offset() or 0)
-    return first
+def split_lanes(records: Sequence[Record], lanes: int) -> list[list[Record]]:
+    """``records`` shared over ``lanes`` runs by key (by partition for keyless records).
+
+    A key always maps to the same lane, and each run keeps the batch's order.
+    """
+    runs: list[list[Record]] = [[] for _ in range(lanes)]
+    for record in records:
+        message = record.message
+        key = message.key()
+        basis = key if isinstance(key, bytes) else str(message.partition()).encode()
+        runs[zlib.crc32(basis) % lanes].append(record)
+    return [run for run in runs if run]
+
+
+def merge_outcomes(outcomes: Iterable[Outcome]) -> tuple[dict[PartitionId, int], list[Failure]]:
+    """The offsets to commit per partition, and the record each stopped partition stopped at.
+
+    A partition's offset is the one after its last record done, unless a record of it failed in
+    some lane: then it is the lowest failed record's offset (commit only below the lowest
+    unfinished one), and that record's failure is the one the policy acts on.
+    """
+    next_offsets: dict[PartitionId, int] = {}
+    stops: dict[PartitionId, Failure] = {}
+    for outcome in outcomes:
+        for tp, offset in outcome.done.items():
+            next_offsets[tp] = max(next_offsets.get(tp, offset), offset)
+        for failure in outcome.failures:
+            tp = topic_partition(failure.message)
+            if tp not in stops or failure.offset < stops[tp].offset:
+                stops[tp] = failure
+    for tp, failure in stops.items():
+        next_offsets[tp] = failure.offset
+    return next_offsets, list(stops.values())
 
 
 def _names(partitions: list[TopicPartition]) -> list[str]:

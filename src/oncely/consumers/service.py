@@ -79,7 +79,9 @@ def run_consumers(
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    engine = sa.create_engine(database_url, pool_pre_ping=True, pool_size=max(2, len(names)))
+    engine = sa.create_engine(
+        database_url, pool_pre_ping=True, pool_size=max(2, len(names) * settings.lanes)
+    )
     metrics = ConsumerMetrics()
     consumers = build_consumers(
         effects=effects,

@@ -87,7 +87,7 @@ COMPONENTS: dict[str, Component] = {
     "consumer": Component(
         "consumer",
         "`oncely consume`: receipts, and the tasks effects enqueue (ctx.enqueue_task)",
-        ("receipt_insert",),
+        ("receipt_insert", "receipts_insert_many"),
         {"oncely_tasks": _TASK_PROVIDED},
     ),
     "task_worker": Component(

@@ -9,6 +9,20 @@ VALUES (:event_id, :effect, :topic, :partition, :offset)
 ON CONFLICT ON CONSTRAINT oncely_receipts_pkey DO NOTHING
 RETURNING event_id
 
+-- name: receipts_insert_many
+-- The receipts of a run of records in one statement; returns the event ids whose receipt is
+-- new (a second copy of an event id in the same run is not new).
+INSERT INTO oncely_receipts (event_id, effect, topic, partition, "offset")
+SELECT r.event_id, :effect, r.topic, r.partition, r."offset"
+FROM unnest(
+    CAST(:event_ids AS uuid[]),
+    CAST(:topics AS text[]),
+    CAST(:partitions AS integer[]),
+    CAST(:offsets AS bigint[])
+) AS r (event_id, topic, partition, "offset")
+ON CONFLICT ON CONSTRAINT oncely_receipts_pkey DO NOTHING
+RETURNING event_id
+
 -- name: receipts_purge
 -- Delete one batch of an effect's receipts older than the horizon.
 DELETE FROM oncely_receipts
