@@ -1,4 +1,4 @@
-"""S13: scale-out on a real three-node Kafka cluster, and a broker lost under load.
+"""C1 (cluster): scale-out on a real three-node Kafka cluster, and a broker lost under load.
 
 Two relays and three instances of one consumer group run against a KRaft cluster of three
 combined broker+controller nodes; the event topic has 6 partitions, replication factor 3 and
@@ -252,7 +252,7 @@ def test_s13_a_broker_lost_under_load_on_a_three_node_cluster(
             dead = chaos.count("SELECT count(*) FROM oncely_outbox WHERE status = 'dead'")
             errors = ",".join(f"{name}x{n}" for name, n in seen.errors.most_common()) or "none"
             print(
-                f"S13 events={ledger.committed} killed=node{victim} "
+                f"C1 events={ledger.committed} killed=node{victim} "
                 f"(led {leaders[victim]}/{PARTITIONS}) paused_then_stopped=node{second} "
                 f"(clean stop {stopped:.1f}s) broker_not_enough_replicas={refusals} "
                 f"longest_gap={_longest_gap(engine):.1f}s "
