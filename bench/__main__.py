@@ -1,8 +1,9 @@
 """``python -m bench [CELL ...]``: run benchmark cells and write JSON, Markdown and a PNG plot.
 
-Cells: R1 R2 R7 (relay), R2b (pgbench claim), R3 (consumer), R4 (latency), R5 (stage cost), and
-R-CLUSTER (3 consumers vs 1, 2 relays vs 1, on a 3-broker cluster it starts; not in the default
-set: it adds several minutes).
+Cells: R1 R2 R7 (relay), R2b (pgbench claim), R3 (consumer), R4 (latency), R5 (stage cost),
+R-DBZ (the relay vs Debezium's Outbox Event Router in a Kafka Connect worker it starts: drain
+rate and commit → Kafka latency; about two minutes), and R-CLUSTER (3 consumers vs 1, 2 relays
+vs 1, on a 3-broker cluster it starts; not in the default set: it adds several minutes).
 Runs against the devstack unless ``ONCELY_DATABASE_URL`` and ``ONCELY_KAFKA_BOOTSTRAP_SERVERS``
 name other services. ``make bench`` runs them all.
 """
@@ -23,12 +24,13 @@ import sqlalchemy as sa
 
 from bench import cells, consumer_cells, stage
 from bench.cluster_cells import cluster_cells
+from bench.debezium_cells import debezium_cell
 from bench.fixtures import Bench
 from bench.harness import environment
 from oncely.devstack import DevStack
 from oncely.storage import upgrade
 
-ALL = ["R1", "R2", "R2b", "R3", "R4", "R5", "R7"]
+ALL = ["R1", "R2", "R2b", "R3", "R4", "R5", "R7", "R-DBZ"]
 OPTIONAL = ["R-CLUSTER"]
 
 
@@ -79,6 +81,17 @@ def _markdown(results: list[dict[str, Any]]) -> str:
                 f"{result['unit']} "
                 f"| {result['target']} |"
             )
+        latency = result.get("latency")
+        if latency:
+            relay = latency["sides"][result["numerator"]]["commit_to_kafka_ms"]
+            for denominator, ratio in latency["p99_ratios"].items():
+                other = latency["sides"][denominator]["commit_to_kafka_ms"]
+                lines.append(
+                    f"| {result['cell']} @ {latency['load']:.0%} ({latency['rate_per_second']}/s) "
+                    f"| commit→Kafka p50/p95/p99, {result['numerator']} / {denominator} "
+                    f"| p99 {ratio} | {relay['p50']}/{relay['p95']}/{relay['p99']} vs "
+                    f"{other['p50']}/{other['p95']}/{other['p99']} ms | {latency['target']} |"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -111,11 +124,15 @@ def main() -> None:
     parser.add_argument(
         "cells", nargs="*", default=ALL, help=f"cells to run (default: {' '.join(ALL)})"
     )
-    parser.add_argument("--rows", type=int, default=50_000, help="pre-staged rows for R1/R2/R7")
+    parser.add_argument(
+        "--rows", type=int, default=50_000, help="pre-staged rows for R1/R2/R7 (R-DBZ: a fifth)"
+    )
     parser.add_argument("--keys", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--records", type=int, default=20_000, help="records for R3")
-    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--latency-seconds", type=float, default=10.0, help="per load level (R4) or side (R-DBZ)"
+    )
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
@@ -154,6 +171,15 @@ def main() -> None:
             )
         if "R-CLUSTER" in args.cells:
             results += [c.to_json() for c in cluster_cells(repetitions=args.repetitions)]
+        if "R-DBZ" in args.cells:
+            dbz = debezium_cell(
+                bench,
+                repetitions=args.repetitions,
+                rows=max(1000, args.rows // 5),
+                seconds=args.latency_seconds,
+            )
+            results.append(dbz)
+            services.update(dbz["environment"])
         if "R5" in args.cells:
             results.append(stage.measure(url, transactions=2000, repetitions=args.repetitions))
         with engine.connect() as conn:

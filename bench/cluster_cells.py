@@ -90,12 +90,15 @@ class _Running:
 
 
 @contextlib.contextmanager
-def _processes(argv: list[str], count: int, env: dict[str, str]) -> Iterator[list[_Running]]:
+def processes(argv: list[str], count: int, env: dict[str, str]) -> Iterator[list[_Running]]:
     """``count`` ``oncely`` processes, each with its own metrics port; SIGTERMed afterwards.
 
-    Their output goes to ``$ONCELY_BENCH_LOG_DIR`` (default: a temporary folder).
+    Their output goes to ``$ONCELY_BENCH_LOG_DIR`` (default: ``oncely-bench`` in the temporary
+    folder; each log is named after the command and its port).
     """
-    logs = Path(os.environ.get("ONCELY_BENCH_LOG_DIR") or tempfile.mkdtemp(prefix="r-cluster-"))
+    logs = Path(
+        os.environ.get("ONCELY_BENCH_LOG_DIR") or Path(tempfile.gettempdir(), "oncely-bench")
+    )
     logs.mkdir(parents=True, exist_ok=True)
     ports = [free_port() for _ in range(count)]
     running = []
@@ -122,7 +125,7 @@ def _processes(argv: list[str], count: int, env: dict[str, str]) -> Iterator[lis
                 each.proc.wait()
 
 
-def _wait_ready(running: list[_Running], *, timeout: float = 120) -> None:
+def wait_ready(running: list[_Running], *, timeout: float = 120) -> None:
     """Wait until every process answers ``/readyz`` with 200."""
     deadline = time.monotonic() + timeout
     for each in running:
@@ -131,7 +134,7 @@ def _wait_ready(running: list[_Running], *, timeout: float = 120) -> None:
             if proc.poll() is not None:
                 raise RuntimeError(
                     f"the process with metrics port {port} exited with {proc.returncode} "
-                    "(see its log in $ONCELY_BENCH_LOG_DIR)"
+                    f"(see its log {each.log})"
                 )
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
@@ -141,8 +144,7 @@ def _wait_ready(running: list[_Running], *, timeout: float = 120) -> None:
                 pass
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"the process with metrics port {port} never got ready (see its log in "
-                    "$ONCELY_BENCH_LOG_DIR)"
+                    f"the process with metrics port {port} never got ready (see its log {each.log})"
                 )
             time.sleep(0.2)
 
@@ -233,8 +235,8 @@ def _consumer_group(bench: Bench, instances: int, count: int) -> float:
         "ONCELY_CONSUMER_POLL_TIMEOUT_SECONDS": "0.1",
     }
     argv = ["consume", "bench.cluster_cells:effects", "--effect", "apply"]
-    with _processes(argv, instances, env) as running:
-        _wait_ready(running)
+    with processes(argv, instances, env) as running:
+        wait_ready(running)
         _wait_balanced(running)  # produce only once the last join's rebalance is over
         _produce(bench, app, count)
         rate = _rate(
@@ -272,8 +274,8 @@ def _relays(bench: Bench, relays: int, rows: list[dict[str, object]]) -> float:
         "ONCELY_RELAY_POLL_INTERVAL_SECONDS": "0.2",
         "ONCELY_RELAY_PURGE_INTERVAL_SECONDS": "3600",
     }
-    with _processes(["relay", "run"], relays, env) as running:
-        _wait_ready(running)
+    with processes(["relay", "run"], relays, env) as running:
+        wait_ready(running)
         _stage_at_once(bench, rows)
         return _rate(
             bench,

@@ -184,7 +184,7 @@ def consumer_cell(bench: Bench, *, repetitions: int, count: int) -> Cell:
     return cell
 
 
-def _percentiles(values: list[float]) -> dict[str, float]:
+def percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {"p50": float("nan"), "p95": float("nan"), "p99": float("nan")}
     q = statistics.quantiles(values, n=100, method="inclusive")
@@ -267,7 +267,7 @@ def _pipeline_latency(bench: Bench, rate: float, seconds: float) -> dict[str, fl
                 {"t": topic},
             )
         ]
-    return _percentiles(latencies)
+    return percentiles(latencies)
 
 
 def _raw_latency(bench: Bench, rate: float, seconds: float) -> dict[str, float]:
@@ -315,7 +315,7 @@ def _raw_latency(bench: Bench, rate: float, seconds: float) -> dict[str, float]:
     reader.join(60)
     done.set()
     consumer.close()
-    return _percentiles(latencies[int(rate) :])
+    return percentiles(latencies[int(rate) :])
 
 
 def latency_cell(bench: Bench, *, drain_rate: float, seconds: float) -> dict[str, object]:
