@@ -180,13 +180,62 @@ def test_a_paused_relay_cannot_settle_rows_another_relay_took_over(
     assert count_status(engine, "published") == 20
 
 
-def _leased(engine: sa.Engine) -> int:
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                sa.text("SELECT count(*) FROM oncely_outbox WHERE lease_owner IS NOT NULL")
-            ).scalar_one()
+def test_a_zombie_resuming_before_the_new_owner_settles_is_refused_by_the_fence(
+    engine: sa.Engine, database_url: str, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    # The new owner holds the rows unsettled when the zombie resumes: the rows are still
+    # pending, so only the owner + attempt fence can refuse the zombie's settles.
+    topic = new_topic()
+    zombie_port, owner_port = free_port(), free_port()
+    zombie = _start_relay(
+        database_url,
+        kafka_bootstrap,
+        "--metrics-port",
+        str(zombie_port),
+        "--lease-seconds",
+        "2",
+        env={"ONCELY_RELAY_LINGER_MS": "3000", "ONCELY_RELAY_RELAY_ID": "zombie"},
+    )
+    owner = None
+    try:
+        _wait_ready(zombie_port, zombie)
+        insert_rows(engine, outbox_rows(20, topics=[topic], keys=20))
+        wait_until(lambda: _leased(engine, "zombie") == 20, timeout=10)
+        zombie.send_signal(signal.SIGSTOP)
+        time.sleep(2.5)  # past the 2 s lease
+        owner = _start_relay(
+            database_url,
+            kafka_bootstrap,
+            "--metrics-port",
+            str(owner_port),
+            "--lease-seconds",
+            "60",
+            env={
+                "ONCELY_RELAY_RELAY_ID": "owner",
+                "ONCELY_FAILPOINTS": "relay.after_produce_before_ack=sleep:10",
+            },
         )
+        wait_until(lambda: _leased(engine, "owner") == 20, timeout=30)
+        zombie.send_signal(signal.SIGCONT)
+        settled = ("oncely_relay_lease_lost_total", "oncely_relay_published_total")
+        wait_until(lambda: sum(_metric(zombie_port, m) for m in settled) >= 20, timeout=30)
+        assert [_metric(zombie_port, m) for m in settled] == [20, 0], "the zombie settled"
+        wait_until(lambda: count_status(engine, "published") == 20, timeout=60)
+        assert [_metric(owner_port, m) for m in settled] == [0, 20], "the owner was refused"
+    finally:
+        zombie.send_signal(signal.SIGCONT)
+        code, stderr = _stop(zombie)
+        if owner is not None:
+            _stop(owner)
+    assert code == 0, stderr
+
+
+def _leased(engine: sa.Engine, owner: str | None = None) -> int:
+    with engine.connect() as conn:
+        sql = "SELECT count(*) FROM oncely_outbox WHERE lease_owner IS NOT NULL"
+        if owner is not None:
+            sql += " AND lease_owner = :owner"
+        return int(conn.execute(sa.text(sql), {"owner": owner}).scalar_one())
 
 
 def test_topics_ensure_creates_missing_topics_and_flags_weaker_ones(kafka_bootstrap: str) -> None:
