@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from oncely.producer.staging import stage
 from oncely.schemas.codec import Codec
 from tests.apps.ledger import App
+from tests.chaos.ledger import check
 
 
 @dataclass
@@ -31,11 +32,13 @@ class Proc:
     env: dict[str, str]
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    #: Run with ``python -m``: oncely's CLI, or a wrapper that runs it (a skewed clock, S13).
+    module: str = "oncely"
 
     def start(self, **extra_env: str) -> Proc:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "oncely", *self.argv],
+                [sys.executable, "-m", self.module, *self.argv],
                 env={**self.env, **extra_env},
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -44,6 +47,16 @@ class Proc:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def peak_rss_mb(self) -> float:
+        """The running process's peak resident memory (``VmHWM``), in MiB; 0 once it exited."""
+        if not self.alive():
+            return 0.0
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
 
     def wait(self, timeout: float) -> int:
         assert self.proc is not None
@@ -93,18 +106,29 @@ class Pipeline:
             "ONCELY_CONSUMER_SESSION_TIMEOUT_MS": "6000",
         }
 
-    def relay(self, name: str = "relay") -> Proc:
+    def relay(self, name: str = "relay", *, module: str = "oncely") -> Proc:
         proc = Proc(
-            ["relay", "run", "--log-format", "text"], self.env(), self.log_dir / f"{name}.log"
+            ["relay", "run", "--log-format", "text"],
+            self.env(),
+            self.log_dir / f"{name}.log",
+            module=module,
         )
         self.procs.append(proc)
         return proc
 
-    def consumer(self, effect: str = "ledger", name: str | None = None) -> Proc:
+    def consumer(self, *effects: str, name: str | None = None) -> Proc:
+        """An ``oncely consume`` process for ``effects`` (default: the ledger effect)."""
+        effects = effects or ("ledger",)
         proc = Proc(
-            ["consume", "tests.apps.ledger:effects", "--effect", effect, "--log-format", "text"],
+            [
+                "consume",
+                "tests.apps.ledger:effects",
+                *(arg for effect in effects for arg in ("--effect", effect)),
+                "--log-format",
+                "text",
+            ],
             self.env(),
-            self.log_dir / f"{name or effect}.log",
+            self.log_dir / f"{name or '-'.join(effects)}.log",
         )
         self.procs.append(proc)
         return proc
@@ -151,6 +175,23 @@ class Pipeline:
         thread.start()
         return thread
 
+    def write_until(
+        self, stop: threading.Event, *, keys: int = 20, rollback_every: int = 13
+    ) -> threading.Thread:
+        """On a thread, stage batches of ``rollback_every`` events (one rolled back in each)
+        every quarter second, about 50 a second, until ``stop`` is set."""
+
+        def run() -> None:
+            batch = 0
+            while not stop.is_set():
+                self.write(rollback_every, keys=keys, rollback_every=rollback_every, seed=batch)
+                batch += 1
+                time.sleep(0.25)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
     def count(self, sql: str) -> int:
         with self.engine.connect() as conn:
             return int(conn.execute(sa.text(sql)).scalar_one())
@@ -158,13 +199,15 @@ class Pipeline:
     def wait_applied(self, expected: int, *, effect: str = "ledger", timeout: float = 120) -> float:
         """Wait until ``expected`` receipts of ``effect`` exist; return the seconds it took."""
         started = time.monotonic()
-        while (
-            self.count(f"SELECT count(*) FROM oncely_receipts WHERE effect = '{effect}'") < expected
-        ):
+        applied = f"SELECT count(*) FROM oncely_receipts WHERE effect = '{effect}'"
+        while self.count(applied) < expected:
             if time.monotonic() - started > timeout:
+                report = check(
+                    self.engine, self.bootstrap, topics=[self.app.topic], effects=[effect]
+                )
                 raise AssertionError(
-                    f"only {self.count('SELECT count(*) FROM oncely_receipts')} of {expected} "
-                    f"applied after {timeout} s\n{self.logs()}"
+                    f"only {self.count(applied)} of {expected} {effect} effects applied after "
+                    f"{timeout} s: {report.summary()}\n{self.logs()}"
                 )
             time.sleep(0.2)
         return time.monotonic() - started

@@ -18,7 +18,7 @@ from oncely.producer.staging import stage
 from oncely.schemas.codec import Codec
 from tests.chaos.harness import Pipeline
 from tests.chaos.ledger import check
-from tests.helpers import read_topics
+from tests.helpers import read_topics, wait_until
 
 RELAY_POINTS = [
     "relay.after_claim",
@@ -26,9 +26,10 @@ RELAY_POINTS = [
     "relay.after_ack_before_mark",
     "relay.after_mark_before_commit",
 ]
-CONSUMER_POINTS = [
+CONSUMER_CRASHES = [
     "consumer.after_poll",
     "consumer.after_effect_before_db_commit",
+    "consumer.after_effect_before_db_commit:stall",
     "consumer.after_db_commit_before_offset_commit",
 ]
 
@@ -56,18 +57,34 @@ def test_s2_a_relay_exiting_at_each_failpoint_loses_nothing(chaos: Pipeline, poi
         assert report.kafka_duplicates > 0, report.summary()
 
 
-@pytest.mark.parametrize("point", CONSUMER_POINTS)
-def test_s4_a_consumer_exiting_at_each_failpoint_applies_once(chaos: Pipeline, point: str) -> None:
+@pytest.mark.parametrize("crash", CONSUMER_CRASHES)
+def test_s4_a_consumer_exiting_at_each_failpoint_applies_once(chaos: Pipeline, crash: str) -> None:
+    point, _, how = crash.partition(":")
     chaos.write(60, keys=6, rollback_every=7)
     chaos.relay().start()
-    lanes = "3"  # per-key lanes: each key's order must survive the crash too
-    doomed = chaos.consumer(name=f"ledger-{point}").start(
-        ONCELY_FAILPOINTS=f"{point}=exit", ONCELY_CONSUMER_LANES=lanes
-    )
-    assert doomed.wait(60) == 137, chaos.logs()
-    chaos.consumer(name="ledger-after").start(ONCELY_CONSUMER_LANES=lanes)
-    chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"))
-    _assert_ledger(chaos)
+    # Two effects of every event in one process, on per-key lanes: each effect must apply each
+    # event once, in each key's order, across the crash.
+    effects, lanes = ("ledger", "audit"), "3"
+    if how == "stall":
+        # Stalled inside its open transaction, then SIGKILLed: anything sent to the broker
+        # before the commit (an offset) has had time to leave.
+        doomed = chaos.consumer(*effects, name=f"doomed-{crash}").start(
+            ONCELY_FAILPOINTS=f"{point}=sleep:60", ONCELY_CONSUMER_LANES=lanes
+        )
+        wait_until(lambda: "partitions assigned" in doomed.log.read_text(), timeout=60)
+        time.sleep(3)
+        doomed.kill(signal.SIGKILL)
+    else:
+        doomed = chaos.consumer(*effects, name=f"doomed-{crash}").start(
+            ONCELY_FAILPOINTS=f"{point}=exit", ONCELY_CONSUMER_LANES=lanes
+        )
+        assert doomed.wait(60) == 137, chaos.logs()
+    chaos.consumer(*effects, name="after").start(ONCELY_CONSUMER_LANES=lanes)
+    committed = chaos.count("SELECT count(*) FROM oncely_outbox")
+    for effect in effects:
+        chaos.wait_applied(committed, effect=effect)
+    report = check(chaos.engine, chaos.bootstrap, topics=[chaos.app.topic], effects=[*effects])
+    assert report.ok, f"{report.summary()}\n{report}\n{chaos.logs()}"
 
 
 def test_s10_out_of_order_commits_are_all_published_and_applied(chaos: Pipeline) -> None:
@@ -136,15 +153,20 @@ def test_s1_a_relay_killed_every_few_seconds_under_load(chaos: Pipeline) -> None
 @pytest.mark.timeout(600)
 def test_s3_a_zombie_relay_cannot_overwrite_the_new_owner(chaos: Pipeline) -> None:
     chaos.consumer().start()
-    zombie = chaos.relay("zombie").start(ONCELY_RELAY_LINGER_MS="2000")
+    zombie = chaos.relay("zombie").start(
+        ONCELY_RELAY_LINGER_MS="2000", ONCELY_RELAY_RELAY_ID="zombie"
+    )
     writer = chaos.write_in_background(1000, keys=20)
-    time.sleep(2)
-    zombie.kill(signal.SIGSTOP)
-    chaos.relay("successor").start()
+    leased = "SELECT count(*) FROM oncely_outbox WHERE lease_owner = 'zombie'"
+    wait_until(lambda: chaos.count(leased) > 0, timeout=60, interval=0.05)
+    zombie.kill(signal.SIGSTOP)  # it holds leases and unsent records
+    held = chaos.count(leased)
+    chaos.relay("successor").start(ONCELY_RELAY_RELAY_ID="successor")
     time.sleep(6)  # past the zombie's lease
     zombie.kill(signal.SIGCONT)
     writer.join()
     chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
+    wait_until(lambda: "settle(s) refused" in zombie.log.read_text(), timeout=60)
     report = check(chaos.engine, chaos.bootstrap, topics=[chaos.app.topic], effects=["ledger"])
-    print(f"S3 {report.summary()}")
+    print(f"S3 zombie_held={held} {report.summary()}")
     assert report.ok, report.summary()
