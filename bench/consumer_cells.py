@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import struct
 import threading
 import time
 import uuid
@@ -15,7 +16,7 @@ from pydantic import BaseModel
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from bench.fixtures import Bench, relays
-from bench.harness import Cell, alternate
+from bench.harness import Cell, alternate, open_loop
 from oncely.consumers.effects import EffectContext, Effects
 from oncely.consumers.runner import EffectConsumer
 from oncely.consumers.service import build_consumers
@@ -24,6 +25,9 @@ from oncely.ops.metrics import ConsumerMetrics
 from oncely.schemas.codec import Codec
 from oncely.settings import ConsumerSettings, KafkaSettings
 from oncely.storage import outbox
+
+WRITERS = 4
+WARMUP_SECONDS = 1.0
 
 
 class Credited(BaseModel):
@@ -54,6 +58,13 @@ def _app(prefix: str) -> tuple[Effects, str]:
 
     effects.effect("apply", on=[model])(apply)
     return effects, registry.for_model(model).topic
+
+
+def _create_effects_table(bench: Bench) -> None:
+    with bench.engine.begin() as conn:
+        conn.execute(
+            sa.text("CREATE TABLE IF NOT EXISTS bench_effects (event_id uuid, amount int)")
+        )
 
 
 def _produce(bench: Bench, effects: Effects, topic: str, count: int) -> None:
@@ -148,10 +159,7 @@ def _raw(
 
 def consumer_cell(bench: Bench, *, repetitions: int, count: int) -> Cell:
     """R3: applying with receipts vs counting, and vs an empty transaction per batch."""
-    with bench.engine.begin() as conn:
-        conn.execute(
-            sa.text("CREATE TABLE IF NOT EXISTS bench_effects (event_id uuid, amount int)")
-        )
+    _create_effects_table(bench)
     effects, topic = _app(f"r3-{uuid.uuid4().hex[:6]}.")
     admin = bench.admin()
     admin.create_topics([NewTopic(topic, num_partitions=bench.partitions)])[topic].result(30)
@@ -191,86 +199,79 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": round(q[49], 1), "p95": round(q[94], 1), "p99": round(q[98], 1)}
 
 
-def _paced(rate: float, seconds: float, action: Callable[[int], None], threads: int = 4) -> None:
-    """Open loop: event i is due at ``t0 + i / rate`` whatever happened before (no waiting for
-    the system under test, so a slow system shows up as latency, not as a lower rate)."""
-    total = int(rate * seconds)
-    t0 = time.perf_counter() + 0.2
-
-    def worker(offset: int) -> None:
-        for i in range(offset, total, threads):
-            delay = t0 + i / rate - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            action(i)
-
-    workers = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
-    for thread in workers:
-        thread.start()
-    for thread in workers:
-        thread.join()
+def _since(due: list[float], ends: dict[int, float], starts: dict[int, float]) -> list[float]:
+    """Milliseconds from ``starts[i]`` to ``ends[i]`` for events due after the first second."""
+    warm = due[0] + WARMUP_SECONDS
+    return [(ends[i] - starts[i]) * 1000 for i in ends if i in starts and due[i] >= warm]
 
 
-def _pipeline_latency(bench: Bench, rate: float, seconds: float) -> dict[str, float]:
+def _pipeline_latency(bench: Bench, rate: float, seconds: float) -> dict[str, dict[str, float]]:
     effects, topic = _app(f"r4-{uuid.uuid4().hex[:6]}.")
     admin = bench.admin()
     admin.create_topics([NewTopic(topic, num_partitions=bench.partitions)])[topic].result(30)
     codec = Codec(registry=effects.registry)
     model = effects.get("apply").event_types[0].model
-    payloads = [
-        codec.encode(model(account=f"acc-{i % bench.keys}", amount=i))
-        for i in range(int(rate * seconds))
+    total = int(rate * seconds)
+    rows = [
+        {
+            "id": uuid.uuid4(),
+            "aggregatetype": "account",
+            "aggregateid": f"acc-{i % bench.keys}",
+            "type": "credited",
+            "topic": topic,
+            "payload": value,
+            "headers": headers,
+            "event_key": uuid.uuid4().hex,
+        }
+        for i, (value, headers) in enumerate(
+            codec.encode(model(account=f"acc-{i % bench.keys}", amount=i)) for i in range(total)
+        )
     ]
+    due = [0.0] * total
+    _create_effects_table(bench)
     with bench.engine.begin() as conn:
         conn.execute(sa.text("TRUNCATE oncely_outbox"))
     stop = threading.Event()
     consumer, thread = _joined_consumer(bench, effects, stop, poll_timeout=0.05)
 
-    def stage_one(i: int) -> None:
-        value, headers = payloads[i]
+    def stage_one(i: int, due_at: float) -> None:
+        due[i] = due_at
         with bench.engine.begin() as conn:
-            conn.execute(
-                sa.insert(outbox),
-                {
-                    "id": uuid.uuid4(),
-                    "aggregatetype": "account",
-                    "aggregateid": f"acc-{i % bench.keys}",
-                    "type": "credited",
-                    "topic": topic,
-                    "payload": value,
-                    "headers": headers,
-                    "event_key": uuid.uuid4().hex,
-                },
-            )
+            conn.execute(sa.insert(outbox), rows[i])
 
     with relays(bench, 1):
-        _paced(rate, seconds, stage_one)
+        open_loop(rate, seconds, [stage_one] * WRITERS)
         sample = consumer.metrics.registry.get_sample_value
         deadline = time.monotonic() + 120
-        while (sample("oncely_consumer_applied_total", {"effect": "apply"}) or 0) < len(payloads):
+        while (sample("oncely_consumer_applied_total", {"effect": "apply"}) or 0) < total:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.05)
     stop.set()
     thread.join(60)
+    index = {row["id"]: i for i, row in enumerate(rows)}
+    committed: dict[int, float] = {}
+    applied: dict[int, float] = {}
     with bench.engine.connect() as conn:
-        latencies = [
-            float(ms)
-            for (ms,) in conn.execute(
-                sa.text(
-                    "SELECT EXTRACT(EPOCH FROM r.applied_at - o.created_at) * 1000"
-                    " FROM oncely_outbox o JOIN oncely_receipts r ON r.event_id = o.id"
-                    " WHERE o.topic = :t AND o.created_at > ("
-                    " SELECT min(created_at) + interval '1 second' FROM oncely_outbox"
-                    " WHERE topic = :t)"
-                ),
-                {"t": topic},
-            )
-        ]
-    return percentiles(latencies)
+        for event_id, created, done in conn.execute(
+            sa.text(
+                "SELECT o.id, EXTRACT(EPOCH FROM o.created_at), EXTRACT(EPOCH FROM r.applied_at)"
+                " FROM oncely_outbox o JOIN oncely_receipts r ON r.event_id = o.id"
+                " WHERE o.topic = :t"
+            ),
+            {"t": topic},
+        ):
+            committed[index[event_id]] = float(created)
+            applied[index[event_id]] = float(done)
+    scheduled = dict(enumerate(due))
+    return {
+        "commit_to_effect": percentiles(_since(due, applied, committed)),
+        "schedule_to_effect": percentiles(_since(due, applied, scheduled)),
+        "writer_lag": percentiles(_since(due, committed, scheduled)),
+    }
 
 
-def _raw_latency(bench: Bench, rate: float, seconds: float) -> dict[str, float]:
+def _raw_latency(bench: Bench, rate: float, seconds: float) -> dict[str, dict[str, float]]:
     topic = bench.new_topic()
     producer = Producer(
         {
@@ -289,15 +290,21 @@ def _raw_latency(bench: Bench, rate: float, seconds: float) -> dict[str, float]:
     )
     joined = threading.Event()
     consumer.subscribe([topic], on_assign=lambda c, p: joined.set())
-    latencies: list[float] = []
     total = int(rate * seconds)
+    due = [0.0] * total
+    produced: dict[int, float] = {}
+    received: dict[int, float] = {}
     done = threading.Event()
+    padding = b"x" * (200 - 8)
 
     def consume() -> None:
-        while len(latencies) < total and not done.is_set():
+        while len(received) < total and not done.is_set():
             for message in consumer.consume(500, 0.05):
                 if message.error() is None:
-                    latencies.append(time.time() * 1000 - message.timestamp()[1])
+                    now = time.time()
+                    (i,) = struct.unpack_from("q", message.value() or b"")
+                    received[i] = now
+                    produced[i] = message.timestamp()[1] / 1000
 
     while not joined.is_set():
         consumer.poll(0.1)
@@ -305,17 +312,22 @@ def _raw_latency(bench: Bench, rate: float, seconds: float) -> dict[str, float]:
     reader.start()
     lock = threading.Lock()
 
-    def produce(i: int) -> None:
+    def produce(i: int, due_at: float) -> None:
+        due[i] = due_at
         with lock:
-            producer.produce(topic, key=f"acc-{i % bench.keys}".encode(), value=b"x" * 200)
+            key = f"acc-{i % bench.keys}".encode()
+            producer.produce(topic, key=key, value=struct.pack("q", i) + padding)
             producer.poll(0)
 
-    _paced(rate, seconds, produce)
+    open_loop(rate, seconds, [produce] * WRITERS)
     producer.flush(30)
     reader.join(60)
     done.set()
     consumer.close()
-    return percentiles(latencies[int(rate) :])
+    return {
+        "produce_to_consume": percentiles(_since(due, received, produced)),
+        "schedule_to_consume": percentiles(_since(due, received, dict(enumerate(due)))),
+    }
 
 
 def latency_cell(bench: Bench, *, drain_rate: float, seconds: float) -> dict[str, object]:
@@ -337,8 +349,11 @@ def latency_cell(bench: Bench, *, drain_rate: float, seconds: float) -> dict[str
         "levels": levels,
         "target": "pipeline p99 < 25 ms at 50% load",
         "notes": [
-            f"open-loop paced staging, {seconds:.0f} s per level, first second excluded; one "
-            "transaction per event from 4 writer threads; latency on the database clock "
-            "(outbox created_at to receipt applied_at)"
+            f"open loop (event i due at t0 + i/rate), {seconds:.0f} s per level, events due in "
+            f"the first {WARMUP_SECONDS:.0f} s excluded; one transaction per event from "
+            f"{WRITERS} writer threads. commit→effect: outbox created_at to receipt applied_at "
+            "(one host, one clock); schedule→effect adds the writers' lag, so a writer that "
+            "fell behind shows (no coordinated omission). Raw Kafka: the same rate and keys, "
+            "200 B values, produce (record timestamp) and schedule to consume."
         ],
     }

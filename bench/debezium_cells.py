@@ -61,7 +61,6 @@ import functools
 import json
 import statistics
 import tempfile
-import threading
 import time
 import urllib.request
 import uuid
@@ -78,7 +77,7 @@ from psycopg.types.json import Jsonb
 from bench.cluster_cells import processes, wait_ready
 from bench.consumer_cells import percentiles
 from bench.fixtures import Bench, restage, staged_rows
-from bench.harness import Cell, alternate
+from bench.harness import Cell, alternate, open_loop
 from oncely.debezium import CONNECTOR_CLASS, ConnectorOptions, connector_config, drop_slot
 from oncely.devstack.connect import ConnectNode
 from oncely.storage import outbox
@@ -239,27 +238,6 @@ def _drain_rate(bench: Bench, topics: _Topics, side: Side, rows: list[dict[str, 
     return len(rows) / (last / 1000 - committed)
 
 
-def _open_loop(rate: float, seconds: float, writers: list[Callable[[int, float], None]]) -> None:
-    """Event ``i`` is due at ``t0 + i / rate`` whatever happened before, and goes to writer
-    ``i % len(writers)`` as ``writer(i, due)``, with its due time on the wall clock."""
-    total = int(rate * seconds)
-    t0 = time.perf_counter() + 0.2
-    wall0 = time.time() + (t0 - time.perf_counter())
-
-    def run(offset: int, writer: Callable[[int, float], None]) -> None:
-        for i in range(offset, total, len(writers)):
-            delay = t0 + i / rate - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            writer(i, wall0 + i / rate)
-
-    threads = [threading.Thread(target=run, args=pair) for pair in enumerate(writers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-
 def _latency(
     bench: Bench, topics: _Topics, side: Side, rate: float, seconds: float
 ) -> dict[str, Any]:
@@ -294,7 +272,7 @@ def _latency(
     try:
         with side():
             _sentinel(bench, topics, topic)
-            _open_loop(rate, seconds, [writer(conn) for conn in connections])
+            open_loop(rate, seconds, [writer(conn) for conn in connections])
             topics.wait(topic, len(rows) + 1, timeout=120)
     finally:
         for conn in connections:

@@ -11,6 +11,8 @@ import os
 import platform
 import statistics
 import subprocess
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,3 +89,28 @@ def environment(extra: Mapping[str, Any]) -> dict[str, Any]:
         "java": (java.stderr or java.stdout).splitlines()[0] if java.returncode == 0 else None,
         **extra,
     }
+
+
+def open_loop(rate: float, seconds: float, writers: list[Callable[[int, float], None]]) -> None:
+    """Event ``i`` is due at ``t0 + i / rate`` whatever happened before, and goes to writer
+    ``i % len(writers)`` as ``writer(i, due)``, with its due time on the wall clock.
+
+    Open loop: a slow system under test shows up as latency measured from ``due``, not as a
+    lower offered rate (no coordinated omission).
+    """
+    total = int(rate * seconds)
+    t0 = time.perf_counter() + 0.2
+    wall0 = time.time() + (t0 - time.perf_counter())
+
+    def run(offset: int, writer: Callable[[int, float], None]) -> None:
+        for i in range(offset, total, len(writers)):
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            writer(i, wall0 + i / rate)
+
+    threads = [threading.Thread(target=run, args=pair) for pair in enumerate(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
