@@ -15,7 +15,7 @@ from confluent_kafka.admin import NewTopic
 from pydantic import BaseModel
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from bench.fixtures import Bench, relays
+from bench.fixtures import Bench, outbox_writers, relays
 from bench.harness import Cell, alternate, open_loop
 from oncely.consumers.effects import EffectContext, Effects
 from oncely.consumers.runner import EffectConsumer
@@ -24,9 +24,8 @@ from oncely.events import Registry
 from oncely.ops.metrics import ConsumerMetrics
 from oncely.schemas.codec import Codec
 from oncely.settings import ConsumerSettings, KafkaSettings
-from oncely.storage import outbox
 
-WRITERS = 4
+WRITERS = 2
 WARMUP_SECONDS = 1.0
 
 
@@ -227,20 +226,13 @@ def _pipeline_latency(bench: Bench, rate: float, seconds: float) -> dict[str, di
             codec.encode(model(account=f"acc-{i % bench.keys}", amount=i)) for i in range(total)
         )
     ]
-    due = [0.0] * total
     _create_effects_table(bench)
     with bench.engine.begin() as conn:
         conn.execute(sa.text("TRUNCATE oncely_outbox"))
     stop = threading.Event()
     consumer, thread = _joined_consumer(bench, effects, stop, poll_timeout=0.05)
-
-    def stage_one(i: int, due_at: float) -> None:
-        due[i] = due_at
-        with bench.engine.begin() as conn:
-            conn.execute(sa.insert(outbox), rows[i])
-
-    with relays(bench, 1):
-        open_loop(rate, seconds, [stage_one] * WRITERS)
+    with relays(bench, 1), outbox_writers(bench, rows, count=WRITERS) as writes:
+        open_loop(rate, seconds, writes.writers)
         sample = consumer.metrics.registry.get_sample_value
         deadline = time.monotonic() + 120
         while (sample("oncely_consumer_applied_total", {"effect": "apply"}) or 0) < total:
@@ -250,20 +242,22 @@ def _pipeline_latency(bench: Bench, rate: float, seconds: float) -> dict[str, di
     stop.set()
     thread.join(60)
     index = {row["id"]: i for i, row in enumerate(rows)}
-    committed: dict[int, float] = {}
     applied: dict[int, float] = {}
     with bench.engine.connect() as conn:
-        for event_id, created, done in conn.execute(
+        for event_id, done in conn.execute(
             sa.text(
-                "SELECT o.id, EXTRACT(EPOCH FROM o.created_at), EXTRACT(EPOCH FROM r.applied_at)"
+                "SELECT o.id, EXTRACT(EPOCH FROM r.applied_at)"
                 " FROM oncely_outbox o JOIN oncely_receipts r ON r.event_id = o.id"
                 " WHERE o.topic = :t"
             ),
             {"t": topic},
         ):
-            committed[index[event_id]] = float(created)
             applied[index[event_id]] = float(done)
-    scheduled = dict(enumerate(due))
+    due, committed, scheduled = (
+        writes.due,
+        dict(enumerate(writes.committed)),
+        dict(enumerate(writes.due)),
+    )
     return {
         "commit_to_effect": percentiles(_since(due, applied, committed)),
         "schedule_to_effect": percentiles(_since(due, applied, scheduled)),
@@ -351,8 +345,9 @@ def latency_cell(bench: Bench, *, drain_rate: float, seconds: float) -> dict[str
         "notes": [
             f"open loop (event i due at t0 + i/rate), {seconds:.0f} s per level, events due in "
             f"the first {WARMUP_SECONDS:.0f} s excluded; one transaction per event from "
-            f"{WRITERS} writer threads. commit→effect: outbox created_at to receipt applied_at "
-            "(one host, one clock); schedule→effect adds the writers' lag, so a writer that "
+            f"{WRITERS} writer threads (own connection, prepared INSERT). commit→effect: the "
+            "writer's clock after its commit to receipt applied_at (one host, one clock); "
+            "schedule→effect adds the writers' lag, so a writer that "
             "fell behind shows (no coordinated omission). Raw Kafka: the same rate and keys, "
             "200 B values, produce (record timestamp) and schedule to consume."
         ],

@@ -68,20 +68,17 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
 from confluent_kafka.admin import NewTopic
-from psycopg.types.json import Jsonb
 
 from bench.cluster_cells import processes, wait_ready
 from bench.consumer_cells import percentiles
-from bench.fixtures import Bench, restage, staged_rows
+from bench.fixtures import Bench, outbox_writers, restage, staged_rows
 from bench.harness import Cell, alternate, open_loop
 from oncely.debezium import CONNECTOR_CLASS, ConnectorOptions, connector_config, drop_slot
 from oncely.devstack.connect import ConnectNode
 from oncely.storage import outbox
-from oncely.testing.services import libpq_dsn
 
 RELAY = "oncely relay"
 DEBEZIUM = "Debezium EventRouter"
@@ -248,35 +245,12 @@ def _latency(
     """
     topic = topics.new()
     rows = staged_rows(int(rate * seconds), topic=topic, keys=bench.keys)
-    due = [0.0] * len(rows)
-    committed = [0.0] * len(rows)
-    columns = list(rows[0])
-    insert = (
-        f"INSERT INTO oncely_outbox ({', '.join(columns)}) "
-        f"VALUES ({', '.join(['%s'] * len(columns))})"
-    )
-    connections = [
-        psycopg.connect(libpq_dsn(bench.database_url), autocommit=True) for _ in range(WRITERS)
-    ]
-
-    def writer(conn: psycopg.Connection[Any]) -> Callable[[int, float], None]:
-        def write(i: int, due_at: float) -> None:
-            due[i] = due_at
-            values = [Jsonb(v) if c == "headers" else v for c, v in rows[i].items()]
-            conn.execute(insert, values, prepare=True)
-            committed[i] = time.time()
-
-        return write
-
     restage(bench, [])
-    try:
-        with side():
-            _sentinel(bench, topics, topic)
-            open_loop(rate, seconds, [writer(conn) for conn in connections])
-            topics.wait(topic, len(rows) + 1, timeout=120)
-    finally:
-        for conn in connections:
-            conn.close()
+    with outbox_writers(bench, rows, count=WRITERS) as writes, side():
+        _sentinel(bench, topics, topic)
+        open_loop(rate, seconds, writes.writers)
+        topics.wait(topic, len(rows) + 1, timeout=120)
+    due, committed = writes.due, writes.committed
     appended = topics.append_times(topic)
     measured_from = due[0] + WARMUP_SECONDS
     commit_ms, schedule_ms, lag_ms, missing = [], [], [], 0
@@ -294,7 +268,7 @@ def _latency(
         "commit_to_kafka_ms": percentiles(commit_ms),
         "schedule_to_kafka_ms": percentiles(schedule_ms),
         "writer_lag_ms": percentiles(lag_ms),
-        "achieved_rate_per_second": round(len(rows) / (max(committed) - due[0]), 1),
+        "achieved_rate_per_second": round(writes.achieved_rate(), 1),
         "events_measured": len(commit_ms),
         "missing": missing,
     }

@@ -5,17 +5,21 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient, NewTopic
+from psycopg.types.json import Jsonb
 
 from oncely.ops.metrics import RelayMetrics
 from oncely.relay import build_relay
 from oncely.settings import KafkaSettings, RelaySettings
 from oncely.storage import outbox
+from oncely.testing.services import libpq_dsn
 
 PAYLOAD = b"x" * 200
 
@@ -121,3 +125,50 @@ def wait_published(bench: Bench, total: int, *, timeout: float = 600) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"only {published(bench)} of {total} rows published")
         time.sleep(0.1)
+
+
+@dataclass
+class Writes:
+    """When each open-loop write was due and when its transaction had committed (wall clock)."""
+
+    writers: list[Callable[[int, float], None]]
+    due: list[float]
+    committed: list[float] = field(default_factory=list)
+
+    def achieved_rate(self) -> float:
+        return len(self.due) / (max(self.committed) - self.due[0])
+
+
+@contextmanager
+def outbox_writers(bench: Bench, rows: list[dict[str, Any]], *, count: int) -> Iterator[Writes]:
+    """``count`` writers for :func:`bench.harness.open_loop`: ``writer(i, due)`` commits
+    ``rows[i]`` as a one-row transaction.
+
+    Each writer has its own autocommit connection and one prepared INSERT (one round trip per
+    transaction), so that the writers limit the offered load as little as Python can.
+    """
+    columns = list(rows[0])
+    insert = (
+        f"INSERT INTO oncely_outbox ({', '.join(columns)}) "
+        f"VALUES ({', '.join(['%s'] * len(columns))})"
+    )
+    writes = Writes([], [0.0] * len(rows), [0.0] * len(rows))
+    connections = [
+        psycopg.connect(libpq_dsn(bench.database_url), autocommit=True) for _ in range(count)
+    ]
+
+    def writer(conn: psycopg.Connection[Any]) -> Callable[[int, float], None]:
+        def write(i: int, due_at: float) -> None:
+            writes.due[i] = due_at
+            values = [Jsonb(v) if c == "headers" else v for c, v in rows[i].items()]
+            conn.execute(insert, values, prepare=True)
+            writes.committed[i] = time.time()
+
+        return write
+
+    writes.writers = [writer(conn) for conn in connections]
+    try:
+        yield writes
+    finally:
+        for conn in connections:
+            conn.close()
