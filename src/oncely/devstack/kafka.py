@@ -199,6 +199,8 @@ class KafkaNodeConfig:
     ``SASL_PLAINTEXT`` listener on ``sasl_port`` and, when ``security.tls`` is set, a
     ``SASL_SSL`` listener on ``sasl_ssl_port`` are added (both ports are then required).
     Without ``quorum`` the node is a single-node cluster (``--standalone``, replication 1).
+    With ``proxied_by`` (``host:port`` of a TCP proxy in front of the node), one more PLAINTEXT
+    listener, ``PROXIED``, is bound on ``proxied_port`` and advertised as ``proxied_by``.
     """
 
     data_dir: Path
@@ -210,6 +212,8 @@ class KafkaNodeConfig:
     sasl_port: int | None = None
     sasl_ssl_port: int | None = None
     quorum: KafkaQuorum | None = None
+    proxied_by: str | None = None
+    proxied_port: int | None = None
 
     def _listeners(self) -> list[tuple[str, str, int]]:
         """(listener name, security protocol, port) of every client-facing listener."""
@@ -228,6 +232,15 @@ class KafkaNodeConfig:
         listeners = self._listeners()
         bound = ",".join(f"{name}://127.0.0.1:{port}" for name, _, port in listeners)
         protocols = ",".join(f"{name}:{protocol}" for name, protocol, _ in listeners)
+        advertised = bound
+        if self.proxied_by is not None:
+            if self.proxied_port is None or not re.fullmatch(r"[^\s:,]+:\d+", self.proxied_by):
+                raise DevstackError(
+                    f"proxied_by={self.proxied_by!r}: use host:port, and set proxied_port"
+                )
+            bound += f",PROXIED://127.0.0.1:{self.proxied_port}"
+            advertised += f",PROXIED://{self.proxied_by}"
+            protocols += ",PROXIED:PLAINTEXT"
         quorum = self.quorum
         voters = quorum.bootstrap_servers if quorum else f"127.0.0.1:{self.controller_port}"
         replicas, min_isr = (
@@ -238,7 +251,7 @@ class KafkaNodeConfig:
             f"node.id={self.node_id}",
             f"controller.quorum.bootstrap.servers={voters}",
             f"listeners={bound},CONTROLLER://127.0.0.1:{self.controller_port}",
-            f"advertised.listeners={bound}",
+            f"advertised.listeners={advertised}",
             "controller.listener.names=CONTROLLER",
             "inter.broker.listener.name=PLAINTEXT",
             f"listener.security.protocol.map=CONTROLLER:PLAINTEXT,{protocols}",
@@ -279,6 +292,12 @@ class KafkaNode:
 
     ``start()`` returns once an AdminClient sees the broker; ``stop()`` shuts it down with SIGTERM
     (SIGKILL after a bound). The process gets SIGTERM if its parent dies.
+
+    ``proxied_by="host:port"`` puts a TCP proxy (fault injection) in the clients' path: Kafka
+    answers metadata with the advertised address of the listener a request came in on, so a
+    client that bootstraps through the proxy would otherwise be sent to the broker's own port.
+    The node then also listens on :attr:`proxied_listener` (where the proxy forwards to) and
+    advertises that listener as ``proxied_by``; :attr:`bootstrap_servers` stays direct.
     """
 
     def __init__(
@@ -292,6 +311,7 @@ class KafkaNode:
         security: KafkaSecurity | None = None,
         node_id: int = 1,
         quorum: KafkaQuorum | None = None,
+        proxied_by: str | None = None,
     ) -> None:
         self.version = version
         self.config = KafkaNodeConfig(
@@ -304,6 +324,8 @@ class KafkaNode:
             security=security,
             sasl_port=free_port() if security is not None else None,
             sasl_ssl_port=free_port() if security is not None and security.tls else None,
+            proxied_by=proxied_by,
+            proxied_port=free_port() if proxied_by is not None else None,
         )
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -322,6 +344,12 @@ class KafkaNode:
     def sasl_ssl_bootstrap_servers(self) -> str | None:
         """The SASL_SSL listener (TLS + SCRAM-SHA-512), when ``security.tls`` is set."""
         port = self.config.sasl_ssl_port
+        return f"127.0.0.1:{port}" if port is not None else None
+
+    @property
+    def proxied_listener(self) -> str | None:
+        """The PROXIED listener's own address (the proxy's upstream), with ``proxied_by``."""
+        port = self.config.proxied_port
         return f"127.0.0.1:{port}" if port is not None else None
 
     @property
