@@ -182,7 +182,7 @@ def cluster(tmp_path: Path) -> Iterator[KafkaCluster]:
 
 
 @pytest.mark.timeout(420)
-def test_s13_a_broker_lost_under_load_on_a_three_node_cluster(
+def test_c1_a_broker_lost_under_load_on_a_three_node_cluster(
     cluster: KafkaCluster, database_url: str, tmp_path: Path
 ) -> None:
     engine = sa.create_engine(database_url, pool_size=5)

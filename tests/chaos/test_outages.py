@@ -142,6 +142,7 @@ def test_s8_postgres_restart_and_terminated_connections(
             chaos.relay().start()
             chaos.consumer().start()
             chaos.write(300, keys=10)
+            chaos.wait_applied(100, timeout=120)  # the relay and the consumer are connected
             with engine.begin() as conn:
                 killed = conn.execute(
                     sa.text(
@@ -149,8 +150,9 @@ def test_s8_postgres_restart_and_terminated_connections(
                         " WHERE pid <> pg_backend_pid() AND datname = current_database()"
                     )
                 ).scalar_one()
+            assert killed >= 2, "the relay's and the consumer's connections were terminated"
             chaos.write(300, keys=10, seed=1)
-            database.stop()  # fast shutdown: every connection drops
+            database.stop(immediate=True)  # every connection drops, crash recovery on start
             time.sleep(3)
             database.start()
             engine.dispose()

@@ -16,6 +16,8 @@ such a record cannot block its partition.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +26,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from oncely.errors import OncelyError
 from oncely.security import AuthWatch, wait_for_metadata
+
+log = logging.getLogger(__name__)
 
 _MAX_MESSAGE = 4000
 _MAX_KEPT_KEY = 1024
@@ -62,13 +66,25 @@ class DeadLetters:
         self._admin = AdminClient(admin_config)
         self._timeout = timeout
 
-    def ensure_topics(self, topics: Mapping[str, int]) -> None:
+    def ensure_topics(
+        self, topics: Mapping[str, int], *, until: threading.Event | None = None
+    ) -> None:
         """Create missing DLQ topics (name -> partitions) with the source's partition count.
 
         Raises :class:`~oncely.security.KafkaAuthenticationError` (within about a second) when
-        the broker refuses the credentials, ``KafkaException`` when it cannot be reached.
+        the broker refuses the credentials, ``KafkaException`` when it cannot be reached, or,
+        with ``until``, keeps waiting for the broker until ``until`` is set (then returns).
         """
-        existing = wait_for_metadata(self._admin, self._auth, timeout=self._timeout).topics
+        while True:
+            try:
+                existing = wait_for_metadata(self._admin, self._auth, timeout=self._timeout).topics
+                break
+            except KafkaException as exc:
+                if until is None:
+                    raise
+                log.warning("the broker cannot be reached, waiting for it: %s", exc)
+                if until.wait(5.0):
+                    return
         missing = [NewTopic(t, num_partitions=n) for t, n in topics.items() if t not in existing]
         for future in self._admin.create_topics(missing).values() if missing else []:
             try:

@@ -31,17 +31,22 @@ def build_consumers(
     settings: ConsumerSettings,
     metrics: ConsumerMetrics,
     codec: Codec | None = None,
+    stop: threading.Event | None = None,
 ) -> list[EffectConsumer]:
     """One :class:`EffectConsumer` per effect name, sharing the engine, codec and DLQ producer.
 
     Creates each effect's missing dead-letter topics (with the source topic's partition count).
+    An unreachable broker raises ``KafkaException``; with ``stop``, it is waited for instead
+    until ``stop`` is set.
     """
     codec = codec or Codec(registry=effects.registry, catalog=SchemaCatalog())
     dead_letters = DeadLetters(kafka.client_config())
     consumers = []
     for name in names:
         effect = effects.get(name)
-        dead_letters.ensure_topics({effect.dlq_topic(topic): 1 for topic in effect.topics})
+        dead_letters.ensure_topics(
+            {effect.dlq_topic(topic): 1 for topic in effect.topics}, until=stop
+        )
         consumers.append(
             EffectConsumer(
                 effect=effect,
@@ -91,6 +96,7 @@ def run_consumers(
         settings=settings,
         metrics=metrics,
         codec=codec,
+        stop=stop,
     )
     server = None
     if settings.metrics_port is not None:

@@ -176,8 +176,10 @@ class PostgresNode:
             row = conn.execute("SHOW server_version").fetchone()
         return str(row[0]) if row else "unknown"
 
-    def stop(self, *, timeout: float = 30.0) -> None:
-        """Fast shutdown (SIGINT), SIGKILL after ``timeout`` seconds. Idempotent."""
+    def stop(self, *, timeout: float = 30.0, immediate: bool = False) -> None:
+        """Fast shutdown (SIGINT), or with ``immediate`` an immediate one (SIGQUIT: no
+        checkpoint, crash recovery on the next start); SIGKILL after ``timeout`` seconds.
+        Idempotent."""
         if self._proc is not None:
-            stop_process(self._proc, signal.SIGINT, timeout)
+            stop_process(self._proc, signal.SIGQUIT if immediate else signal.SIGINT, timeout)
             self._proc = None
