@@ -14,7 +14,6 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -162,11 +161,9 @@ def main() -> None:
             keys=args.keys,
             batch_size=args.batch_size,
         )
-        drain_rate = None
         if {"R1", "R2", "R7"} & set(args.cells):
             relay_results = cells.relay_cells(bench, repetitions=args.repetitions)
             results += [c.to_json() for c in relay_results if c.name in args.cells]
-            drain_rate = statistics.median(relay_results[0].rates["relay"])
         if "R2b" in args.cells:
             results.append(cells.pgbench_claim(bench, repetitions=args.repetitions).to_json())
         if "R3" in args.cells:
@@ -176,10 +173,7 @@ def main() -> None:
                 ).to_json()
             )
         if "R4" in args.cells:
-            rate = drain_rate or 1000.0
-            results.append(
-                consumer_cells.latency_cell(bench, drain_rate=rate, seconds=args.latency_seconds)
-            )
+            results.append(consumer_cells.latency_cell(bench, seconds=args.latency_seconds))
         if "R-CLUSTER" in args.cells:
             results += [c.to_json() for c in cluster_cells(repetitions=args.repetitions)]
         if "R-DBZ" in args.cells:
