@@ -133,6 +133,11 @@ class Pipeline:
         self.procs.append(proc)
         return proc
 
+    def peak_memory(self) -> str:
+        """``name:MiB`` of each running process's peak resident memory, for the reports."""
+        peaks = (f"{p.log.stem}:{p.peak_rss_mb():.0f}" for p in self.procs if p.alive())
+        return "peak_rss_mb=" + ",".join(peaks)
+
     def logs(self) -> str:
         return "\n".join(
             f"--- {p.log.name}\n{p.log.read_text(errors='replace')[-3000:]}"

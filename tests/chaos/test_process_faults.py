@@ -145,7 +145,7 @@ def test_s1_a_relay_killed_every_few_seconds_under_load(chaos: Pipeline) -> None
     committed = chaos.count("SELECT count(*) FROM oncely_outbox")
     recovery = chaos.wait_applied(committed, timeout=300)
     report = check(chaos.engine, chaos.bootstrap, topics=[chaos.app.topic], effects=["ledger"])
-    print(f"S1 kills={kills} recovery={recovery:.1f}s {report.summary()}")
+    print(f"S1 kills={kills} recovery={recovery:.1f}s {chaos.peak_memory()} {report.summary()}")
     assert report.ok, report.summary()
 
 
@@ -168,5 +168,5 @@ def test_s3_a_zombie_relay_cannot_overwrite_the_new_owner(chaos: Pipeline) -> No
     chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
     wait_until(lambda: "settle(s) refused" in zombie.log.read_text(), timeout=60)
     report = check(chaos.engine, chaos.bootstrap, topics=[chaos.app.topic], effects=["ledger"])
-    print(f"S3 zombie_held={held} {report.summary()}")
+    print(f"S3 zombie_held={held} {chaos.peak_memory()} {report.summary()}")
     assert report.ok, report.summary()
