@@ -266,15 +266,7 @@ def _stage_at_once(bench: Bench, rows: list[dict[str, object]]) -> None:
 def _relays(bench: Bench, relays: int, rows: list[dict[str, object]]) -> float:
     """Rows/s of ``relays`` relay processes draining ``rows``, staged once all are ready."""
     restage(bench, [])  # an empty, vacuumed outbox
-    env = {
-        "ONCELY_DATABASE_URL": bench.database_url,
-        "ONCELY_KAFKA_BOOTSTRAP_SERVERS": bench.bootstrap,
-        "ONCELY_RELAY_BATCH_SIZE": str(bench.batch_size),
-        "ONCELY_RELAY_MAX_IN_FLIGHT": str(max(2000, 4 * bench.batch_size)),
-        "ONCELY_RELAY_POLL_INTERVAL_SECONDS": "0.2",
-        "ONCELY_RELAY_PURGE_INTERVAL_SECONDS": "3600",
-    }
-    with processes(["relay", "run"], relays, env) as running:
+    with processes(["relay", "run"], relays, bench.relay_env()) as running:
         wait_ready(running)
         _stage_at_once(bench, rows)
         return _rate(

@@ -164,15 +164,7 @@ class _Topics:
 @contextlib.contextmanager
 def _relay(bench: Bench) -> Iterator[None]:
     """One ``oncely relay run`` process for the block, ready (its ``/readyz``) at the start."""
-    env = {
-        "ONCELY_DATABASE_URL": bench.database_url,
-        "ONCELY_KAFKA_BOOTSTRAP_SERVERS": bench.bootstrap,
-        "ONCELY_RELAY_BATCH_SIZE": str(bench.batch_size),
-        "ONCELY_RELAY_MAX_IN_FLIGHT": str(max(2000, 4 * bench.batch_size)),
-        "ONCELY_RELAY_POLL_INTERVAL_SECONDS": "0.2",
-        "ONCELY_RELAY_PURGE_INTERVAL_SECONDS": "3600",
-    }
-    with processes(["relay", "run"], 1, env) as running:
+    with processes(["relay", "run"], 1, bench.relay_env()) as running:
         wait_ready(running)
         yield
 

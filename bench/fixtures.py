@@ -53,6 +53,18 @@ class Bench:
             purge_interval_seconds=3600,
         )
 
+    def relay_env(self) -> dict[str, str]:
+        """The environment of an ``oncely relay run`` process with :meth:`relay_settings`."""
+        settings = self.relay_settings()
+        return {
+            "ONCELY_DATABASE_URL": self.database_url,
+            "ONCELY_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+            "ONCELY_RELAY_BATCH_SIZE": str(settings.batch_size),
+            "ONCELY_RELAY_MAX_IN_FLIGHT": str(settings.max_in_flight),
+            "ONCELY_RELAY_POLL_INTERVAL_SECONDS": str(settings.poll_interval_seconds),
+            "ONCELY_RELAY_PURGE_INTERVAL_SECONDS": str(settings.purge_interval_seconds),
+        }
+
 
 def staged_rows(count: int, *, topic: str, keys: int) -> list[dict[str, object]]:
     """Rows as a producer stages them: ``count`` events over ``keys`` keys, 200-byte payloads."""
