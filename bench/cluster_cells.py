@@ -37,14 +37,14 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 from pydantic import BaseModel
 
-from bench.fixtures import Bench, restage, staged_rows
+from bench.fixtures import Bench, insert_fresh, restage, staged_rows
 from bench.harness import Cell, alternate
 from oncely.consumers.effects import EffectContext, Effects
 from oncely.devstack import KafkaCluster, PostgresNode
 from oncely.devstack._process import free_port
 from oncely.events import Registry
 from oncely.schemas.codec import Codec
-from oncely.storage import outbox, upgrade
+from oncely.storage import upgrade
 
 PARTITIONS = 6
 CONSUMER_NUMERATOR, CONSUMER_DENOMINATOR = "3 consumer instances", "1 consumer instance"
@@ -253,12 +253,7 @@ def _consumer_group(bench: Bench, instances: int, count: int) -> float:
 def _stage_at_once(bench: Bench, rows: list[dict[str, object]]) -> None:
     """Stage ``rows`` (fresh ids) in one transaction, so every relay sees them at once."""
     with bench.engine.begin() as conn:
-        for start in range(0, len(rows), 5000):
-            chunk = [
-                {**row, "id": uuid.uuid4(), "event_key": uuid.uuid4().hex}
-                for row in rows[start : start + 5000]
-            ]
-            conn.execute(sa.insert(outbox), chunk)
+        insert_fresh(conn, rows)
     with bench.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("ANALYZE oncely_outbox"))
 

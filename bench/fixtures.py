@@ -83,16 +83,21 @@ def staged_rows(count: int, *, topic: str, keys: int) -> list[dict[str, object]]
     ]
 
 
+def insert_fresh(conn: sa.Connection, rows: list[dict[str, object]]) -> None:
+    """Insert ``rows`` into the outbox with fresh ids and event keys, 5,000 per statement."""
+    for start in range(0, len(rows), 5000):
+        chunk = [
+            {**row, "id": uuid.uuid4(), "event_key": uuid.uuid4().hex}
+            for row in rows[start : start + 5000]
+        ]
+        conn.execute(sa.insert(outbox), chunk)
+
+
 def restage(bench: Bench, rows: list[dict[str, object]]) -> None:
     """Empty the outbox and stage ``rows`` again (fresh ids), then refresh the statistics."""
     with bench.engine.begin() as conn:
         conn.execute(sa.text("TRUNCATE oncely_outbox"))
-        for start in range(0, len(rows), 5000):
-            chunk = [
-                {**row, "id": uuid.uuid4(), "event_key": uuid.uuid4().hex}
-                for row in rows[start : start + 5000]
-            ]
-            conn.execute(sa.insert(outbox), chunk)
+        insert_fresh(conn, rows)
     with bench.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("VACUUM ANALYZE oncely_outbox"))
 

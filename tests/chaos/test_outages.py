@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -83,9 +85,9 @@ def test_s9_a_long_held_transaction_does_not_stop_the_pipeline(chaos: Pipeline) 
     )
 
 
-def test_s6_broker_killed_and_paused_past_the_delivery_timeout(
-    database_url: str, tmp_path: Path
-) -> None:
+@contextmanager
+def _own_broker(database_url: str, tmp_path: Path) -> Iterator[tuple[KafkaNode, Pipeline]]:
+    """A broker of the test's own (the scenario kills or stops it) and a pipeline on it."""
     broker = KafkaNode(data_dir=tmp_path / "kafka")
     broker.start()
     engine = sa.create_engine(database_url, pool_size=5)
@@ -95,28 +97,35 @@ def test_s6_broker_killed_and_paused_past_the_delivery_timeout(
     _create_topic(broker.bootstrap_servers, app.topic)
     try:
         with pipeline(engine, database_url, broker.bootstrap_servers, app, tmp_path) as chaos:
-            chaos.relay().start()
-            chaos.consumer().start()
-            writer = chaos.write_in_background(1500, keys=20)
-            time.sleep(3)
-            assert broker._proc is not None
-            broker._proc.send_signal(signal.SIGKILL)
-            broker._proc.wait()
-            broker._proc = None
-            time.sleep(5)
-            broker.start()
-            time.sleep(3)
-            assert broker._proc is not None
-            broker._proc.send_signal(signal.SIGSTOP)  # longer than message.timeout.ms (5 s)
-            time.sleep(8)
-            broker._proc.send_signal(signal.SIGCONT)
-            writer.join()
-            started = time.monotonic()
-            chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
-            _report("S6", chaos, time.monotonic() - started)
+            yield broker, chaos
     finally:
         broker.stop()
         engine.dispose()
+
+
+def test_s6_broker_killed_and_paused_past_the_delivery_timeout(
+    database_url: str, tmp_path: Path
+) -> None:
+    with _own_broker(database_url, tmp_path) as (broker, chaos):
+        chaos.relay().start()
+        chaos.consumer().start()
+        writer = chaos.write_in_background(1500, keys=20)
+        time.sleep(3)
+        assert broker._proc is not None
+        broker._proc.send_signal(signal.SIGKILL)
+        broker._proc.wait()
+        broker._proc = None
+        time.sleep(5)
+        broker.start()
+        time.sleep(3)
+        assert broker._proc is not None
+        broker._proc.send_signal(signal.SIGSTOP)  # longer than message.timeout.ms (5 s)
+        time.sleep(8)
+        broker._proc.send_signal(signal.SIGCONT)
+        writer.join()
+        started = time.monotonic()
+        chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
+        _report("S6", chaos, time.monotonic() - started)
 
 
 def test_s8_postgres_restart_and_terminated_connections(
@@ -161,28 +170,17 @@ def test_s8_postgres_restart_and_terminated_connections(
 def test_s12_broker_down_for_a_minute_under_load_keeps_memory_bounded(
     database_url: str, tmp_path: Path
 ) -> None:
-    broker = KafkaNode(data_dir=tmp_path / "kafka")
-    broker.start()
-    engine = sa.create_engine(database_url, pool_size=5)
-    create_tables(engine)
-    prefix = unique_prefix()
-    app = build(prefix, group_prefix=prefix)
-    _create_topic(broker.bootstrap_servers, app.topic)
-    try:
-        with pipeline(engine, database_url, broker.bootstrap_servers, app, tmp_path) as chaos:
-            relay = chaos.relay().start()
-            chaos.consumer().start()
-            broker.stop()
-            writer = chaos.write_in_background(3000, keys=50)
-            time.sleep(60)
-            assert relay.alive()
-            peak = relay.peak_rss_mb()
-            writer.join()
-            broker.start()
-            started = time.monotonic()
-            chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
-            _report("S12", chaos, time.monotonic() - started, relay_outage_peak_rss_mb=int(peak))
-            assert peak < 512, f"relay peak RSS {peak:.0f} MiB"
-    finally:
+    with _own_broker(database_url, tmp_path) as (broker, chaos):
+        relay = chaos.relay().start()
+        chaos.consumer().start()
         broker.stop()
-        engine.dispose()
+        writer = chaos.write_in_background(3000, keys=50)
+        time.sleep(60)
+        assert relay.alive()
+        peak = relay.peak_rss_mb()
+        writer.join()
+        broker.start()
+        started = time.monotonic()
+        chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
+        _report("S12", chaos, time.monotonic() - started, relay_outage_peak_rss_mb=int(peak))
+        assert peak < 512, f"relay peak RSS {peak:.0f} MiB"
