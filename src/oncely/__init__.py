@@ -1,6 +1,11 @@
 """oncely: transactional outbox to Kafka to effects, with no lost events and no double effects."""
 
-from oncely.consumers.effects import EffectContext, Effects, FailurePolicy
+from oncely.consumers.effects import (
+    EffectContext,
+    EffectDeclarationError,
+    Effects,
+    FailurePolicy,
+)
 from oncely.consumers.tasks import LeaseLost, Task, Tasks, TaskWorker, enqueue_task
 from oncely.errors import ConfigurationError, OncelyError
 from oncely.events import EventType, Registry, RegistryError, UnknownEventTypeError
@@ -41,6 +46,7 @@ __all__ = [
     "DecodeFailure",
     "DurableCommand",
     "EffectContext",
+    "EffectDeclarationError",
     "Effects",
     "EncodeError",
     "EventType",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 import uuid
@@ -14,7 +15,7 @@ import sqlalchemy as sa
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
-from oncely.consumers.effects import EffectContext
+from oncely.consumers.effects import EffectContext, FailurePolicy
 from oncely.consumers.offsets import committed_offsets
 from oncely.consumers.runner import EffectConsumer
 from oncely.schemas.codec import Codec
@@ -261,3 +262,48 @@ def test_lanes_commit_only_below_the_lowest_unfinished_record(
     assert scalar(engine, "SELECT count(*) FROM notifications") == 41
     committed = committed_offsets({"bootstrap.servers": kafka_bootstrap}, group, partition, 30)
     assert committed[(app.topic, 0)] == 41
+
+
+def test_a_handler_returning_a_coroutine_fails_its_record_and_writes_no_receipt(
+    app: App, engine: sa.Engine, kafka_bootstrap: str
+) -> None:
+    # A sync `def` passes the declaration check; what it returns is an unawaited coroutine.
+    returned: list[Any] = []
+
+    async def post_later(event: Any, ctx: EffectContext) -> None:
+        ctx.session.execute(
+            sa.text("INSERT INTO ledger (event_id, effect, n) VALUES (:e, :f, :n)"),
+            {"e": ctx.event_id, "f": ctx.effect, "n": event.n},
+        )
+
+    def post(event: Any, ctx: EffectContext) -> Any:
+        returned.append(post_later(event, ctx))
+        return returned[-1]
+
+    quick = FailurePolicy(max_attempts=2, initial_backoff_seconds=0.1, max_backoff_seconds=0.1)
+    app.effects.effect("coroutine", on=[app.model], failure=quick)(post)
+    event_id = uuid.uuid4()
+    publish_events(
+        kafka_bootstrap, Codec(registry=app.registry), [(event_id, _credit(app, "acc-7", 1, 1))]
+    )
+    with running_consumers(app.effects, ["coroutine"], engine, kafka_bootstrap) as [consumer]:
+        dead_lettered = lambda: _sample(  # noqa: E731
+            consumer, "oncely_consumer_dead_lettered_total", reason="handler_failed"
+        )
+        applied = lambda: _sample(consumer, "oncely_consumer_applied_total")  # noqa: E731
+        wait_until(lambda: dead_lettered() == 1 or applied() > 0, timeout=60)
+        assert applied() == 0, "not counted as applied"
+        assert dead_lettered() == 1
+        assert _sample(consumer, "oncely_consumer_handler_failures_total") == 2
+    assert scalar(engine, "SELECT count(*) FROM oncely_receipts") == 0, "no receipt written"
+    assert scalar(engine, "SELECT count(*) FROM ledger") == 0
+    assert len(returned) >= 2, "called once per attempt"
+    assert all(inspect.getcoroutinestate(c) == inspect.CORO_CLOSED for c in returned), (
+        "each coroutine was closed unrun (no 'never awaited' warning)"
+    )
+    [dead] = read_topics(kafka_bootstrap, [f"{app.topic}.coroutine.dlq"])
+    assert dead.headers["id"] == str(event_id).encode()
+    assert dead.headers["oncely.dlq.error.class"] == b"EffectDeclarationError"
+    message = dead.headers["oncely.dlq.error.message"].decode()
+    assert "returned an awaitable (coroutine)" in message
+    assert "post" in message and "plain `def`" in message

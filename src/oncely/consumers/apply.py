@@ -10,14 +10,18 @@ it commit. A handler can therefore be called again for a record whose first atte
 its writes must go through ``ctx.session`` (calls to the outside world go through tasks).
 
 Only the receipt's primary key means "already applied" (seed 004); any other error is the
-record's failure. Errors of the database itself (a lost connection, a failed commit) are
-reported for the whole run, which is then not applied at all.
+record's failure, and so is a handler that returns an awaitable (an ``async`` handler slipped
+past the declaration check): the awaitable is closed unrun, the record fails with an
+:class:`~oncely.consumers.effects.EffectDeclarationError`, and its receipt rolls back. Errors
+of the database itself (a lost connection, a failed commit) are reported for the whole run,
+which is then not applied at all.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 from uuid import UUID
@@ -26,7 +30,12 @@ import sqlalchemy as sa
 from confluent_kafka import Message
 from sqlalchemy.orm import Session
 
-from oncely.consumers.effects import Effect, EffectContext
+from oncely.consumers.effects import (
+    Effect,
+    EffectContext,
+    EffectDeclarationError,
+    async_handler_message,
+)
 from oncely.consumers.records import Decoded, Undecodable
 from oncely.ops.failpoints import failpoint
 from oncely.ops.metrics import ConsumerMetrics
@@ -202,5 +211,15 @@ class Applier:
             headers=record.headers,
         )
         started = time.perf_counter()
-        self.effect.handler(record.event, context)
+        handler: Callable[..., object] = self.effect.handler
+        result = handler(record.event, context)
+        if inspect.isawaitable(result):
+            close = getattr(result, "close", None)
+            if callable(close):
+                close()  # never run: no "coroutine was never awaited" warning either
+            raise EffectDeclarationError(
+                async_handler_message(
+                    self.effect.name, self.effect.handler, returned=type(result).__name__
+                )
+            )
         self.metrics.handler_latency.labels(self.effect.name).observe(time.perf_counter() - started)

@@ -11,10 +11,17 @@
 A handler runs inside the database transaction that inserts its receipt ``(event_id,
 effect)``; both commit together or neither does, and the Kafka offset is committed only after.
 A redelivered event finds its receipt and the handler is not called again.
+
+Handlers are synchronous: an ``async def`` handler is refused when it is declared
+(:class:`EffectDeclarationError`), and a handler that returns an awaitable anyway fails its
+record (retried, then dead-lettered or blocking, as its failure policy says), never committing a
+receipt for an effect that did not happen.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +42,38 @@ _EFFECT_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,99}")
 
 class EffectDeclarationError(ConfigurationError):
     """The effect is declared wrongly."""
+
+
+def async_handler_message(effect: str, handler: object, *, returned: str | None = None) -> str:
+    """What to say about ``effect``'s handler being async, or having ``returned`` an awaitable
+    (the name of its type)."""
+    what = "is async" if returned is None else f"returned an awaitable ({returned})"
+    return (
+        f"effect {effect!r}: handler {_handler_name(handler)} {what}; oncely calls handlers "
+        "synchronously inside the receipt's transaction, so it would never run. "
+        "Declare it with plain `def` and write through ctx.session, or queue the async call as "
+        "a task with ctx.enqueue_task(...)"
+    )
+
+
+def is_async_callable(handler: object) -> bool:
+    """Whether calling ``handler`` returns a coroutine: an ``async def`` function or method, a
+    ``functools.partial`` of one, or an object whose ``__call__`` is ``async def``."""
+    while isinstance(handler, functools.partial):
+        handler = handler.func
+    if inspect.iscoroutinefunction(handler):
+        return True
+    if inspect.isfunction(handler) or inspect.ismethod(handler) or isinstance(handler, type):
+        return False
+    return inspect.iscoroutinefunction(inspect.getattr_static(type(handler), "__call__", None))
+
+
+def _handler_name(handler: object) -> str:
+    while isinstance(handler, functools.partial):
+        handler = handler.func
+    name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
+    module = getattr(handler, "__module__", None) or type(handler).__module__
+    return f"{module}.{name}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,7 +175,8 @@ class Effects:
         """Declare ``name`` (its consumer group is ``group_prefix + name``) for the models ``on``.
 
         Raises:
-            EffectDeclarationError: a bad or repeated name, or no event types.
+            EffectDeclarationError: a bad or repeated name, no event types, or an ``async``
+                handler (see :func:`is_async_callable`): handlers are synchronous.
             UnknownEventTypeError: a model in ``on`` is not in the registry.
         """
 
@@ -149,6 +189,8 @@ class Effects:
                 raise EffectDeclarationError(f"effect {name!r} is declared twice")
             if not on:
                 raise EffectDeclarationError(f"effect {name!r} consumes no event type")
+            if is_async_callable(handler):
+                raise EffectDeclarationError(async_handler_message(name, handler))
             types = tuple(self.registry.for_model(model) for model in on)
             self._effects[name] = Effect(name, types, handler, failure or FailurePolicy())
             return handler
