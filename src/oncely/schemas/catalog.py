@@ -64,12 +64,16 @@ def schema_path(directory: Path, event_type: str, version: int) -> Path:
 class SchemaCatalog:
     """Schema versions of event types, looked up by (type, version) or by fingerprint."""
 
-    def __init__(self, entries: Iterable[SchemaEntry] = ()) -> None:
-        """Build a catalog from ``entries``.
+    def __init__(
+        self, entries: Iterable[SchemaEntry] = (), *, directory: Path | None = None
+    ) -> None:
+        """Build a catalog from ``entries``; ``directory`` is the folder they were loaded from
+        (named in decoding errors), ``None`` for a catalog built in code.
 
         Raises:
             CatalogError: two entries have the same event type and version.
         """
+        self.directory = directory
         self._entries: dict[tuple[str, int], SchemaEntry] = {}
         self._by_fingerprint: dict[bytes, SchemaEntry] = {}
         for entry in sorted(entries, key=lambda item: (item.event_type, item.version)):
@@ -93,8 +97,12 @@ class SchemaCatalog:
         """
         root = Path(directory)
         if not root.is_dir():
-            raise CatalogError(f"schema catalog directory {root} does not exist")
-        return cls(_load_entry(path) for path in sorted(root.glob("*/*.avsc")))
+            raise CatalogError(
+                f"schema catalog directory {root} does not exist: give the folder "
+                "`oncely schemas export` writes (<event-type>/v<N>.avsc)"
+            )
+        entries = [_load_entry(path) for path in sorted(root.glob("*/*.avsc"))]
+        return cls(entries, directory=root.absolute())
 
     def find(self, event_type: str, version: int) -> SchemaEntry | None:
         """Return the entry of ``event_type`` version ``version``, or ``None``."""

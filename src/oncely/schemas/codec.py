@@ -225,9 +225,7 @@ class Codec:
         writer = self._writer(fingerprint)
         if writer is None:
             raise DecodeError(
-                DecodeFailure.UNKNOWN_SCHEMA,
-                f"no schema in the catalog has fingerprint {fingerprint.hex()} "
-                f"(decoding event type {event_type.name!r}); is the schema catalog up to date?",
+                DecodeFailure.UNKNOWN_SCHEMA, self._unknown_writer(event_type, fingerprint)
             )
         if writer.event_type != event_type.name:
             raise DecodeError(
@@ -260,6 +258,21 @@ class Codec:
                 f"{len(body) - buffer.tell()} trailing bytes after the {event_type.name!r} datum",
             )
         return datum, None if same else writer.schema
+
+    def _unknown_writer(self, event_type: EventType[Any], fingerprint: bytes) -> str:
+        """Why a value whose writer schema is unknown cannot be read, and what to do."""
+        directory = self._catalog.directory
+        searched = (
+            f"the schema catalog {directory}"
+            if directory is not None
+            else "a schema catalog (none was loaded)"
+        )
+        return (
+            f"event type {event_type.name!r}: writer schema fingerprint {fingerprint.hex()} is "
+            f"in neither the code (v{event_type.version}) nor {searched}; run `oncely schemas "
+            "export` with the writer's code into the catalog folder, deploy that folder with the "
+            "consumer (--schemas-dir, ONCELY_SCHEMAS_DIR, or ./schemas), then redrive the record"
+        )
 
     def _writer(self, fingerprint: bytes) -> SchemaEntry | None:
         """The schema with ``fingerprint``: a committed one, else a registered type's own."""
