@@ -163,6 +163,8 @@ class Demo:
             # and a crashed consumer's partitions after this session timeout (default 45 s).
             "ONCELY_RELAY_LEASE_SECONDS": "5",
             "ONCELY_CONSUMER_SESSION_TIMEOUT_MS": "6000",
+            # Consumers decode every committed version of the example's event types.
+            "ONCELY_SCHEMAS_DIR": str(Path(__file__).resolve().parents[2] / "schemas"),
             "PYTHONPATH": os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")]),
         }
         app = "examples.payments.effects:effects"

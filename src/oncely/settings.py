@@ -12,6 +12,7 @@ errors; only :meth:`KafkaSettings.client_config` reveals them, to hand them to l
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
@@ -238,6 +239,28 @@ class TopicSettings(BaseSettings):
             override.replication_factor or self.replication_factor,
             override.min_insync_replicas or self.min_insync_replicas,
         )
+
+
+class SchemaSettings(BaseSettings):
+    """Where a process that decodes events finds the schemas of other versions (``ONCELY_*``).
+
+    Read by ``oncely consume`` (its ``--schemas-dir`` and ``--schema-registry-url`` options
+    override them) and by ``run_consumers`` / ``build_consumers`` of
+    ``oncely.consumers.service`` when they are given no codec.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="ONCELY_", extra="ignore")
+
+    schemas_dir: Path | None = Field(
+        default=None,
+        description="The committed schema catalog (<event-type>/v<N>.avsc, what `oncely schemas "
+        "export` writes); default: ./schemas when that folder exists, else none.",
+    )
+    schema_registry_url: str | None = Field(
+        default=None,
+        description="Confluent schema registry URL, needed to decode avro-confluent event types "
+        "(writer schemas are fetched by id).",
+    )
 
 
 class ConsumerSettings(BaseSettings):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -14,8 +15,9 @@ from oncely.consumers.effects import Effects
 from oncely.consumers.service import run_consumers
 from oncely.errors import ConfigurationError
 from oncely.ops.logs import configure_logging
+from oncely.schemas.loader import codec_for
 from oncely.security import KafkaAuthenticationError
-from oncely.settings import ConsumerSettings, KafkaSettings
+from oncely.settings import ConsumerSettings, KafkaSettings, SchemaSettings
 
 
 def consume(
@@ -37,6 +39,25 @@ def consume(
     metrics_port: Annotated[
         int | None, typer.Option(help="Serve /metrics, /healthz, /readyz on this port.")
     ] = None,
+    schemas_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--schemas-dir",
+            envvar="ONCELY_SCHEMAS_DIR",
+            help="The committed schema catalog (what `oncely schemas export` writes), to decode "
+            "records written with other schema versions. Default: ./schemas when it exists.",
+            show_default=False,
+        ),
+    ] = None,
+    schema_registry_url: Annotated[
+        str | None,
+        typer.Option(
+            "--schema-registry-url",
+            envvar="ONCELY_SCHEMA_REGISTRY_URL",
+            help="Confluent schema registry, needed by avro-confluent event types.",
+            show_default=False,
+        ),
+    ] = None,
     log_format: Annotated[str, typer.Option(help="json or text.")] = "json",
 ) -> None:
     """Apply events to effects, once each, one consumer group per effect.
@@ -45,7 +66,12 @@ def consume(
     the Kafka offset is committed after. SIGTERM commits what was applied and exits 0. Kafka
     security settings: ONCELY_KAFKA_SECURITY_PROTOCOL, ONCELY_KAFKA_SASL_*,
     ONCELY_KAFKA_SSL_CA_LOCATION, ONCELY_KAFKA_EXTRA. Exits 2 when Kafka refuses the
-    credentials.
+    credentials, or the schema catalog is missing or disagrees with the code.
+
+    Each record is decoded with its writer schema (by fingerprint in the catalog, or by id in
+    the schema registry) and resolved to the code's version: new fields take their defaults,
+    removed ones are dropped. A record whose writer schema is unknown is dead-lettered, and
+    every dead-lettered record logs a WARNING with the reason and the fix.
     """
     configure_logging(json=log_format == "json")
     loaded = load_object(app)
@@ -58,6 +84,14 @@ def consume(
     except ConfigurationError as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
+    try:
+        codec = codec_for(
+            loaded.registry,
+            SchemaSettings(schemas_dir=schemas_dir, schema_registry_url=schema_registry_url),
+        )
+    except ConfigurationError as exc:  # CatalogError included
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from None
     flags: dict[str, Any] = {"batch_size": batch_size, "lanes": lanes, "metrics_port": metrics_port}
     try:
         run_consumers(
@@ -66,6 +100,7 @@ def consume(
             database_url=database_url,
             kafka=KafkaSettings(bootstrap_servers=bootstrap_servers),
             settings=ConsumerSettings(**{k: v for k, v in flags.items() if v is not None}),
+            codec=codec,
         )
     except KafkaAuthenticationError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")

@@ -15,8 +15,8 @@ from oncely.consumers.effects import Effects
 from oncely.consumers.runner import EffectConsumer
 from oncely.ops.http import HealthServer
 from oncely.ops.metrics import ConsumerMetrics
-from oncely.schemas.catalog import SchemaCatalog
 from oncely.schemas.codec import Codec
+from oncely.schemas.loader import codec_for
 from oncely.settings import ConsumerSettings, KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -35,11 +35,14 @@ def build_consumers(
 ) -> list[EffectConsumer]:
     """One :class:`EffectConsumer` per effect name, sharing the engine, codec and DLQ producer.
 
+    Without ``codec``, the codec reads the committed schema catalog and schema registry of
+    :class:`~oncely.settings.SchemaSettings` (``ONCELY_SCHEMAS_DIR``, else ``./schemas`` when
+    it exists; ``ONCELY_SCHEMA_REGISTRY_URL``), see :func:`oncely.schemas.loader.codec_for`.
     Creates each effect's missing dead-letter topics (with the source topic's partition count).
     An unreachable broker raises ``KafkaException``; with ``stop``, it is waited for instead
-    until ``stop`` is set.
+    until ``stop`` is set. A missing or malformed catalog raises ``CatalogError``.
     """
-    codec = codec or Codec(registry=effects.registry, catalog=SchemaCatalog())
+    codec = codec or codec_for(effects.registry)
     dead_letters = DeadLetters(kafka.client_config())
     consumers = []
     for name in names:

@@ -1,0 +1,86 @@
+"""The codec a consuming process decodes with: the code's schemas, the committed catalog and,
+for ``avro-confluent``, the schema registry.
+
+A record is read with its writer schema, found by fingerprint in the catalog (``avro``) or by id
+in the registry (``avro-confluent``), and resolved to the code's version of its event type by
+Avro schema resolution: fields the writer lacked take their defaults, fields the code lacks are
+dropped. JSON values are validated by the code's model, which does the same for compatible
+models. The catalog folder is the one given (``--schemas-dir``, ``ONCELY_SCHEMAS_DIR``), else
+``./schemas`` when that folder exists, else none: then only the code's own schemas are known.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from oncely.errors import ConfigurationError
+from oncely.events import Registry
+from oncely.schemas.catalog import SchemaCatalog
+from oncely.schemas.codec import Codec
+from oncely.settings import SchemaSettings
+
+__all__ = ["DEFAULT_SCHEMAS_DIR", "codec_for", "find_catalog"]
+
+log = logging.getLogger(__name__)
+
+#: The catalog folder used when none is given and it exists (relative to the working directory).
+DEFAULT_SCHEMAS_DIR = Path("schemas")
+
+
+def find_catalog(directory: Path | None) -> SchemaCatalog:
+    """Load the catalog in ``directory``, else in ``./schemas`` if it exists, else an empty one.
+
+    Raises:
+        CatalogError: ``directory`` is given and does not exist, or a file in the folder is not
+            a valid schema file (the message names it).
+    """
+    if directory is None:
+        if not DEFAULT_SCHEMAS_DIR.is_dir():
+            return SchemaCatalog()
+        directory = DEFAULT_SCHEMAS_DIR
+    return SchemaCatalog.load(directory)
+
+
+def codec_for(registry: Registry, settings: SchemaSettings | None = None) -> Codec:
+    """A :class:`Codec` for ``registry`` that reads the versions the catalog and registry know.
+
+    Args:
+        registry: the application's event types (the reader schemas).
+        settings: the catalog folder and schema registry URL (default: from ``ONCELY_*``).
+
+    Raises:
+        CatalogError: the catalog folder is missing or malformed, or one of its files holds
+            another schema for a version the code declares.
+        ConfigurationError: an event type uses ``avro-confluent`` and no schema registry URL is
+            set (``ONCELY_SCHEMA_REGISTRY_URL``).
+    """
+    settings = settings if settings is not None else SchemaSettings()
+    confluent_types = [t.name for t in registry if t.encoding == "avro-confluent"]
+    if confluent_types and not settings.schema_registry_url:
+        raise ConfigurationError(
+            f"event types {', '.join(confluent_types)} use avro-confluent: set the schema "
+            "registry URL (--schema-registry-url or ONCELY_SCHEMA_REGISTRY_URL)"
+        )
+    catalog = find_catalog(settings.schemas_dir)
+    client = (
+        SchemaRegistryClient.new_client({"url": settings.schema_registry_url})
+        if settings.schema_registry_url
+        else None
+    )
+    codec = Codec(registry=registry, catalog=catalog, schema_registry=client)
+    if catalog.directory is None:
+        log.info(
+            "no schema catalog: records written with other schema versions cannot be decoded "
+            "(set --schemas-dir or ONCELY_SCHEMAS_DIR, or run where ./schemas is)"
+        )
+    else:
+        log.info(
+            "schema catalog %s: %d schema(s) of %d event type(s)",
+            catalog.directory,
+            len(catalog),
+            len(catalog.event_types()),
+        )
+    return codec
