@@ -39,6 +39,7 @@ from oncely.consumers.effects import (
 from oncely.consumers.records import Decoded, Undecodable
 from oncely.ops.failpoints import failpoint
 from oncely.ops.metrics import ConsumerMetrics
+from oncely.schemas.errors import DecodeFailure
 from oncely.storage.queries import query
 
 PartitionId = tuple[str, int]
@@ -56,6 +57,7 @@ class Failure:
     message: Message
     error: BaseException | str
     kind: Literal["handler", "undecodable", "database"]
+    decode_failure: DecodeFailure | None = None
 
     @property
     def offset(self) -> int:
@@ -111,7 +113,9 @@ class Applier:
             if tp in stopped:
                 continue
             if isinstance(record, Undecodable):
-                outcome.failures.append(Failure(record.message, record.reason, "undecodable"))
+                outcome.failures.append(
+                    Failure(record.message, record.reason, "undecodable", record.failure)
+                )
                 stopped.add(tp)
             else:
                 eligible.append(record)
@@ -160,7 +164,9 @@ class Applier:
                 if tp in stopped:
                     continue
                 if isinstance(record, Undecodable):
-                    outcome.failures.append(Failure(message, record.reason, "undecodable"))
+                    outcome.failures.append(
+                        Failure(message, record.reason, "undecodable", record.failure)
+                    )
                     stopped.add(tp)
                     continue
                 savepoint = session.begin_nested()

@@ -20,7 +20,7 @@ from confluent_kafka import Message
 
 from oncely.events import EventType
 from oncely.schemas.codec import Codec
-from oncely.schemas.errors import DecodeError
+from oncely.schemas.errors import DecodeError, DecodeFailure
 
 MAX_HEADER_BYTES = 64 * 1024
 #: Bounds on all headers of one record together: no oncely record comes near them.
@@ -41,6 +41,8 @@ class Decoded:
 class Undecodable:
     message: Message
     reason: str
+    failure: DecodeFailure | None = None
+    """The codec's classification, when the value itself could not be decoded."""
 
 
 def text_headers(message: Message) -> dict[str, str] | str:
@@ -98,5 +100,5 @@ def decode_record(
     try:
         event = codec.decode(value, headers, expected=event_type.model)
     except DecodeError as exc:
-        return Undecodable(message, str(exc))
+        return Undecodable(message, str(exc), exc.reason)
     return Decoded(message, event_id, event_type, event, headers)

@@ -16,8 +16,10 @@ offset stops just before it. Then the failure policy acts: retry in place (pause
 seek back to the record, resume after a backoff), then dead-letter it (produce it to
 ``<topic>.<effect>.dlq``, confirmed, and only then commit past it) or block the partition.
 Records that cannot be decoded (corrupt bytes, unknown schema, missing ``id``) are dead-lettered
-at once with the reason. Nothing is skipped silently. With lanes, ``block`` stops the partition
-at the failing record, but records of other keys after it may already have been applied.
+at once with the reason. Every dead-lettered record logs one WARNING line with the reason and
+how to fix it (:func:`dead_letter_fix`). Nothing is skipped silently. With lanes, ``block``
+stops the partition at the failing record, but records of other keys after it may already have
+been applied.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from oncely.consumers.records import decode_record
 from oncely.ops.failpoints import failpoint
 from oncely.ops.metrics import ConsumerMetrics
 from oncely.schemas.codec import Codec
+from oncely.schemas.errors import DecodeFailure
 from oncely.security import AuthWatch
 from oncely.settings import ConsumerSettings, KafkaSettings
 
@@ -277,6 +280,23 @@ class EffectConsumer:
             self._pause(tp, offset, resume_at=time.monotonic() + 5.0)
             return
         self.metrics.dead_lettered.labels(self.effect.name, reason).inc()
+        log.warning(
+            "dead-lettered %s[%d]@%d to %s (%s): %s; to fix: %s",
+            tp[0],
+            tp[1],
+            offset,
+            self.effect.dlq_topic(tp[0]),
+            reason,
+            error if isinstance(error, str) else f"{error_class}: {error}",
+            dead_letter_fix(failure, effect=self.effect.name),
+            extra={
+                "effect": self.effect.name,
+                "topic": tp[0],
+                "partition": tp[1],
+                "offset": offset,
+                "reason": reason,
+            },
+        )
         self._attempts.pop((*tp, offset), None)
         self._store_offsets({tp: offset + 1})
         self._commit(asynchronous=True)
@@ -335,6 +355,30 @@ class EffectConsumer:
                 continue
             lag = high - tp.offset if tp.offset >= 0 else high
             self.metrics.lag.labels(self.effect.name, tp.topic, str(tp.partition)).set(max(0, lag))
+
+
+def dead_letter_fix(failure: Failure, *, effect: str) -> str:
+    """How an operator repairs a dead-lettered record: the cause's fix, then the redrive."""
+    tp = topic_partition(failure.message)
+    redrive = (
+        f"then redrive it with `oncely replay --app <module:effects> --effect {effect} "
+        f"--to-offset {tp[0]}:{tp[1]}:{failure.offset} --execute` (consumers stopped)"
+    )
+    if failure.decode_failure is DecodeFailure.UNKNOWN_SCHEMA:
+        cause = (
+            "export the writer's schema version with `oncely schemas export` into the "
+            "consumer's catalog (--schemas-dir, ONCELY_SCHEMAS_DIR or ./schemas) and restart it"
+        )
+    elif failure.decode_failure is DecodeFailure.INCOMPATIBLE_SCHEMA:
+        cause = (
+            "the writer's schema does not resolve to the code's: make the change compatible "
+            "(`oncely schemas check`) and deploy it"
+        )
+    elif failure.kind == "undecodable":
+        cause = "the record is not a valid event of its topic: find and fix its producer"
+    else:
+        cause = "fix the handler or the data it needs and deploy"
+    return f"{cause}; {redrive}"
 
 
 def split_lanes(records: Sequence[Record], lanes: int) -> list[list[Record]]:
