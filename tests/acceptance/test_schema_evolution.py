@@ -1,0 +1,325 @@
+"""`oncely consume` across a schema change: records of another version are applied, not lost.
+
+Each test runs `oncely consume` in a subprocess, with the committed catalog written by the
+export code into a folder of its own, against real Kafka and PostgreSQL. ``order.placed`` v2
+adds a field with a default to v1 (see ``tests/apps/orders.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import NewTopic
+
+from oncely.events import Encoding
+from oncely.schemas.catalog import export_schemas
+from oncely.schemas.codec import Codec
+from tests.apps.orders import Version, build, create_tables
+from tests.helpers import publish_events, read_topics, scalar, wait_until
+
+pytestmark = pytest.mark.acceptance
+
+REPO = Path(__file__).resolve().parents[2]
+EFFECT = "orders"
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(database_url, pool_size=2)
+    create_tables(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}."
+
+
+def versions(prefix: str, kafka_admin: Any, encoding: Encoding = "avro") -> tuple[Version, Version]:
+    v1, v2 = build(prefix, group_prefix=prefix, encoding=encoding)
+    kafka_admin.create_topics([NewTopic(v1.topic, num_partitions=1)])[v1.topic].result(30)
+    return v1, v2
+
+
+def catalog(directory: Path, *committed: Version) -> Path:
+    """The catalog folder as `oncely schemas export` leaves it after each version's export."""
+    for version in committed:
+        export_schemas(version.registry, directory)
+    return directory
+
+
+class ConsumeProcess:
+    """`oncely consume tests.apps.orders:effects_v<N> --effect orders` in a subprocess."""
+
+    def __init__(
+        self,
+        version: int,
+        prefix: str,
+        database_url: str,
+        bootstrap: str,
+        *args: str,
+        cwd: Path,
+        encoding: Encoding = "avro",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "oncely",
+                "consume",
+                f"tests.apps.orders:effects_v{version}",
+                "--effect",
+                EFFECT,
+                "--database-url",
+                database_url,
+                "--bootstrap-servers",
+                bootstrap,
+                *args,
+            ],
+            cwd=cwd,
+            env={
+                **{k: v for k, v in os.environ.items() if k != "ONCELY_SCHEMAS_DIR"},
+                "PYTHONPATH": str(REPO),
+                "ONCELY_TEST_TOPIC_PREFIX": prefix,
+                "ONCELY_TEST_GROUP_PREFIX": prefix,
+                "ONCELY_TEST_ENCODING": encoding,
+                "ONCELY_CONSUMER_POLL_TIMEOUT_SECONDS": "0.2",
+                **(env or {}),
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        self.log: list[dict[str, Any]] = []
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> list[dict[str, Any]]:
+        """SIGTERM, wait, check the exit; return its log records (JSON lines)."""
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+        _, stderr = self.process.communicate(timeout=60)
+        text = stderr.decode()
+        assert self.process.returncode == 0, text
+        self.log = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        return self.log
+
+
+def dlq_depth(bootstrap: str, topic: str) -> int:
+    """Records in ``topic``'s partition 0 (0 while it does not exist yet)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"depth-{uuid.uuid4().hex}"})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=5)
+    except KafkaException:
+        return 0
+    finally:
+        consumer.close()
+    return int(high - low)
+
+
+def settle(
+    engine: sa.Engine, bootstrap: str, version: Version, count: int, process: ConsumeProcess
+) -> tuple[int, int]:
+    """Wait until ``count`` records are applied or dead-lettered; (applied, dead-lettered)."""
+    dlq = version.effects.get(EFFECT).dlq_topic(version.topic)
+    outcome = (0, 0)
+
+    def done() -> bool:
+        nonlocal outcome
+        assert process.alive(), "the consumer exited"
+        applied = scalar(engine, "SELECT count(*) FROM oncely_receipts WHERE effect = :e", e=EFFECT)
+        assert isinstance(applied, int)
+        outcome = (applied, dlq_depth(bootstrap, dlq))
+        return sum(outcome) >= count
+
+    wait_until(done, timeout=90, interval=0.5)
+    return outcome
+
+
+def rows(engine: sa.Engine) -> list[tuple[Any, ...]]:
+    with engine.connect() as conn:
+        result = conn.execute(
+            sa.text(
+                "SELECT order_id, amount, currency, code_version FROM orders_applied"
+                " ORDER BY amount"
+            )
+        )
+        return [tuple(row) for row in result]
+
+
+def events(version: Version, count: int, start: int = 0, **fields: Any) -> list[tuple[Any, Any]]:
+    return [
+        (uuid.uuid4(), version.model(order_id=f"o-{i % 7}", amount=i, **fields))
+        for i in range(start, start + count)
+    ]
+
+
+def dead_letter_warnings(log: Sequence[dict[str, Any]]) -> list[str]:
+    return [
+        str(r["message"])
+        for r in log
+        if r.get("level") == "WARNING" and str(r["message"]).startswith("dead-lettered")
+    ]
+
+
+@pytest.mark.parametrize("encoding", ["avro", "json"])
+def test_a_consumer_deployed_first_applies_v1_records_with_v2_code_new_fields_defaulted(
+    encoding: Encoding,
+    prefix: str,
+    kafka_admin: Any,
+    engine: sa.Engine,
+    database_url: str,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    v1, v2 = versions(prefix, kafka_admin, encoding)
+    schemas = catalog(tmp_path / "catalog", v1, v2)
+    publish_events(kafka_bootstrap, Codec(registry=v1.registry), events(v1, 40))
+    consumer = ConsumeProcess(
+        2, prefix, database_url, kafka_bootstrap, "--schemas-dir", str(schemas),
+        cwd=tmp_path, encoding=encoding,
+    )  # fmt: skip
+    try:
+        applied, dead = settle(engine, kafka_bootstrap, v2, 40, consumer)
+    finally:
+        log = consumer.stop()
+    assert (applied, dead) == (40, 0), "every v1 record applied by the v2 code, none dead"
+    assert rows(engine) == [(f"o-{i % 7}", i, "EUR", 2) for i in range(40)], "default taken"
+    assert dead_letter_warnings(log) == []
+
+
+def test_a_producer_deployed_first_has_v2_records_applied_by_v1_code(
+    prefix: str,
+    kafka_admin: Any,
+    engine: sa.Engine,
+    database_url: str,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    v1, v2 = versions(prefix, kafka_admin)
+    schemas = catalog(tmp_path / "catalog", v1, v2)  # the v2 schema is committed with the change
+    publish_events(kafka_bootstrap, Codec(registry=v2.registry), events(v2, 40, currency="USD"))
+    consumer = ConsumeProcess(
+        1, prefix, database_url, kafka_bootstrap,
+        cwd=tmp_path, env={"ONCELY_SCHEMAS_DIR": str(schemas)},
+    )  # fmt: skip
+    try:
+        applied, dead = settle(engine, kafka_bootstrap, v1, 40, consumer)
+    finally:
+        log = consumer.stop()
+    assert (applied, dead) == (40, 0), "every v2 record applied by the v1 code, none dead"
+    assert rows(engine) == [(f"o-{i % 7}", i, None, 1) for i in range(40)], "new field dropped"
+    assert dead_letter_warnings(log) == []
+
+
+def test_a_replay_to_earliest_after_the_upgrade_applies_the_old_records(
+    prefix: str,
+    kafka_admin: Any,
+    engine: sa.Engine,
+    database_url: str,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    v1, v2 = versions(prefix, kafka_admin)
+    schemas = catalog(tmp_path / "schemas", v1)  # ./schemas of the service's checkout
+    publish_events(kafka_bootstrap, Codec(registry=v1.registry), events(v1, 20))
+    before = ConsumeProcess(1, prefix, database_url, kafka_bootstrap, cwd=tmp_path)
+    try:
+        assert settle(engine, kafka_bootstrap, v1, 20, before) == (20, 0)
+    finally:
+        before.stop()
+
+    # The upgrade: v2 is exported next to v1, producers and consumers run the v2 code.
+    catalog(schemas, v2)
+    publish_events(kafka_bootstrap, Codec(registry=v2.registry), events(v2, 20, start=20))
+    upgraded = ConsumeProcess(2, prefix, database_url, kafka_bootstrap, cwd=tmp_path)
+    try:
+        assert settle(engine, kafka_bootstrap, v2, 40, upgraded) == (40, 0)
+    finally:
+        upgraded.stop()
+
+    # Rebuild the projection from the topic: forget it and its receipts, replay to earliest.
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM orders_applied"))
+        conn.execute(sa.text("DELETE FROM oncely_receipts WHERE effect = :e"), {"e": EFFECT})
+    replay = subprocess.run(
+        [
+            sys.executable, "-m", "oncely", "replay", "--app", "tests.apps.orders:effects_v2",
+            "--effect", EFFECT, "--to-earliest", "--execute",
+            "--bootstrap-servers", kafka_bootstrap,
+        ],
+        cwd=tmp_path,
+        env={
+            **os.environ, "PYTHONPATH": str(REPO),
+            "ONCELY_TEST_TOPIC_PREFIX": prefix, "ONCELY_TEST_GROUP_PREFIX": prefix,
+        },
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert replay.returncode == 0, replay.stderr
+    assert "40 record(s) will be re-read" in replay.stdout
+
+    replayed = ConsumeProcess(2, prefix, database_url, kafka_bootstrap, cwd=tmp_path)
+    try:
+        applied, dead = settle(engine, kafka_bootstrap, v2, 40, replayed)
+    finally:
+        log = replayed.stop()
+    assert (applied, dead) == (40, 0), "the v1 history applied again, none dead-lettered"
+    assert rows(engine) == [
+        *[(f"o-{i % 7}", i, "EUR", 2) for i in range(20)],
+        *[(f"o-{i % 7}", i, "EUR", 2) for i in range(20, 40)],
+    ]
+    assert dead_letter_warnings(log) == []
+    assert any(str(r["message"]).startswith(f"schema catalog {schemas}") for r in log), (
+        "./schemas was loaded by default"
+    )
+
+
+def test_an_unknown_writer_schema_is_dead_lettered_with_the_reason_and_a_warning(
+    prefix: str,
+    kafka_admin: Any,
+    engine: sa.Engine,
+    database_url: str,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> None:
+    v1, v2 = versions(prefix, kafka_admin)
+    schemas = catalog(tmp_path / "catalog", v1)  # v2 was never exported to this catalog
+    sent = events(v2, 5, currency="USD")
+    publish_events(kafka_bootstrap, Codec(registry=v2.registry), sent)
+    consumer = ConsumeProcess(
+        1, prefix, database_url, kafka_bootstrap, "--schemas-dir", str(schemas), cwd=tmp_path
+    )
+    try:
+        applied, dead = settle(engine, kafka_bootstrap, v1, 5, consumer)
+    finally:
+        log = consumer.stop()
+    assert (applied, dead) == (0, 5)
+    fingerprint = v2.registry.get("order.placed").fingerprint.hex()
+    dlq = read_topics(kafka_bootstrap, [v1.effects.get(EFFECT).dlq_topic(v1.topic)])
+    assert [r.headers["id"].decode() for r in dlq] == [str(event_id) for event_id, _ in sent]
+    for record in dlq:
+        assert record.headers["oncely.dlq.reason"] == b"undecodable"
+        reason = record.headers["oncely.dlq.error.message"].decode()
+        assert "unknown-schema" in reason
+        assert "'order.placed'" in reason, "names the event type"
+        assert fingerprint in reason, "names the fingerprint"
+        assert str(schemas.absolute()) in reason, "names the catalog folder searched"
+    warnings = dead_letter_warnings(log)
+    assert len(warnings) == 5, "one WARNING line per dead-lettered record"
+    for line in warnings:
+        assert fingerprint in line and str(schemas.absolute()) in line
+        assert "oncely schemas export" in line, "says how to fix it"
+        assert "oncely replay" in line and "--to-offset" in line
