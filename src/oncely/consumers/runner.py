@@ -366,8 +366,8 @@ def dead_letter_fix(failure: Failure, *, effect: str) -> str:
     )
     if failure.decode_failure is DecodeFailure.UNKNOWN_SCHEMA:
         cause = (
-            "export the writer's schema version with `oncely schemas export` into the "
-            "consumer's catalog (--schemas-dir, ONCELY_SCHEMAS_DIR or ./schemas) and restart it"
+            "run `oncely schemas export --out <catalog>` with the writer's code, deploy that "
+            "catalog with the consumer (--schemas-dir, ONCELY_SCHEMAS_DIR or ./schemas), restart it"
         )
     elif failure.decode_failure is DecodeFailure.INCOMPATIBLE_SCHEMA:
         cause = (

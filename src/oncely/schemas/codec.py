@@ -269,9 +269,8 @@ class Codec:
         )
         return (
             f"event type {event_type.name!r}: writer schema fingerprint {fingerprint.hex()} is "
-            f"in neither the code (v{event_type.version}) nor {searched}; run `oncely schemas "
-            "export` with the writer's code into the catalog folder, deploy that folder with the "
-            "consumer (--schemas-dir, ONCELY_SCHEMAS_DIR, or ./schemas), then redrive the record"
+            f"in neither the code (v{event_type.version}) nor {searched}; export the writer's "
+            "version into the catalog with `oncely schemas export`"
         )
 
     def _writer(self, fingerprint: bytes) -> SchemaEntry | None:
