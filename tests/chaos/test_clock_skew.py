@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from oncely.devstack._process import free_port
+from oncely.devstack._process import free_ports
 from tests.chaos.harness import Pipeline, Proc
 from tests.chaos.ledger import check
 from tests.chaos.skewed_clock import SKEW_ENV
@@ -225,7 +225,7 @@ def _mean_latency(metrics: dict[str, float]) -> float:
 def test_s13_two_relays_skewed_both_ways_share_the_outbox_under_load(chaos: Pipeline) -> None:
     lease = 3.0  # the harness's ONCELY_RELAY_LEASE_SECONDS
     consumer = chaos.consumer().start()
-    ports = {"ahead": free_port(), "behind": free_port()}
+    ports = dict(zip(("ahead", "behind"), free_ports(2), strict=True))
     # Some linger keeps rows in flight, so a pause catches leases to take over.
     relays = {
         name: _skewed_relay(

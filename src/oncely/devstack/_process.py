@@ -23,6 +23,16 @@ def free_port() -> int:
         return port
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports from :func:`free_port` (two calls can return the same port)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 def die_with_parent(sig: signal.Signals) -> Callable[[], None]:
     """A ``preexec_fn`` that makes the child receive ``sig`` when its parent dies (Linux).
 

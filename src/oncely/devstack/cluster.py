@@ -24,7 +24,7 @@ from types import TracebackType
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from oncely.devstack._process import free_port
+from oncely.devstack._process import free_ports
 from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION, KafkaNode, KafkaQuorum, new_cluster_id
 from oncely.errors import DevstackError
 
@@ -40,15 +40,6 @@ def active_controller(bootstrap_servers: str, *, timeout: float = 5.0) -> int | 
     except (KafkaException, TimeoutError):
         return None
     return int(controller.id) if controller is not None else None
-
-
-def _distinct_ports(count: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < count:
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
 
 
 class KafkaCluster:
@@ -81,7 +72,7 @@ class KafkaCluster:
                 "replication factor <= nodes)"
             )
         self.data_dir = data_dir
-        ports = _distinct_ports(2 * size)
+        ports = free_ports(2 * size)
         ids = range(1, size + 1)
         controllers = {i: ports[size + i - 1] for i in ids}
         directories = {i: new_cluster_id() for i in ids}  # a directory id is a Kafka Uuid too

@@ -24,7 +24,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from oncely.devstack._process import die_with_parent, free_port, stop_process, tail
+from oncely.devstack._process import die_with_parent, free_ports, stop_process, tail
 from oncely.errors import DevstackError, ToolMissingError
 
 DEFAULT_KAFKA_VERSION = "4.4.0"
@@ -314,18 +314,19 @@ class KafkaNode:
         proxied_by: str | None = None,
     ) -> None:
         self.version = version
+        spare = iter(free_ports(5))
         self.config = KafkaNodeConfig(
             data_dir=data_dir,
-            port=port or free_port(),
-            controller_port=controller_port or free_port(),
+            port=port or next(spare),
+            controller_port=controller_port or next(spare),
             node_id=node_id,
             quorum=quorum,
             heap=heap,
             security=security,
-            sasl_port=free_port() if security is not None else None,
-            sasl_ssl_port=free_port() if security is not None and security.tls else None,
+            sasl_port=next(spare) if security is not None else None,
+            sasl_ssl_port=next(spare) if security is not None and security.tls else None,
             proxied_by=proxied_by,
-            proxied_port=free_port() if proxied_by is not None else None,
+            proxied_port=next(spare) if proxied_by is not None else None,
         )
         self._proc: subprocess.Popen[bytes] | None = None
 
