@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import struct
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 
@@ -215,3 +218,80 @@ def running_consumers(
 def scalar(engine: sa.Engine, sql: str, **params: object) -> object:
     with engine.connect() as conn:
         return conn.execute(sa.text(sql), params).scalar_one()
+
+
+class SlotReader:
+    """A logical replication client on a thread that confirms what it is sent, as a connector.
+
+    It streams ``slot`` (``pgoutput``, ``publication``) over a replication connection, so the
+    slot is active, and every ``interval`` seconds asks the walsender for its position (a
+    standby status update requesting a reply) and confirms it as flushed, as Debezium does once
+    its offsets are flushed. A small WAL message written each round keeps the WAL moving, as
+    traffic would. Clear ``confirming`` to model a connector that reads but does not confirm.
+    """
+
+    def __init__(self, dsn: str, slot: str, publication: str, *, interval: float = 0.1) -> None:
+        self.dsn, self.slot, self.publication, self.interval = dsn, slot, publication, interval
+        self.confirming = threading.Event()
+        self.confirming.set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"slot-reader-{slot}", daemon=True)
+        self._replication: psycopg.Connection[Any] | None = None
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> SlotReader:
+        self._replication = psycopg.connect(self.dsn, replication="database", autocommit=True)
+        self._replication.pgconn.send_query(
+            f"START_REPLICATION SLOT {self.slot} LOGICAL 0/0 (proto_version '1', "
+            f"publication_names '{self.publication}')".encode()
+        )
+        started = self._replication.pgconn.get_result()
+        if started is None or started.status != psycopg.pq.ExecStatus.COPY_BOTH:
+            message = started.error_message.decode() if started is not None else "no result"
+            self._replication.close()
+            raise RuntimeError(f"START_REPLICATION failed: {message}")
+        self._thread.start()
+        wait_until(lambda: self._active(), timeout=10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        if self._replication is not None:
+            self._replication.close()
+        if self.error is not None:
+            raise self.error
+
+    def _active(self) -> bool:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = %s", [self.slot]
+            ).fetchone()
+        return bool(row and row[0])
+
+    def _run(self) -> None:
+        assert self._replication is not None
+        pgconn = self._replication.pgconn
+        sent = 0
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as traffic:
+                while not self._stop.is_set():
+                    traffic.execute("SELECT pg_logical_emit_message(false, 'oncely-test', '')")
+                    pgconn.consume_input()
+                    while True:
+                        size, data = pgconn.get_copy_data(1)
+                        if size <= 0:
+                            break
+                        # A keepalive ("k") carries the walsender's position, a change ("w")
+                        # its own: both start with the position, 8 bytes after the tag.
+                        if data[:1] in (b"k", b"w"):
+                            sent = max(sent, struct.unpack(">Q", data[1:9])[0])
+                    flushed = sent if self.confirming.is_set() else 0
+                    micros = int((time.time() - 946_684_800) * 1_000_000)
+                    pgconn.put_copy_data(
+                        b"r" + struct.pack(">QQQqB", sent, flushed, flushed, micros, 1)
+                    )
+                    pgconn.flush()
+                    time.sleep(self.interval)
+        except BaseException as exc:  # reported by __exit__
+            self.error = exc

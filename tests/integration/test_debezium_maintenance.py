@@ -1,19 +1,27 @@
-"""Debezium mode's database chores through the CLI: the slot, its drop, and the purge."""
+"""Debezium mode's database chores through the CLI: the slot, its drop, and the purge.
+
+The purge's tests drive real logical replication slots: advanced by
+``pg_replication_slot_advance`` (an inactive slot), or read by :class:`SlotReader`, a
+replication client that confirms what it is sent (an active slot, as a running connector's).
+"""
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 import sqlalchemy as sa
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
+from oncely import debezium
 from oncely.cli.debezium import app
+from oncely.storage import outbox
 from oncely.testing.services import libpq_dsn
-from tests.helpers import insert_rows, outbox_rows, scalar
+from tests.helpers import SlotReader, insert_rows, outbox_rows, scalar
 
 pytestmark = pytest.mark.integration
 
@@ -73,16 +81,183 @@ def test_a_slot_held_by_a_reader_is_not_dropped(database_url: str, engine: sa.En
     assert runner_done.exit_code == 0, runner_done.output
 
 
-def test_purge_deletes_old_rows_whatever_their_status(database_url: str, engine: sa.Engine) -> None:
+@pytest.fixture
+def slots(engine: sa.Engine) -> Iterator[Callable[[], str]]:
+    """Create logical replication slots (pgoutput) for the test; all dropped afterwards."""
+    created: list[str] = []
+
+    def create() -> str:
+        slot = f"purge_{uuid.uuid4().hex[:12]}"
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text("SELECT pg_create_logical_replication_slot(:s, 'pgoutput')"), {"s": slot}
+            )
+        created.append(slot)
+        return slot
+
+    yield create
+    for slot in created:
+        debezium.drop_slot(engine, slot, timeout=10)
+
+
+@pytest.fixture
+def publication(engine: sa.Engine) -> str:
+    name = f"pub_{uuid.uuid4().hex[:12]}"
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE PUBLICATION {name} FOR TABLE oncely_outbox"))
+    return name
+
+
+def _old_rows(count: int, *, topic: str = "t", days: int = 2) -> list[dict[str, object]]:
+    rows = outbox_rows(count, topics=[topic], keys=2)
+    for row in rows:
+        row["created_at"] = datetime.now(UTC) - timedelta(days=days)
+    return rows
+
+
+def _ids(engine: sa.Engine) -> set[object]:
+    with engine.connect() as conn:
+        return set(conn.execute(sa.text("SELECT id FROM oncely_outbox")).scalars())
+
+
+def _advance(engine: sa.Engine, slot: str, lsn: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("SELECT pg_replication_slot_advance(:s, CAST(:lsn AS pg_lsn))"),
+            {"s": slot, "lsn": lsn},
+        )
+
+
+def _purge(database_url: str, *args: str) -> Result:
+    return CliRunner().invoke(
+        app, ["purge", "--database-url", database_url, "--older-than", "1d", *args]
+    )
+
+
+def test_purge_deletes_only_the_rows_the_slot_has_confirmed(
+    engine: sa.Engine, slots: Callable[[], str]
+) -> None:
+    slot = slots()
+    read = _old_rows(3)  # committed after the slot's position: unread until it advances
+    insert_rows(engine, read)
+    # A transaction still open at the mark: its row commits after the mark's WAL position.
+    open_conn = engine.connect()
+    open_tx = open_conn.begin()
+    open_row = _old_rows(1)
+    open_conn.execute(sa.insert(outbox), open_row)
+    plan = debezium.purge_plan(engine, older_than_seconds=86400, slot_name=slot)
+    open_tx.commit()
+    open_conn.close()
+    after_mark = _old_rows(2)
+    insert_rows(engine, after_mark)
+    fresh = outbox_rows(1, topics=["t"], keys=1)
+    insert_rows(engine, fresh)
+    assert plan.rows == 3
+    assert [(t.topic, t.rows) for t in plan.topics] == [("t", 3)]
+    assert plan.topics[0].oldest_id in {row["id"] for row in read}
+    assert not plan.slot.passed
+
+    # The connector has read nothing yet (an inactive slot before the mark): refused.
+    with pytest.raises(debezium.SlotBehindError, match="inactive"):
+        debezium.wait_for_slot(engine, slot, plan.mark, timeout=0)
+    assert len(_ids(engine)) == 7
+
+    # The connector confirms exactly the mark's position: the rows committed before it go;
+    # the rows committed after it (the open transaction's, the later ones) and young rows stay.
+    _advance(engine, slot, plan.mark.lsn)
+    confirmed = debezium.wait_for_slot(engine, slot, plan.mark, timeout=0)
+    assert confirmed.passed
+    assert confirmed.confirmed_flush_lsn == plan.mark.lsn
+    deleted = debezium.purge_marked(engine, plan.mark, older_than_seconds=86400, batch_size=2)
+    assert deleted == 3
+    assert _ids(engine) == {row["id"] for row in (*open_row, *after_mark, *fresh)}
+
+
+def test_purge_is_a_dry_run_without_execute(
+    database_url: str, engine: sa.Engine, slots: Callable[[], str]
+) -> None:
+    slot = slots()
+    rows = _old_rows(3, topic="a") + _old_rows(2, topic="b")
+    insert_rows(engine, rows)
+    _advance(engine, slot, str(scalar(engine, "SELECT pg_current_wal_insert_lsn()::text")))
+    result = _purge(database_url)
+    assert result.exit_code == 0, result.output
+    assert "would delete 5 outbox row(s) created more than 1d ago" in result.stdout
+    assert "  a: 3 row(s), oldest " in result.stdout
+    assert "  b: 2 row(s), oldest " in result.stdout
+    assert f"slot {slot} is inactive" in result.stdout
+    assert "dry run: nothing changed; run again with --execute" in result.stdout
+    assert len(_ids(engine)) == 5
+
+
+def test_purge_deletes_old_rows_whatever_their_status(
+    database_url: str, engine: sa.Engine, slots: Callable[[], str], publication: str
+) -> None:
+    slot = slots()
     rows = outbox_rows(5, topics=["t"], keys=2)
     insert_rows(engine, rows)
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE oncely_outbox SET created_at = now() - interval '2 days'"))
         conn.execute(sa.text("UPDATE oncely_outbox SET status = 'published' WHERE seq = 1"))
     insert_rows(engine, outbox_rows(2, topics=["t"], keys=2))
-    result = CliRunner().invoke(
-        app, ["purge", "--database-url", database_url, "--older-than", "1d"]
-    )
+    with SlotReader(libpq_dsn(database_url), slot, publication):
+        result = _purge(database_url, "--execute", "--wait", "30")
     assert result.exit_code == 0, result.output
     assert "deleted 5 outbox row(s)" in result.stdout
+    assert f"confirmed by slot {slot}" in result.stdout
     assert scalar(engine, "SELECT count(*) FROM oncely_outbox") == 2
+
+
+def _refused(result: Result, exit_code: int, reason: str) -> None:
+    assert result.exit_code == exit_code, result.output
+    assert reason in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_purge_refuses_without_a_slot(database_url: str, engine: sa.Engine) -> None:
+    insert_rows(engine, _old_rows(2))
+    _refused(_purge(database_url, "--execute"), 2, "no logical replication slot in database")
+    _refused(
+        _purge(database_url, "--execute", "--slot-name", "oncely_outbox"),
+        2,
+        "no logical replication slot 'oncely_outbox'",
+    )
+    _refused(_purge(database_url), 2, "no logical replication slot in database")
+    assert len(_ids(engine)) == 2
+
+
+def test_purge_refuses_to_guess_between_slots(
+    database_url: str, engine: sa.Engine, slots: Callable[[], str]
+) -> None:
+    first, second = sorted([slots(), slots()])
+    insert_rows(engine, _old_rows(2))
+    for slot in (first, second):
+        _advance(engine, slot, str(scalar(engine, "SELECT pg_current_wal_insert_lsn()::text")))
+    _refused(
+        _purge(database_url, "--execute"),
+        2,
+        f"has 2 logical replication slots ({first}, {second}): name the connector's",
+    )
+    assert len(_ids(engine)) == 2
+
+
+def test_purge_refuses_an_inactive_slot_behind_the_rows(
+    database_url: str, engine: sa.Engine, slots: Callable[[], str]
+) -> None:
+    slot = slots()  # the connector created its slot, then stopped before reading these
+    insert_rows(engine, _old_rows(2))
+    _refused(_purge(database_url, "--execute"), 1, f"replication slot '{slot}' is inactive")
+    assert len(_ids(engine)) == 2
+
+
+def test_purge_gives_up_when_an_active_slot_does_not_confirm_in_time(
+    database_url: str, engine: sa.Engine, slots: Callable[[], str], publication: str
+) -> None:
+    slot = slots()
+    insert_rows(engine, _old_rows(2))
+    with SlotReader(libpq_dsn(database_url), slot, publication) as reader:
+        reader.confirming.clear()  # reading, but its offsets are not flushed yet
+        result = _purge(database_url, "--execute", "--wait", "1")
+    _refused(result, 1, "after 1 s: the connector confirms a position when it flushes")
+    assert len(_ids(engine)) == 2

@@ -27,7 +27,15 @@ from pydantic import BaseModel
 from oncely.consumers.effects import EffectContext, Effects
 from oncely.consumers.runner import EffectConsumer
 from oncely.consumers.service import build_consumers
-from oncely.debezium import ConnectorOptions, connector_config, drop_slot, purge, slot_status
+from oncely.debezium import (
+    ConnectorOptions,
+    connector_config,
+    drop_slot,
+    purge_marked,
+    purge_plan,
+    slot_status,
+    wait_for_slot,
+)
 from oncely.devstack.connect import ConnectNode
 from oncely.events import Encoding, Registry
 from oncely.ops.metrics import ConsumerMetrics
@@ -349,10 +357,17 @@ def test_debezium_and_the_relay_publish_the_same_records(
     _consume_b_twice(run, engine, kafka_bootstrap, ids)
 
     # The relay's settles (UPDATEs) emitted nothing; a purge (DELETEs) emits nothing either:
-    # a row staged after the purge is the only new record on B.
-    assert purge(engine, older_than_seconds=0) == EVENTS
+    # a row staged after the purge's mark is the only new record on B. The connector confirms
+    # the mark's WAL position once it has read that later row and flushed its offsets; only
+    # then are the rows before the mark deleted, and the late row stays.
+    plan = purge_plan(engine, older_than_seconds=0, slot_name=options.slot_name)
+    assert plan.rows == EVENTS
     [late] = _stage(engine, codec, range(EVENTS, EVENTS + 1))
     wait_until(lambda: _topic_total(kafka_bootstrap, topics_b) == EVENTS + 1, timeout=60)
+    wait_for_slot(engine, options.slot_name, plan.mark, timeout=60)
+    assert purge_marked(engine, plan.mark, older_than_seconds=0) == EVENTS
+    remaining = scalar(engine, "SELECT id FROM oncely_outbox")
+    assert remaining == late
     late_records = [
         r for r in read_topics(kafka_bootstrap, topics_b) if r.headers["id"] == str(late).encode()
     ]

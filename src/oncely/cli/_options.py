@@ -53,3 +53,22 @@ def parse_moment(text: str) -> datetime:
             ) from None
         return datetime.now(UTC) - parse_duration(text)
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+Execute = Annotated[
+    bool,
+    typer.Option(
+        "--execute",
+        help="Make the change. Without it the command is a dry run: it prints what it would "
+        "change, and changes nothing.",
+    ),
+]
+ExecuteNamed = Annotated[
+    bool,
+    typer.Option(
+        "--execute",
+        "--yes",
+        help="Make the change (--yes is the same, for the ids named). Without it the command is "
+        "a dry run: it prints what it would change, and changes nothing.",
+    ),
+]

@@ -17,10 +17,11 @@ from typing import Annotated, Any
 
 import sqlalchemy as sa
 import typer
+from rich.markup import escape
 
 from oncely import debezium
-from oncely.cli._options import DatabaseUrl, parse_duration
-from oncely.cli._output import err, out
+from oncely.cli._options import DatabaseUrl, Execute, parse_duration
+from oncely.cli._output import err, out, print_dry_run
 from oncely.devstack import default_stack_dir
 from oncely.devstack.connect import DEFAULT_DEBEZIUM_VERSION, ConnectNode
 from oncely.devstack.stack import read_state
@@ -113,25 +114,100 @@ def config(
     sys.stdout.write(debezium.render(options, "json" if output == "json" else "properties"))
 
 
+def _print_purge_plan(plan: debezium.PurgePlan, heading: str) -> None:
+    out.print(heading)
+    for topic in plan.topics:
+        out.print(
+            f"  {escape(topic.topic)}: {topic.rows} row(s), oldest {topic.oldest_id} created "
+            f"{topic.oldest_created_at.isoformat()}"
+        )
+    if plan.waiting:
+        out.print(
+            f"  kept: {plan.waiting} older row(s) written by transactions still open at the "
+            "mark (a later purge takes them)"
+        )
+
+
 @app.command()
 def purge(
     database_url: DatabaseUrl,
     older_than: Annotated[
         str, typer.Option(help="Delete rows created longer ago than this (e.g. 7d, 12h).")
     ] = "7d",
+    slot_name: Annotated[
+        str | None,
+        typer.Option(
+            help="The connector's replication slot (default: the only logical replication "
+            "slot of the database; refused when there are several).",
+            show_default=False,
+        ),
+    ] = None,
+    wait: Annotated[
+        float,
+        typer.Option(
+            help="Seconds to wait for an active slot to confirm the purge's WAL position "
+            "(Debezium confirms when it flushes offsets, every 60 s by default).",
+            min=0,
+        ),
+    ] = 120.0,
+    execute: Execute = False,
 ) -> None:
-    """Delete outbox rows created before --older-than, whatever their status (Debezium mode).
+    """Delete outbox rows created before --older-than that the connector has read (Debezium mode).
 
-    Debezium never marks rows published, so `oncely relay purge` would keep them forever.
-    Deleting is safe: Debezium reads INSERTs from the WAL, and the connector skips DELETEs.
+    A dry run unless --execute: it prints the rows it would delete (count per topic, oldest
+    row) and the slot's position, and deletes nothing. Debezium never marks rows published, so
+    `oncely relay purge` would keep them forever; this purge deletes them whatever their
+    status, but only those the connector's replication slot has confirmed: it records a mark
+    (a snapshot's xmin, and the WAL insert position right after it), waits up to --wait seconds
+    for the slot's confirmed_flush_lsn to reach that position, then deletes the old rows
+    written before the snapshot. Rows written later stay for the next purge.
+
+    Refused, deleting nothing, with exit 2 when there is no such slot, no logical slot at all
+    (no connector reads this outbox, or `oncely relay` does), or several and no --slot-name;
+    with exit 1 when the slot is inactive (no connector reads it) and behind, or did not catch
+    up within --wait.
     """
-    horizon = parse_duration(older_than)
+    horizon = parse_duration(older_than).total_seconds()
     engine = sa.create_engine(database_url)
     try:
-        deleted = debezium.purge(engine, older_than_seconds=horizon.total_seconds())
+        if not execute:
+            plan = debezium.purge_plan(engine, older_than_seconds=horizon, slot_name=slot_name)
+            _print_purge_plan(
+                plan, f"would delete {plan.rows} outbox row(s) created more than {older_than} ago"
+            )
+            slot = plan.slot
+            state = "active" if slot.active else "inactive: no connector reads it"
+            position = (
+                "has confirmed it"
+                if slot.passed
+                else f"is {slot.behind_bytes} bytes behind it (--execute waits up to {wait:g} s"
+                + (")" if slot.active else ", but refuses an inactive slot)")
+            )
+            out.print(
+                f"slot {slot.name} is {state}; it confirmed {slot.confirmed_flush_lsn}, the purge "
+                f"needs {plan.mark.lsn} and {position}"
+            )
+            print_dry_run()
+            return
+        result = debezium.purge(
+            engine, older_than_seconds=horizon, slot_name=slot_name, wait_seconds=wait
+        )
+    except ConfigurationError as exc:
+        err.print(f"[red]refused:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    except debezium.PurgeRefusedError as exc:
+        err.print(f"[red]refused:[/] {escape(str(exc))}")
+        raise typer.Exit(1) from None
+    except sa.exc.OperationalError as exc:
+        err.print(f"[red]error:[/] database failure: {escape(str(exc.orig))}")
+        raise typer.Exit(1) from None
     finally:
         engine.dispose()
-    out.print(f"deleted {deleted} outbox row(s) created more than {older_than} ago")
+    _print_purge_plan(
+        result.plan,
+        f"deleted {result.deleted} outbox row(s) created more than {older_than} ago, all "
+        f"confirmed by slot {result.slot.name} (at {result.slot.confirmed_flush_lsn})",
+    )
 
 
 @app.command("drop-slot")
