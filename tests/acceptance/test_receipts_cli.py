@@ -61,8 +61,31 @@ def test_purge_is_refused_within_retention_and_deletes_old_receipts(
     )
     assert refused.returncode == 1
     assert "replay could apply those events twice" in refused.stderr
-    done = subprocess.run(
+    refused = subprocess.run(
+        [*command, "--older-than", "2d", "--execute"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 1
+    assert "replay could apply those events twice" in refused.stderr
+    assert scalar(engine, "SELECT count(*) FROM oncely_receipts") == 3
+    dry_run = subprocess.run(
         [*command, "--older-than", "4d"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert dry_run.returncode == 0, dry_run.stderr
+    assert "would delete 2 receipt(s) of ledger older than 4d, oldest applied " in dry_run.stdout
+    assert "dry run: nothing changed; run again with --execute" in dry_run.stdout
+    assert scalar(engine, "SELECT count(*) FROM oncely_receipts") == 3
+    done = subprocess.run(
+        [*command, "--older-than", "4d", "--execute"],
         capture_output=True,
         text=True,
         env=env,

@@ -158,7 +158,14 @@ def test_an_irreversible_task_of_a_killed_worker_is_stale_until_reclaimed(
     assert "Z" in listed.stdout  # ISO-8601 UTC timestamps
     assert "1 task(s)" in listed.stdout
 
-    reclaimed = _cli(database_url, "reclaim", str(task_id))
+    dry_run = _cli(database_url, "reclaim", str(task_id))
+    assert dry_run.returncode == 0, dry_run.stderr
+    assert f"would reclaim task {task_id} (fake.irreversible" in dry_run.stdout
+    assert "stale after 1 attempt(s)" in dry_run.stdout
+    assert "run again with --yes" in dry_run.stdout
+    time.sleep(1.0)  # sweeps and polls: the dry run queued nothing
+    assert _status(engine, task_id) == "stale"
+    reclaimed = _cli(database_url, "reclaim", str(task_id), "--yes")
     assert reclaimed.returncode == 0, reclaimed.stderr
     assert f"reclaimed task {task_id}" in reclaimed.stdout
     _wait_for(lambda: _status(engine, task_id) == "completed", "the reclaimed task to run")
@@ -202,4 +209,6 @@ def test_bad_targets_and_arguments_exit_2_and_unknown_tasks_exit_1(database_url:
     not_an_id = _cli(database_url, "reclaim", "nope")
     assert (not_an_id.returncode, "not a task id" in not_an_id.stderr) == (2, True)
     unknown = _cli(database_url, "reclaim", str(uuid.uuid4()))
+    assert (unknown.returncode, "no task has id" in unknown.stderr) == (1, True)
+    unknown = _cli(database_url, "reclaim", str(uuid.uuid4()), "--yes")
     assert (unknown.returncode, "no task has id" in unknown.stderr) == (1, True)

@@ -391,6 +391,9 @@ def test_an_irreversible_lease_expiry_is_stale_until_reclaimed(engine: sa.Engine
     assert "oncely tasks reclaim" in row["last_error"]
     assert [(f.outcome, f.dead_letter) for f in seen] == [("stale", True)]
     # An operator checked the provider and reclaims it: it runs again, with the same key.
+    previewed = worker.store.reclaimable(task_id)  # the dry run changes nothing
+    assert (previewed.status, previewed.attempts) == ("stale", 1)
+    assert _row(engine, task_id)["status"] == "stale"
     reclaimed = worker.store.reclaim(task_id)
     assert (reclaimed.status, reclaimed.attempts) == ("queued", 1)
     assert worker.dispatch_pending() == 1
@@ -402,9 +405,13 @@ def test_reclaim_refuses_unknown_and_live_tasks(engine: sa.Engine) -> None:
     store = TaskStore(engine=engine)
     with pytest.raises(TaskNotFound):
         store.reclaim(uuid.uuid4())
+    with pytest.raises(TaskNotFound):
+        store.reclaimable(uuid.uuid4())
     task_id = _enqueue(engine, "email.send", {})
     with pytest.raises(NotReclaimable, match="is queued"):
         store.reclaim(task_id)
+    with pytest.raises(NotReclaimable, match="is queued"):
+        store.reclaimable(task_id)
 
 
 def test_renewal_keeps_an_irreversible_task_leased(engine: sa.Engine) -> None:

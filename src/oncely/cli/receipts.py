@@ -9,9 +9,15 @@ import typer
 from confluent_kafka.admin import AdminClient
 
 from oncely.cli._imports import load_effects
-from oncely.cli._options import BootstrapServers, DatabaseUrl, parse_duration
-from oncely.cli._output import err, out
-from oncely.consumers.receipts import UnsafePurgeError, purge_receipts, topic_retention
+from oncely.cli._options import BootstrapServers, DatabaseUrl, Execute, parse_duration
+from oncely.cli._output import err, out, print_dry_run
+from oncely.consumers.receipts import (
+    UnsafePurgeError,
+    check_horizon,
+    preview_receipts,
+    purge_receipts,
+    topic_retention,
+)
 from oncely.settings import KafkaSettings
 
 app = typer.Typer(help="Effect receipts: the evidence that keeps effects single.")
@@ -27,24 +33,38 @@ def purge(
     force: Annotated[
         bool, typer.Option(help="Purge even within the topics' retention (unsafe).")
     ] = False,
+    execute: Execute = False,
 ) -> None:
     """Delete an effect's receipts older than --older-than, in batches.
 
-    Refused when the horizon is shorter than the retention of the effect's topics (a replay
-    could then apply an event twice) unless --force.
+    A dry run unless --execute: it prints how many receipts it would delete and the oldest
+    one's time, and deletes nothing. Refused (exit 1), even as a dry run, when the horizon is
+    shorter than the retention of the effect's topics (a replay could then apply an event
+    twice) unless --force.
     """
     horizon = parse_duration(older_than)
     declared = load_effects(app_).get(effect)
     admin = AdminClient(KafkaSettings(bootstrap_servers=bootstrap_servers).client_config())
     retention = topic_retention(admin, declared.topics)
-    engine = sa.create_engine(database_url)
     try:
-        deleted = purge_receipts(
-            engine, effect=effect, older_than=horizon, retention=retention, force=force
-        )
+        check_horizon(horizon, retention, force=force)
     except UnsafePurgeError as exc:
         err.print(f"[red]refused:[/] {exc}")
         raise typer.Exit(1) from None
+    engine = sa.create_engine(database_url)
+    try:
+        if not execute:
+            preview = preview_receipts(engine, effect=effect, older_than=horizon)
+            oldest = preview.oldest_applied_at
+            out.print(
+                f"would delete {preview.receipts} receipt(s) of {effect} older than {older_than}"
+                + (f", oldest applied {oldest.isoformat()}" if oldest is not None else "")
+            )
+            print_dry_run()
+            return
+        deleted = purge_receipts(
+            engine, effect=effect, older_than=horizon, retention=retention, force=force
+        )
     finally:
         engine.dispose()
     out.print(f"deleted {deleted} receipt(s) of {effect} older than {older_than}")

@@ -8,8 +8,8 @@ import sqlalchemy as sa
 import typer
 from rich.markup import escape
 
-from oncely.cli._options import BootstrapServers, DatabaseUrl, parse_duration
-from oncely.cli._output import err, out
+from oncely.cli._options import BootstrapServers, DatabaseUrl, Execute, parse_duration
+from oncely.cli._output import err, out, print_dry_run
 from oncely.ops.logs import configure_logging
 from oncely.relay.service import run_relay
 from oncely.relay.store import OutboxStore
@@ -74,14 +74,32 @@ def purge(
     older_than: Annotated[
         str, typer.Option(help="Delete published rows older than this (e.g. 7d, 12h).")
     ] = "7d",
+    execute: Execute = False,
 ) -> None:
-    """Delete published outbox rows older than --older-than, in batches."""
-    horizon = parse_duration(older_than)
+    """Delete published outbox rows older than --older-than, in batches.
+
+    A dry run unless --execute: it prints how many rows it would delete per topic, and the
+    oldest of each, and deletes nothing. Pending, dead and skipped rows are never deleted.
+    """
+    horizon = parse_duration(older_than).total_seconds()
     engine = sa.create_engine(database_url)
     try:
-        deleted = OutboxStore(engine, owner="purge").purge(
-            older_than_seconds=horizon.total_seconds()
-        )
+        store = OutboxStore(engine, owner="purge")
+        if not execute:
+            topics = store.purge_preview(older_than_seconds=horizon)
+            total = sum(topic.rows for topic in topics)
+            out.print(f"would delete {total} published row(s) older than {older_than}")
+            for topic in topics:
+                out.print(
+                    f"  {escape(topic.topic)}: {topic.rows} row(s), oldest {topic.oldest_id} "
+                    f"published {topic.oldest_published_at.isoformat()}"
+                )
+            print_dry_run()
+            return
+        deleted = store.purge(older_than_seconds=horizon)
+    except sa.exc.OperationalError as exc:
+        err.print(f"[red]error:[/] database failure: {escape(str(exc.orig))}")
+        raise typer.Exit(1) from None
     finally:
         engine.dispose()
     out.print(f"deleted {deleted} published row(s) older than {older_than}")

@@ -1,8 +1,9 @@
 """``oncely tasks run|list|reclaim``: the durable task worker and its operator commands.
 
 Exit codes: 0 success (``run``: stopped by SIGTERM or SIGINT after finishing its task); 1 the
-database failed, or ``reclaim`` found no such task or a task that cannot be reclaimed; 2 the
-command could not start (a task name without a handler, a bad target or argument).
+database failed, or ``reclaim`` found no such task or a task that cannot be reclaimed (in its
+dry run too); 2 the command could not start (a task name without a handler, a bad target or
+argument). ``reclaim`` is a dry run unless ``--yes`` (or ``--execute``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from oncely.cli._imports import load_object
-from oncely.cli._options import DatabaseUrl, parse_duration
-from oncely.cli._output import err, out
+from oncely.cli._options import DatabaseUrl, ExecuteNamed, parse_duration
+from oncely.cli._output import err, out, print_dry_run
 from oncely.consumers.tasks import (
     Backoff,
     MissingHandlerError,
@@ -168,11 +169,13 @@ def list_tasks(
 def reclaim(
     task_id: Annotated[str, typer.Argument(help="The task's id (see `list`).", show_default=False)],
     database_url: DatabaseUrl,
+    execute: ExecuteNamed = False,
 ) -> None:
     """Queue a stale (or dead, or failed) task again: an operator's decision.
 
-    For an irreversible task, first check with the provider (by the task's idempotency key,
-    its id) that the effect did not happen.
+    A dry run unless --yes (or --execute): it shows the task it would queue again, and changes
+    nothing. For an irreversible task, first check with the provider (by the task's
+    idempotency key, its id) that the effect did not happen.
     """
     try:
         parsed = uuid.UUID(task_id)
@@ -180,11 +183,20 @@ def reclaim(
         err.print(f"[red]error:[/] {escape(task_id)!r} is not a task id (a UUID)")
         raise typer.Exit(_CANNOT_RUN) from None
     with _database(database_url) as engine:
+        store = TaskStore(engine=engine)
         try:
-            record = TaskStore(engine=engine).reclaim(parsed)
+            record = store.reclaim(parsed) if execute else store.reclaimable(parsed)
         except TaskError as exc:
             err.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(_FAILED) from None
+    if not execute:
+        out.print(
+            f"would reclaim task {record.id} ({escape(record.name)}, key "
+            f"{escape(record.task_key)}): {record.status} after {record.attempts} attempt(s), "
+            f"last error: {escape((record.last_error or 'none')[:200])}"
+        )
+        print_dry_run("--yes")
+        return
     out.print(
         f"reclaimed task {record.id} ({escape(record.name)}): queued after "
         f"{record.attempts} attempt(s)"

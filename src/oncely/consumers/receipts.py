@@ -9,7 +9,8 @@ topics unless forced.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient, ConfigResource
@@ -34,6 +35,35 @@ def topic_retention(admin: AdminClient, topics: Sequence[str], *, timeout: float
     return longest
 
 
+def check_horizon(older_than: timedelta, retention: timedelta, *, force: bool = False) -> None:
+    """Raise :class:`UnsafePurgeError` when ``older_than < retention`` and not ``force``."""
+    if older_than < retention and not force:
+        shown = "forever" if retention == timedelta.max else str(retention)
+        raise UnsafePurgeError(
+            f"receipts younger than the topics' retention ({shown}) may still be needed: a "
+            f"replay could apply those events twice. Use a horizon of at least {shown}, or "
+            "--force if you accept that."
+        )
+
+
+@dataclass(frozen=True)
+class ReceiptsPurge:
+    """The receipts a purge would delete now: how many, and the oldest one's ``applied_at``."""
+
+    receipts: int
+    oldest_applied_at: datetime | None
+
+
+def preview_receipts(engine: sa.Engine, *, effect: str, older_than: timedelta) -> ReceiptsPurge:
+    """What :func:`purge_receipts` would delete now (no horizon check); changes nothing."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            query("receipts_purge_preview"),
+            {"effect": effect, "older_than": older_than.total_seconds()},
+        ).one()
+    return ReceiptsPurge(int(row.receipts), row.oldest_applied_at)
+
+
 def purge_receipts(
     engine: sa.Engine,
     *,
@@ -47,13 +77,7 @@ def purge_receipts(
 
     Raises :class:`UnsafePurgeError` when ``older_than < retention`` and not ``force``.
     """
-    if older_than < retention and not force:
-        shown = "forever" if retention == timedelta.max else str(retention)
-        raise UnsafePurgeError(
-            f"receipts younger than the topics' retention ({shown}) may still be needed: a "
-            f"replay could apply those events twice. Use a horizon of at least {shown}, or "
-            "--force if you accept that."
-        )
+    check_horizon(older_than, retention, force=force)
     total = 0
     while True:
         with engine.begin() as conn:

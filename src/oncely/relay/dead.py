@@ -46,6 +46,21 @@ def list_dead(engine: sa.Engine, *, topic: str | None = None) -> list[DeadRow]:
     ]
 
 
+def matching_dead(
+    engine: sa.Engine, *, ids: Sequence[UUID] | None = None, topic: str | None = None
+) -> list[DeadRow]:
+    """The dead rows :func:`requeue` (or, with ``ids``, :func:`skip`) would change now.
+
+    Those named by ``ids`` (and of ``topic``, when given), or all of ``topic``, or (neither) all
+    dead rows; oldest first. Changes nothing.
+    """
+    rows = list_dead(engine, topic=topic)
+    if ids is None:
+        return rows
+    named = set(ids)
+    return [row for row in rows if row.id in named]
+
+
 def requeue(
     engine: sa.Engine, *, ids: Sequence[UUID] | None = None, topic: str | None = None
 ) -> list[ChangedRow]:

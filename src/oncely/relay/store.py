@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from uuid import UUID
 
 import sqlalchemy as sa
@@ -46,6 +47,16 @@ class TopicBacklog:
     pending: int
     dead: int
     oldest_pending_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPurge:
+    """The published rows of one topic a purge would delete, and the oldest of them."""
+
+    topic: str
+    rows: int
+    oldest_id: UUID
+    oldest_published_at: datetime
 
 
 class OutboxStore:
@@ -130,6 +141,12 @@ class OutboxStore:
             total += deleted
             if deleted < batch_size:
                 return total
+
+    def purge_preview(self, *, older_than_seconds: float) -> list[TopicPurge]:
+        """What :meth:`purge` would delete now, per topic; changes nothing."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(query("outbox_purge_preview"), {"older_than": older_than_seconds})
+            return [TopicPurge(r.topic, r.rows, r.oldest_id, r.oldest_published_at) for r in rows]
 
     def backlog(self) -> list[TopicBacklog]:
         """Per topic: pending depth, dead count and the oldest pending row's age."""

@@ -80,6 +80,7 @@ COMPONENTS: dict[str, Component] = {
             "outbox_mark_failed",
             "outbox_release",
             "outbox_purge",
+            "outbox_purge_preview",
             "outbox_backlog",
         ),
         {},

@@ -11,14 +11,14 @@ settle that matches nothing raises :class:`LeaseLost`; nothing is overwritten.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
 
-from oncely.consumers.tasks.errors import LeaseLost, NotReclaimable, TaskNotFound
+from oncely.consumers.tasks.errors import LeaseLost, NotReclaimable, TaskError, TaskNotFound
 from oncely.consumers.tasks.model import (
     Attempt,
     Handler,
@@ -201,16 +201,31 @@ def _record(row: sa.Row[Any]) -> TaskRecord:
     return TaskRecord.from_row(row._mapping)
 
 
+#: The states ``task_reclaim`` queues again.
+RECLAIMABLE = ("stale", "dead", "failed")
+
+
+def _not_reclaimable(task_id: UUID, found: Sequence[sa.Row[Any]]) -> TaskError:
+    if not found:
+        return TaskNotFound(f"no task has id {task_id}")
+    return NotReclaimable(
+        f"task {task_id} is {found[0].status}: only a stale, dead or failed task can be reclaimed"
+    )
+
+
 def reclaim_steps(task_id: UUID) -> Generator[Step, Any, TaskRecord]:
     reclaimed = yield Sql(query("task_reclaim"), {"id": task_id})
     if reclaimed:
         return _record(reclaimed[0])
     found = yield Sql(query("task_get"), {"id": task_id})
-    if not found:
-        raise TaskNotFound(f"no task has id {task_id}")
-    raise NotReclaimable(
-        f"task {task_id} is {found[0].status}: only a stale, dead or failed task can be reclaimed"
-    )
+    raise _not_reclaimable(task_id, found)
+
+
+def reclaimable_steps(task_id: UUID) -> Generator[Step, Any, TaskRecord]:
+    found = yield Sql(query("task_get"), {"id": task_id})
+    if not found or found[0].status not in RECLAIMABLE:
+        raise _not_reclaimable(task_id, found)
+    return _record(found[0])
 
 
 def _rows(statement: str, params: Mapping[str, Any]) -> Generator[Step, Any, list[sa.Row[Any]]]:
@@ -280,6 +295,13 @@ class TaskStore:
     def reclaim(self, task_id: UUID) -> TaskRecord:
         """Queue a stale, dead or failed task again, due now (an operator's decision)."""
         return drive(self.engine, reclaim_steps(task_id))
+
+    def reclaimable(self, task_id: UUID) -> TaskRecord:
+        """The task :meth:`reclaim` would queue again, as it is now; changes nothing.
+
+        Raises :class:`TaskNotFound` or :class:`NotReclaimable` as :meth:`reclaim` would.
+        """
+        return drive(self.engine, reclaimable_steps(task_id))
 
     def get(self, task_id: UUID) -> TaskRecord | None:
         rows = drive(self.engine, _rows("task_get", {"id": task_id}))

@@ -84,6 +84,16 @@ WHERE id IN (
     LIMIT :batch_size
 )
 
+-- name: outbox_purge_preview
+-- Per topic: the published rows outbox_purge would delete now, and the oldest of them.
+SELECT topic, count(*) AS rows,
+       (array_agg(id ORDER BY published_at, seq))[1] AS oldest_id,
+       min(published_at) AS oldest_published_at
+FROM oncely_outbox
+WHERE status = 'published' AND published_at < now() - make_interval(secs => :older_than)
+GROUP BY topic
+ORDER BY topic
+
 -- name: outbox_backlog
 -- Per topic: unsettled depth, age of the oldest pending row, dead count (for metrics/status).
 SELECT topic,

@@ -31,3 +31,9 @@ WHERE (event_id, effect) IN (
     WHERE effect = :effect AND applied_at < now() - make_interval(secs => :older_than)
     LIMIT :batch_size
 )
+
+-- name: receipts_purge_preview
+-- How many of an effect's receipts receipts_purge would delete now, and the oldest one's time.
+SELECT count(*) AS receipts, min(applied_at) AS oldest_applied_at
+FROM oncely_receipts
+WHERE effect = :effect AND applied_at < now() - make_interval(secs => :older_than)
