@@ -48,7 +48,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import oncely
-from oncely.consumers.receipts import purge_receipts
+from oncely import debezium
+from oncely.consumers.receipts import preview_receipts, purge_receipts
 from oncely.consumers.replay import count_republishable, republish
 from oncely.consumers.tasks import TaskStore
 from oncely.ops.status import collect_status
@@ -442,6 +443,20 @@ def _exercise_roles(
         )
     listed = dead.list_dead(operator)
     assert len(listed) == 2
+    # The dry runs read what the commands would change.
+    assert len(dead.matching_dead(operator, ids=[listed[0].id])) == 1
+    OutboxStore(operator, owner="purge").purge_preview(older_than_seconds=3600)
+    preview_receipts(operator, effect="credit", older_than=timedelta(0))
+    slot = f"roles_{uuid.uuid4().hex[:10]}"
+    with owner.begin() as conn:
+        conn.execute(
+            sa.text("SELECT pg_create_logical_replication_slot(:s, 'pgoutput')"), {"s": slot}
+        )
+    try:
+        plan = debezium.purge_plan(operator, older_than_seconds=3600, slot_name=slot)
+        assert plan.slot.name == slot
+    finally:
+        debezium.drop_slot(owner, slot, timeout=10)
     assert len(dead.requeue(operator, ids=[listed[0].id])) == 1
     assert len(dead.skip(operator, ids=[listed[1].id])) == 1
     assert count_republishable(operator, since=since, until=None, event_type=None) == 2
@@ -450,4 +465,5 @@ def _exercise_roles(
     purge_receipts(operator, effect="credit", older_than=timedelta(0), retention=timedelta(0))
     store = TaskStore(engine=operator)
     [dead_task] = store.list_tasks(status="dead")
+    assert store.reclaimable(dead_task.id).status == "dead"
     store.reclaim(dead_task.id)
