@@ -8,7 +8,7 @@
 SELECT slot_name, plugin, active,
        CAST(confirmed_flush_lsn AS text) AS confirmed_flush_lsn,
        COALESCE(confirmed_flush_lsn >= CAST(:lsn AS pg_lsn), false) AS passed,
-       COALESCE(pg_wal_lsn_diff(CAST(:lsn AS pg_lsn), confirmed_flush_lsn), 0)::bigint
+       GREATEST(COALESCE(pg_wal_lsn_diff(CAST(:lsn AS pg_lsn), confirmed_flush_lsn), 0), 0)::bigint
            AS behind_bytes
 FROM pg_replication_slots
 WHERE slot_type = 'logical' AND database = current_database()
