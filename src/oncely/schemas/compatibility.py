@@ -10,13 +10,24 @@ schema read what a writer schema wrote?), composed into the schema registry's mo
 Non-transitive checks compare with the latest committed version older than the code's;
 transitive checks compare with every older one. A committed file of the code's own version
 must hold the code's schema (committed versions never change), and no committed version may
-be newer than the code's. The Avro checker ignores logical types; decimal precision and scale
-are compared here as well, since a changed scale silently rescales every value.
+be newer than the code's.
+
+The Avro checker ignores logical types, so they are compared here as well, at every place the
+two schemas read each other (record fields, array items, map values, union branches): the
+same data must carry the same logical type on both sides (``timestamp-millis`` read as
+``timestamp-micros`` is a 1000x time error, a plain ``string`` read as ``uuid`` fails on the
+first other string, ``date`` read as a plain ``int`` loses its meaning), and decimals the same
+precision and scale (a changed scale silently rescales every value). Every logical type of the
+Avro 1.12 specification is known: ``decimal``, ``big-decimal``, ``uuid``, ``date``,
+``time-millis``, ``time-micros``, ``timestamp-{millis,micros,nanos}``,
+``local-timestamp-{millis,micros,nanos}`` and ``duration``; a logical type on a type that
+cannot carry it is ignored, as the specification says.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -28,6 +39,7 @@ from avro.compatibility import (
     SchemaCompatibilityType,
     lookup_writer_field,
 )
+from avro.errors import IgnoredLogicalType
 from avro.schema import ArraySchema, MapSchema, RecordSchema, Schema, UnionSchema, parse
 
 from oncely.events import EventType
@@ -67,13 +79,19 @@ class Incompatibility:
 
 
 def incompatibilities(
-    *, reader: dict[str, Any], writer: dict[str, Any]
+    *, reader: dict[str, Any], writer: dict[str, Any], mode: str | None = None
 ) -> list[tuple[str, str, str]]:
     """Return why ``reader`` cannot read data written with ``writer``, as (kind, location,
-    message) triples; empty when it can."""
+    message) triples; empty when it can.
+
+    Besides the Avro checker's findings: ``logical_type_mismatch`` where the same data has
+    different logical types on each side (one of them may have none), ``decimal_mismatch``
+    where decimals differ in precision or scale. Their message names the field path (such as
+    ``lines[].at``), both sides' types and, when given, ``mode`` (``BACKWARD_TRANSITIVE``).
+    """
     reader_schema, writer_schema = _parse(reader), _parse(writer)
     found = _explain(reader_schema, writer_schema, "")
-    found.extend(_decimal_mismatches(reader_schema, writer_schema, ""))
+    found.extend(_logical_mismatches(reader_schema, writer_schema, "", "", mode))
     return found
 
 
@@ -90,6 +108,7 @@ def check_compatibility(
     without committed versions have nothing to break.
     """
     found: list[Incompatibility] = []
+    label = f"{mode.value}_TRANSITIVE" if transitive else mode.value
     for event_type in event_types:
         code = SchemaEntry.of(event_type)
         committed = catalog.versions(event_type.name)
@@ -112,7 +131,7 @@ def check_compatibility(
                         message=message,
                     )
                     for kind, location, message in incompatibilities(
-                        reader=reader.schema, writer=writer.schema
+                        reader=reader.schema, writer=writer.schema, mode=label
                     )
                 )
     return found
@@ -152,7 +171,11 @@ def _label(entry: SchemaEntry) -> str:
 
 
 def _parse(schema: dict[str, Any]) -> Schema:
-    return parse(json.dumps(schema))
+    # The avro package knows only some logical types and warns about the others (such as
+    # local-timestamp-millis): they are checked here, by name, whatever it knows.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IgnoredLogicalType)
+        return parse(json.dumps(schema))
 
 
 def _explain(reader: Schema, writer: Schema, location: str) -> list[tuple[str, str, str]]:
@@ -192,59 +215,139 @@ def _summary(result: SchemaCompatibilityResult, location: str) -> tuple[str, str
     return kinds, where, "; ".join(sorted(result.messages))
 
 
-def _decimal_mismatches(
-    reader: Schema, writer: Schema, location: str, seen: set[tuple[int, int]] | None = None
+#: The logical types of the Avro specification (1.12) and the types that may carry them; a
+#: logical type on any other type is ignored, as the specification says readers must.
+_LOGICAL_TYPES: dict[str, frozenset[str]] = {
+    "decimal": frozenset({"bytes", "fixed"}),
+    "big-decimal": frozenset({"bytes"}),
+    "uuid": frozenset({"string", "fixed"}),
+    "date": frozenset({"int"}),
+    "time-millis": frozenset({"int"}),
+    "time-micros": frozenset({"long"}),
+    "timestamp-millis": frozenset({"long"}),
+    "timestamp-micros": frozenset({"long"}),
+    "timestamp-nanos": frozenset({"long"}),
+    "local-timestamp-millis": frozenset({"long"}),
+    "local-timestamp-micros": frozenset({"long"}),
+    "local-timestamp-nanos": frozenset({"long"}),
+    "duration": frozenset({"fixed"}),
+}
+_FIXED_SIZES = {"uuid": 16, "duration": 12}
+
+
+def _logical_mismatches(
+    reader: Schema,
+    writer: Schema,
+    location: str,
+    path: str,
+    mode: str | None,
+    seen: set[tuple[int, int]] | None = None,
 ) -> list[tuple[str, str, str]]:
-    """Decimals at the same place must have the same precision and scale (Avro spec)."""
+    """Where the reader and writer give the same data different logical types (Avro's checker
+    compares only the underlying types: ``timestamp-millis`` read as ``timestamp-micros`` is
+    a 1000x error, a plain ``string`` read as ``uuid`` fails on the first non-UUID value).
+
+    Walks the pairs of sub-schemas that read each other (fields, items, values, the union
+    branch Avro's resolution picks); a pair the Avro checker already rejects is not reported
+    again. Decimals must also agree on precision and scale (Avro specification).
+    """
     seen = set() if seen is None else seen
     if (id(reader), id(writer)) in seen:
         return []
     seen.add((id(reader), id(writer)))
-    reader_decimal, writer_decimal = _decimal(reader), _decimal(writer)
-    if reader_decimal and writer_decimal and reader_decimal != writer_decimal:
-        return [
-            (
-                "decimal_mismatch",
-                location or "/",
-                f"reader decimal(precision={reader_decimal[0]}, scale={reader_decimal[1]}) "
-                f"differs from writer decimal(precision={writer_decimal[0]}, "
-                f"scale={writer_decimal[1]})",
-            )
-        ]
+    reader_logical, writer_logical = _logical(reader), _logical(writer)
+    unions = isinstance(reader, UnionSchema) or isinstance(writer, UnionSchema)
+    if (reader_logical or writer_logical) and not unions and _readable(reader, writer):
+        field = path.removeprefix(".") or "(root)"
+        where = f"field {field}: reader {_describe(reader)}, writer {_describe(writer)}"
+        suffix = f" in {mode} mode" if mode else ""
+        if reader_logical != writer_logical:
+            return [("logical_type_mismatch", location or "/", where + suffix)]
+        if reader_logical == "decimal" and _decimal(reader) != _decimal(writer):
+            return [("decimal_mismatch", location or "/", where + suffix)]
     found: list[tuple[str, str, str]] = []
-    for reader_child, writer_child, step in _children(reader, writer):
-        found.extend(_decimal_mismatches(reader_child, writer_child, location + step, seen))
+    for reader_child, writer_child, step, name in _children(reader, writer):
+        found.extend(
+            _logical_mismatches(
+                reader_child, writer_child, location + step, path + name, mode, seen
+            )
+        )
     return found
 
 
-def _decimal(schema: Schema) -> tuple[int, int] | None:
-    if schema.get_prop("logicalType") != "decimal":
+def _logical(schema: Schema) -> str | None:
+    """The logical type ``schema`` carries, or ``None`` (none, unknown, or on a wrong type)."""
+    logical = schema.get_prop("logicalType")
+    if not isinstance(logical, str) or schema.type not in _LOGICAL_TYPES.get(logical, ()):
         return None
-    precision, scale = schema.get_prop("precision"), schema.get_prop("scale") or 0
-    return (precision, scale) if isinstance(precision, int) and isinstance(scale, int) else None
+    size = _FIXED_SIZES.get(logical)
+    if schema.type == "fixed" and size is not None and schema.get_prop("size") != size:
+        return None
+    return logical
 
 
-def _children(reader: Schema, writer: Schema) -> list[tuple[Schema, Schema, str]]:
+def _decimal(schema: Schema) -> tuple[object, object]:
+    return schema.get_prop("precision"), schema.get_prop("scale") or 0
+
+
+def _describe(schema: Schema) -> str:
+    """``timestamp-millis (long)``, ``decimal(precision=18, scale=2) (bytes)``, ``string``
+    (no logical type)."""
+    logical = _logical(schema)
+    if logical is None:
+        return f"{schema.type} (no logical type)"
+    if logical == "decimal":
+        precision, scale = _decimal(schema)
+        logical = f"decimal(precision={precision}, scale={scale})"
+    return f"{logical} ({schema.type})"
+
+
+def _readable(reader: Schema, writer: Schema) -> bool:
+    checker = ReaderWriterCompatibilityChecker()  # type: ignore[no-untyped-call]  # avro's own
+    result = checker.get_compatibility(reader, writer)
+    return result.compatibility is not SchemaCompatibilityType.incompatible
+
+
+def _children(reader: Schema, writer: Schema) -> list[tuple[Schema, Schema, str, str]]:
     """The pairs of sub-schemas that read each other's data: same field, items, values, or
-    union branches of the same type."""
+    the reader's union branch that Avro's resolution picks for each writer branch. Each pair
+    comes with its step in the reader schema's location and in the field path."""
     if isinstance(reader, RecordSchema) and isinstance(writer, RecordSchema):
         pairs = []
         for index, field in enumerate(reader.fields):
             writer_field = lookup_writer_field(writer_schema=writer, reader_field=field)
             if writer_field is not None:
-                pairs.append((field.type, writer_field.type, f"/fields/{index}/type"))
+                pairs.append(
+                    (field.type, writer_field.type, f"/fields/{index}/type", f".{field.name}")
+                )
         return pairs
     if isinstance(reader, ArraySchema) and isinstance(writer, ArraySchema):
-        return [(reader.items, writer.items, "/items")]
+        return [(reader.items, writer.items, "/items", "[]")]
     if isinstance(reader, MapSchema) and isinstance(writer, MapSchema):
-        return [(reader.values, writer.values, "/values")]
-    reader_branches = reader.schemas if isinstance(reader, UnionSchema) else [reader]
-    writer_branches = writer.schemas if isinstance(writer, UnionSchema) else [writer]
-    if len(reader_branches) == len(writer_branches) == 1:
+        return [(reader.values, writer.values, "/values", "{}")]
+    if not isinstance(reader, UnionSchema) and not isinstance(writer, UnionSchema):
         return []
-    return [
-        (reader_branch, writer_branch, f"/{index}")
-        for index, reader_branch in enumerate(reader_branches)
-        for writer_branch in writer_branches
-        if reader_branch.type == writer_branch.type
-    ]
+    writer_branches = writer.schemas if isinstance(writer, UnionSchema) else [writer]
+    pairs = []
+    for writer_branch in writer_branches:
+        if not isinstance(reader, UnionSchema):
+            pairs.append((reader, writer_branch, "", ""))
+            continue
+        picked = _resolve_branch(reader.schemas, writer_branch)
+        if picked is not None:
+            pairs.append((reader.schemas[picked], writer_branch, f"/{picked}", ""))
+    return pairs
+
+
+def _resolve_branch(branches: list[Schema], writer: Schema) -> int | None:
+    """The reader union branch Avro resolves ``writer`` to: the first of the same type (and
+    name, for named types), else the first that can read it (a promotion such as int to long).
+    """
+    writer_name = getattr(writer, "fullname", None)
+    for index, branch in enumerate(branches):
+        if branch.type == writer.type and getattr(branch, "fullname", None) == writer_name:
+            return index
+    for index, branch in enumerate(branches):
+        if _readable(branch, writer):
+            return index
+    return None
