@@ -10,17 +10,20 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import typer
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from pydantic import BaseModel
 from typer.testing import CliRunner, Result
 
 from oncely.cli.topics import ensure
 from oncely.events import Registry
-from oncely.relay.topics import ensure_topics, planned_topics
+from oncely.relay.topics import TopicSpec, ensure_topics, planned_topics
 from oncely.settings import TopicSettings
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -40,14 +43,21 @@ REGISTRY.register(Refunded, name="order.refunded", key="order", aggregate="order
 PAID, REFUNDED = (REGISTRY.get(name).topic for name in ("order.paid", "order.refunded"))
 
 
+def delete_topics(admin: AdminClient, topics: list[str]) -> None:
+    """Delete ``topics`` and wait until the broker no longer lists them: a deletion is
+    acknowledged before it is visible, and a client listing meanwhile still sees the topic."""
+    for future in admin.delete_topics(topics).values():
+        future.result(30)
+    wait_until(lambda: not set(topics) & set(admin.list_topics(timeout=10).topics), timeout=30)
+
+
 @pytest.fixture
 def cleanup(kafka_admin: AdminClient) -> Iterator[None]:
     yield
     existing = set(kafka_admin.list_topics(timeout=10).topics)
     doomed = [topic for topic in (PAID, REFUNDED) if topic in existing]
     if doomed:
-        for future in kafka_admin.delete_topics(doomed).values():
-            future.result(30)
+        delete_topics(kafka_admin, doomed)
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> Result:
@@ -87,7 +97,7 @@ def test_cli_flags_weaker_topics_and_reports_what_it_cannot_create(
     assert f"created   {REFUNDED} (6 partitions, replication factor 1" in result.output
     assert f"mismatch  {PAID}: 2 partitions, 6 declared" in result.output
     # Declared for production: the existing topic is weaker, nothing is created on one broker.
-    kafka_admin.delete_topics([REFUNDED])[REFUNDED].result(30)
+    delete_topics(kafka_admin, [REFUNDED])
     result = _cli(
         *base, "--partitions", "2", "--replication-factor", "3", "--min-insync-replicas", "2"
     )
@@ -121,3 +131,85 @@ def test_overrides_set_one_event_type_apart(
     assert typo.exit_code == 2 and "unknown event types: order.refundd" in typo.output
     impossible = _cli(*base, "--replication-factor", "1", "--min-insync-replicas", "2")
     assert impossible.exit_code == 2 and "exceeds replication_factor 1" in impossible.output
+
+
+class ChangingAdmin(AdminClient):
+    """A real admin client with another job at work: right after each of its first
+    ``listings`` listings, that job deletes ``deletes`` (re-creating it first each time when
+    ``recreate``) or creates ``creates``, and the change is visible before the listing returns.
+    So ``ensure_topics`` plans from a listing that is already out of date."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        deletes: str | None = None,
+        creates: str | None = None,
+        recreate: bool = False,
+        listings: int = 1,
+    ) -> None:
+        super().__init__({"bootstrap.servers": bootstrap})
+        self.other = AdminClient({"bootstrap.servers": bootstrap})
+        self.deletes, self.creates, self.recreate, self.left = deletes, creates, recreate, listings
+
+    def list_topics(self, *args: Any, **kwargs: Any) -> Any:
+        if self.left and self.recreate and self.deletes:
+            create_topic(self.other, self.deletes, partitions=6)
+        metadata = super().list_topics(*args, **kwargs)
+        if self.left:
+            self.left -= 1
+            if self.deletes:
+                delete_topics(self.other, [self.deletes])
+            if self.creates:
+                create_topic(self.other, self.creates, partitions=2)
+        return metadata
+
+
+def create_topic(admin: AdminClient, topic: str, *, partitions: int) -> None:
+    """Create ``topic`` (unless it exists) and wait until the broker lists it."""
+    try:
+        admin.create_topics([NewTopic(topic, num_partitions=partitions)])[topic].result(30)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+    wait_until(lambda: topic in admin.list_topics(timeout=10).topics, timeout=30)
+
+
+def _paid_spec() -> list[TopicSpec]:
+    return [spec for spec in planned_topics(REGISTRY, TopicSettings()) if spec.name == PAID]
+
+
+def test_a_topic_deleted_between_listing_and_describing_is_planned_again(
+    kafka_admin: AdminClient, kafka_bootstrap: str, cleanup: None
+) -> None:
+    create_topic(kafka_admin, PAID, partitions=6)
+    admin = ChangingAdmin(kafka_bootstrap, deletes=PAID)
+    report = ensure_topics(admin, _paid_spec())
+    # Listed, deleted, not found when described: the next round finds it missing, creates it.
+    assert (report.created, report.matching, report.mismatches, report.failed) == (
+        [PAID],
+        [],
+        [],
+        [],
+    )
+    assert len(kafka_admin.list_topics(timeout=10).topics[PAID].partitions) == 6
+
+
+def test_a_topic_that_keeps_changing_is_reported_in_one_line(
+    kafka_bootstrap: str, cleanup: None
+) -> None:
+    admin = ChangingAdmin(kafka_bootstrap, deletes=PAID, recreate=True, listings=2)
+    report = ensure_topics(admin, _paid_spec(), attempts=2)
+    assert report.failed == [
+        f"{PAID}: deleted by someone else while being checked (2 attempts); run again"
+    ]
+    assert (report.created, report.matching, report.mismatches) == ([], [], [])
+
+
+def test_a_topic_created_between_listing_and_creating_is_checked(
+    kafka_bootstrap: str, cleanup: None
+) -> None:
+    admin = ChangingAdmin(kafka_bootstrap, creates=PAID)
+    report = ensure_topics(admin, _paid_spec())
+    assert (report.created, report.matching, report.failed) == ([], [], [])
+    assert report.mismatches == [f"{PAID}: 2 partitions, 6 declared"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from pydantic import ValidationError
 
@@ -45,8 +46,10 @@ def ensure(
     The options set every topic; ONCELY_TOPICS_OVERRIDES (JSON) sets some event types apart,
     e.g. '{"transfer.completed": {"partitions": 24}}'. Weaker means fewer partitions or
     replicas, a lower min.insync.replicas, min.insync.replicas above the replicas, or unclean
-    leader election enabled. Exit 1 as well when a topic cannot be created (e.g. more
-    replicas than brokers), 2 for a wrong registry or settings.
+    leader election enabled. A topic deleted or created by someone else meanwhile is planned
+    again; one that keeps changing is reported as failed. Exit 1 as well when a topic cannot
+    be created (e.g. more replicas than brokers) or Kafka cannot be reached, 2 for a wrong
+    registry or settings.
     """
     loaded = load_object(registry)
     if not isinstance(loaded, Registry):
@@ -64,7 +67,11 @@ def ensure(
         err.print(f"[red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None
     admin = AdminClient(KafkaSettings(bootstrap_servers=bootstrap_servers).client_config())
-    report = ensure_topics(admin, specs)
+    try:
+        report = ensure_topics(admin, specs)
+    except KafkaException as exc:
+        err.print(f"[red]error:[/] Kafka at {bootstrap_servers}: {exc}", highlight=False)
+        raise typer.Exit(1) from None
     declared = {spec.name: spec for spec in specs}
     for name in report.created:
         out.print(f"created   {name} ({declared[name].describe()})", highlight=False)

@@ -11,10 +11,14 @@ existing topics whose live configuration is weaker than declared (it never alter
 - ``min.insync.replicas`` above the live replication factor (``acks=all`` writes always fail);
 - ``unclean.leader.election.enable=true`` (a lagging replica may become leader and drop
   acknowledged records, which ``acks=all`` is meant to rule out).
+
+Topics changing under it (deleted or created by another job between the listing and the
+check) are planned again from a fresh listing rather than failing the run.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,10 +88,43 @@ def planned_topics(registry: Registry, settings: TopicSettings) -> list[TopicSpe
 
 
 def ensure_topics(
-    admin: AdminClient, specs: Sequence[TopicSpec], *, timeout: float = 30
+    admin: AdminClient, specs: Sequence[TopicSpec], *, timeout: float = 30, attempts: int = 4
 ) -> EnsureReport:
-    """Create missing topics; report how existing ones differ from their spec."""
+    """Create missing topics; report how existing ones differ from their spec.
+
+    Topics may change under it (another job, an operator): one created by someone else after
+    the listing is checked like any existing topic, and one deleted (or being deleted) after
+    the listing is planned again from a fresh listing, up to ``attempts`` rounds a moment
+    apart. A topic still changing after that is reported in ``failed`` (one line: what
+    happened, and to run again), never raised.
+
+    Raises:
+        KafkaException: the brokers could not be reached within ``timeout`` seconds, or
+            refused a request for another reason than the topic being gone.
+    """
     report = EnsureReport()
+    pending = list(specs)
+    raced: list[tuple[TopicSpec, str]] = []
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(min(2.0, 0.25 * 2**attempt))
+        raced = _ensure_round(admin, pending, report, timeout)
+        pending = [spec for spec, _ in raced]
+        if not pending:
+            break
+    report.failed.extend(
+        f"{spec.name}: {why} while being checked ({attempts} attempts); run again"
+        for spec, why in raced
+    )
+    return report
+
+
+def _ensure_round(
+    admin: AdminClient, specs: Sequence[TopicSpec], report: EnsureReport, timeout: float
+) -> list[tuple[TopicSpec, str]]:
+    """One listing, creation and check of ``specs`` into ``report``; returns the specs whose
+    topic changed meanwhile (with what was seen), to be planned again."""
+    raced: list[tuple[TopicSpec, str]] = []
     metadata = admin.list_topics(timeout=timeout)
     existing = [spec for spec in specs if spec.name in metadata.topics]
     missing = [spec for spec in specs if spec.name not in metadata.topics]
@@ -108,32 +145,51 @@ def ensure_topics(
             try:
                 futures[spec.name].result(timeout)
             except KafkaException as exc:
-                error = exc.args[0]
-                if (
-                    isinstance(error, KafkaError)
-                    and error.code() == KafkaError.TOPIC_ALREADY_EXISTS
-                ):
+                if _code(exc) == KafkaError.TOPIC_ALREADY_EXISTS:
                     existing.append(spec)  # created meanwhile by someone else: check it
                     continue
+                error = exc.args[0]
                 text = error.str() if isinstance(error, KafkaError) else str(exc)
                 report.failed.append(f"{spec.name}: {text}")
                 continue
             report.created.append(spec.name)
-    if existing:
-        if any(spec.name not in metadata.topics for spec in existing):  # created meanwhile
-            metadata = admin.list_topics(timeout=timeout)
-        resources = [ConfigResource(ConfigResource.Type.TOPIC, spec.name) for spec in existing]
-        configs = {
-            resource.name: future.result(timeout)
-            for resource, future in admin.describe_configs(resources).items()
-        }
-        for spec in existing:
-            problems = differences(spec, metadata.topics[spec.name], configs[spec.name])
-            if problems:
-                report.mismatches.append(f"{spec.name}: {'; '.join(problems)}")
-            else:
-                report.matching.append(spec.name)
-    return report
+    if not existing:
+        return raced
+    if any(spec.name not in metadata.topics for spec in existing):  # created meanwhile
+        metadata = admin.list_topics(timeout=timeout)
+    present = []
+    for spec in existing:
+        topic = metadata.topics.get(spec.name)
+        if topic is None:  # "already exists" when created, gone now: being deleted
+            raced.append((spec, "deleted by someone else"))
+        elif topic.error is not None:
+            raced.append((spec, f"unavailable ({topic.error.str()})"))
+        else:
+            present.append(spec)
+    configs: dict[str, Any] = {}
+    if present:
+        resources = [ConfigResource(ConfigResource.Type.TOPIC, spec.name) for spec in present]
+        for resource, future in admin.describe_configs(resources, request_timeout=timeout).items():
+            try:
+                configs[resource.name] = future.result(timeout)
+            except KafkaException as exc:
+                if _code(exc) != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise
+    for spec in present:
+        if spec.name not in configs:  # listed, then gone when described
+            raced.append((spec, "deleted by someone else"))
+            continue
+        problems = differences(spec, metadata.topics[spec.name], configs[spec.name])
+        if problems:
+            report.mismatches.append(f"{spec.name}: {'; '.join(problems)}")
+        else:
+            report.matching.append(spec.name)
+    return raced
+
+
+def _code(exc: KafkaException) -> int | None:
+    error = exc.args[0] if exc.args else None
+    return error.code() if isinstance(error, KafkaError) else None
 
 
 def differences(spec: TopicSpec, topic: Any, config: Mapping[str, Any]) -> list[str]:
