@@ -191,8 +191,10 @@ def test_c1_a_broker_lost_under_load_on_a_three_node_cluster(
     app = build(prefix, group_prefix=prefix)
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
     settings = TopicSettings(partitions=PARTITIONS, replication_factor=3, min_insync_replicas=2)
-    report = ensure_topics(admin, planned_topics(app.registry, settings))
-    assert report.created == [app.topic] and not report.failed, report
+    # The dead-letter topics too (replicated as declared), as `topics ensure --effects` does.
+    report = ensure_topics(admin, planned_topics(app.registry, settings, effects=app.effects))
+    dead_letters = sorted(effect.dlq_topic(app.topic) for effect in app.effects)
+    assert report.created == [app.topic, *dead_letters] and not report.failed, report
     stop_load, stop_sampler = threading.Event(), threading.Event()
     seen = Observed()
     try:

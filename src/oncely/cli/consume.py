@@ -11,6 +11,7 @@ from rich.markup import escape
 from oncely.cli._imports import load_object
 from oncely.cli._options import BootstrapServers, DatabaseUrl
 from oncely.cli._output import err
+from oncely.consumers.dlq import DeadLetterError
 from oncely.consumers.effects import Effects
 from oncely.consumers.service import run_consumers
 from oncely.errors import ConfigurationError
@@ -65,8 +66,12 @@ def consume(
     Each record's receipt (event id, effect) commits in the same transaction as the effect;
     the Kafka offset is committed after. SIGTERM commits what was applied and exits 0. Kafka
     security settings: ONCELY_KAFKA_SECURITY_PROTOCOL, ONCELY_KAFKA_SASL_*,
-    ONCELY_KAFKA_SSL_CA_LOCATION, ONCELY_KAFKA_EXTRA. Exits 2 when Kafka refuses the
-    credentials, or the schema catalog is missing or disagrees with the code.
+    ONCELY_KAFKA_SSL_CA_LOCATION, ONCELY_KAFKA_EXTRA. At start it creates the effects'
+    missing dead-letter topics <topic>.<effect>.dlq as `oncely topics ensure --effects` does
+    (ONCELY_TOPICS_*: the source topic's partitions, replication factor, min.insync.replicas)
+    and logs existing ones weaker than declared. Exits 2 when Kafka refuses the credentials, a
+    dead-letter topic cannot be created, or the schema catalog is missing or disagrees with
+    the code.
 
     Each record is decoded with its writer schema (by fingerprint in the catalog, or by id in
     the schema registry) and resolved to the code's version: new fields take their defaults,
@@ -102,6 +107,7 @@ def consume(
             settings=ConsumerSettings(**{k: v for k, v in flags.items() if v is not None}),
             codec=codec,
         )
-    except KafkaAuthenticationError as exc:
+    except (KafkaAuthenticationError, ConfigurationError, DeadLetterError) as exc:
+        # Refused credentials, bad ONCELY_TOPICS_* or a dead-letter topic it cannot create.
         err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None

@@ -9,7 +9,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from pydantic import ValidationError
 
-from oncely.cli._imports import load_object
+from oncely.cli._imports import load_effects, load_object
 from oncely.cli._options import BootstrapServers
 from oncely.cli._output import err, out
 from oncely.errors import ConfigurationError
@@ -24,6 +24,14 @@ app = typer.Typer(help="Provision Kafka topics for the registered event types.")
 def ensure(
     registry: Annotated[str, typer.Option(help="The event registry, as module:attribute.")],
     bootstrap_servers: BootstrapServers,
+    effects: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--effects",
+            help="An effects app (module:attribute) whose dead-letter topics to provision too; "
+            "repeat for several.",
+        ),
+    ] = None,
     partitions: Annotated[
         int | None, typer.Option(help="Partitions (env ONCELY_TOPICS_PARTITIONS, default 6).")
     ] = None,
@@ -43,7 +51,9 @@ def ensure(
 ) -> None:
     """Create missing topics; exit 1 if an existing topic is weaker than declared.
 
-    The options set every topic; ONCELY_TOPICS_OVERRIDES (JSON) sets some event types apart,
+    With --effects, each effect's dead-letter topics <topic>.<effect>.dlq too, each declared
+    as its source topic (partitions, replication factor, min.insync.replicas, overrides). The
+    options set every topic; ONCELY_TOPICS_OVERRIDES (JSON) sets some event types apart,
     e.g. '{"transfer.completed": {"partitions": 24}}'. Weaker means fewer partitions or
     replicas, a lower min.insync.replicas, min.insync.replicas above the replicas, or unclean
     leader election enabled. A topic deleted or created by someone else meanwhile is planned
@@ -51,7 +61,12 @@ def ensure(
     be created (e.g. more replicas than brokers) or Kafka cannot be reached, 2 for a wrong
     registry or settings.
     """
-    loaded = load_object(registry)
+    try:
+        loaded = load_object(registry)
+        apps = [load_effects(target) for target in effects or []]
+    except ConfigurationError as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
     if not isinstance(loaded, Registry):
         err.print(f"[red]error:[/] {registry} is a {type(loaded).__name__}, not an oncely Registry")
         raise typer.Exit(2)
@@ -62,7 +77,7 @@ def ensure(
     }
     try:
         settings = TopicSettings(**{k: v for k, v in flags.items() if v is not None})
-        specs = planned_topics(loaded, settings)
+        specs = planned_topics(loaded, settings, effects=[e for app in apps for e in app])
     except (ValidationError, ConfigurationError) as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None

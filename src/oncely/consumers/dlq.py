@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from oncely.errors import OncelyError
+from oncely.relay.topics import TopicSpec, ensure_topics
 from oncely.security import AuthWatch, wait_for_metadata
 
 log = logging.getLogger(__name__)
@@ -67,17 +68,21 @@ class DeadLetters:
         self._timeout = timeout
 
     def ensure_topics(
-        self, topics: Mapping[str, int], *, until: threading.Event | None = None
+        self, topics: Sequence[TopicSpec], *, until: threading.Event | None = None
     ) -> None:
-        """Create missing DLQ topics (name -> partitions) with the source's partition count.
+        """Create missing DLQ topics as declared (``dead_letter_topics`` of
+        :mod:`oncely.relay.topics`), through the same provisioning as ``oncely topics ensure``;
+        log existing ones weaker than declared as warnings (it never alters them).
 
         Raises :class:`~oncely.security.KafkaAuthenticationError` (within about a second) when
-        the broker refuses the credentials, ``KafkaException`` when it cannot be reached, or,
-        with ``until``, keeps waiting for the broker until ``until`` is set (then returns).
+        the broker refuses the credentials, :class:`DeadLetterError` when a topic cannot be
+        created (the message names it and why), ``KafkaException`` when the broker cannot be
+        reached, or, with ``until``, keeps waiting for the broker until ``until`` is set (then
+        returns).
         """
         while True:
             try:
-                existing = wait_for_metadata(self._admin, self._auth, timeout=self._timeout).topics
+                wait_for_metadata(self._admin, self._auth, timeout=self._timeout)
                 break
             except KafkaException as exc:
                 if until is None:
@@ -85,13 +90,20 @@ class DeadLetters:
                 log.warning("the broker cannot be reached, waiting for it: %s", exc)
                 if until.wait(5.0):
                     return
-        missing = [NewTopic(t, num_partitions=n) for t, n in topics.items() if t not in existing]
-        for future in self._admin.create_topics(missing).values() if missing else []:
-            try:
-                future.result(self._timeout)
-            except Exception as exc:  # another instance created it first
-                if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                    raise
+        try:
+            report = ensure_topics(self._admin, topics, timeout=self._timeout)
+        except KafkaException as exc:  # e.g. not allowed to describe: creation is what matters
+            log.warning("could not check the dead-letter topics: %s", exc)
+            return
+        for name in report.created:
+            log.info("created dead-letter topic %s", name)
+        for problem in report.mismatches:
+            log.warning("dead-letter topic weaker than declared: %s", problem)
+        if report.failed:
+            raise DeadLetterError(
+                f"cannot create dead-letter topics: {'; '.join(report.failed)} (create them "
+                "with `oncely topics ensure --effects`)"
+            )
 
     def send(
         self,

@@ -15,9 +15,10 @@ from oncely.consumers.effects import Effects
 from oncely.consumers.runner import EffectConsumer
 from oncely.ops.http import HealthServer
 from oncely.ops.metrics import ConsumerMetrics
+from oncely.relay.topics import dead_letter_topics
 from oncely.schemas.codec import Codec
 from oncely.schemas.loader import codec_for
-from oncely.settings import ConsumerSettings, KafkaSettings
+from oncely.settings import ConsumerSettings, KafkaSettings, TopicSettings
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +33,18 @@ def build_consumers(
     metrics: ConsumerMetrics,
     codec: Codec | None = None,
     stop: threading.Event | None = None,
+    topics: TopicSettings | None = None,
 ) -> list[EffectConsumer]:
     """One :class:`EffectConsumer` per effect name, sharing the engine, codec and DLQ producer.
 
     Without ``codec``, the codec reads the committed schema catalog and schema registry of
     :class:`~oncely.settings.SchemaSettings` (``ONCELY_SCHEMAS_DIR``, else ``./schemas`` when
     it exists; ``ONCELY_SCHEMA_REGISTRY_URL``), see :func:`oncely.schemas.loader.codec_for`.
-    Creates each effect's missing dead-letter topics (with the source topic's partition count).
-    An unreachable broker raises ``KafkaException``; with ``stop``, it is waited for instead
-    until ``stop`` is set. A missing or malformed catalog raises ``CatalogError``.
+    Creates each effect's missing dead-letter topics as ``oncely topics ensure --effects`` does
+    (the source topic's layout from ``topics``, default ``ONCELY_TOPICS_*``; see
+    :meth:`DeadLetters.ensure_topics`). An unreachable broker raises ``KafkaException``; with
+    ``stop``, it is waited for instead until ``stop`` is set. A missing or malformed catalog
+    raises ``CatalogError``.
     """
     codec = codec or codec_for(effects.registry)
     dead_letters = DeadLetters(kafka.client_config())
@@ -48,7 +52,7 @@ def build_consumers(
     for name in names:
         effect = effects.get(name)
         dead_letters.ensure_topics(
-            {effect.dlq_topic(topic): 1 for topic in effect.topics}, until=stop
+            dead_letter_topics(effects.registry, topics or TopicSettings(), [effect]), until=stop
         )
         consumers.append(
             EffectConsumer(

@@ -1,5 +1,10 @@
 """Topic provisioning: create each event type's topic (and effect topics) before relaying.
 
+Effect consumers' dead-letter topics ``<topic>.<effect>.dlq`` are provisioned the same way
+(:func:`dead_letter_topics`): each takes its source topic's declared partitions, replication
+factor and ``min.insync.replicas``, so a per-event-type override applies to its dead-letter
+topics too.
+
 The relay never relies on broker auto-creation. :func:`ensure_topics` creates what is missing
 with the declared partitions, replication factor and ``min.insync.replicas``, and reports
 existing topics whose live configuration is weaker than declared (it never alters them):
@@ -19,9 +24,9 @@ check) are planned again from a fresh listing rather than failing the run.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
@@ -29,6 +34,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from oncely.errors import ConfigurationError
 from oncely.events import Registry
 from oncely.settings import TopicSettings
+
+if TYPE_CHECKING:
+    from oncely.consumers.effects import Effect
 
 
 @dataclass(frozen=True)
@@ -59,14 +67,52 @@ class EnsureReport:
     failed: list[str] = field(default_factory=list)
 
 
-def planned_topics(registry: Registry, settings: TopicSettings) -> list[TopicSpec]:
-    """Every topic of ``registry``'s event types and their named effects, sorted by name.
+def planned_topics(
+    registry: Registry, settings: TopicSettings, *, effects: Iterable[Effect] = ()
+) -> list[TopicSpec]:
+    """Every topic of ``registry``'s event types and their named effects, sorted by name, and
+    the dead-letter topics of ``effects`` (see :func:`dead_letter_topics`).
 
     Each event type's topics take ``settings.layout(name)`` (its override over the global
     values); a topic shared by several event types takes the largest value of each. Raises
     :class:`ConfigurationError` when ``settings.overrides`` names an event type the registry
     does not have (most likely a typo that would silently apply the global values).
     """
+    specs = _event_topics(registry, settings)
+    dead = dead_letter_topics(registry, settings, effects)
+    return sorted([*specs, *dead], key=lambda spec: spec.name)
+
+
+def dead_letter_topics(
+    registry: Registry, settings: TopicSettings, effects: Iterable[Effect]
+) -> list[TopicSpec]:
+    """The dead-letter topics ``<topic>.<effect>.dlq`` of ``effects``, sorted by name.
+
+    Each takes the planned layout of its source topic (partitions, replication factor and
+    ``min.insync.replicas``, with the overrides of the event types on that topic).
+
+    Raises:
+        ConfigurationError: as :func:`planned_topics`, or an effect consumes a topic that no
+            event type of ``registry`` has (the effects app is over another registry).
+    """
+    sources = {spec.name: spec for spec in _event_topics(registry, settings)}
+    specs: dict[str, TopicSpec] = {}
+    for effect in effects:
+        for topic in effect.topics:
+            source = sources.get(topic)
+            if source is None:
+                raise ConfigurationError(
+                    f"effect {effect.name!r} consumes topic {topic!r}, which no event type of "
+                    "the registry has: pass the registry the effects app is built on"
+                )
+            name = effect.dlq_topic(topic)
+            specs[name] = TopicSpec(
+                name, source.partitions, source.replication_factor, source.min_insync_replicas
+            )
+    return [specs[name] for name in sorted(specs)]
+
+
+def _event_topics(registry: Registry, settings: TopicSettings) -> list[TopicSpec]:
     unknown = sorted(name for name in settings.overrides if name not in registry)
     if unknown:
         known = ", ".join(sorted(t.name for t in registry)) or "none"
