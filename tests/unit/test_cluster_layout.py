@@ -8,11 +8,12 @@ from types import SimpleNamespace
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from oncely.consumers.effects import Effects
 from oncely.devstack.cluster import KafkaCluster
 from oncely.devstack.kafka import KafkaNodeConfig
 from oncely.errors import ConfigurationError, DevstackError
 from oncely.events import Registry
-from oncely.relay.topics import TopicSpec, differences, planned_topics
+from oncely.relay.topics import TopicSpec, dead_letter_topics, differences, planned_topics
 from oncely.settings import TopicLayout, TopicSettings
 
 
@@ -43,6 +44,35 @@ def test_overrides_apply_per_event_type_over_the_globals(monkeypatch: pytest.Mon
         TopicSpec("p.acct.opened", 24, 3, 2),
         TopicSpec("p.acct.opened.mail", 24, 3, 2),  # effect topics follow their event type
     ]
+
+
+def test_dead_letter_topics_take_their_source_topics_layout() -> None:
+    registry = _registry()
+    effects = Effects(registry)
+    effects.effect("audit", on=[Opened, Closed])(lambda event, ctx: None)
+    effects.effect("notify", on=[Closed])(lambda event, ctx: None)
+    settings = TopicSettings(
+        replication_factor=3, min_insync_replicas=2, overrides={"acct.opened": {"partitions": 24}}
+    )
+    assert dead_letter_topics(registry, settings, effects) == [
+        TopicSpec("p.acct.closed.audit.dlq", 6, 3, 2),
+        TopicSpec("p.acct.closed.notify.dlq", 6, 3, 2),
+        TopicSpec("p.acct.opened.audit.dlq", 24, 3, 2),
+    ]
+    names = [spec.name for spec in planned_topics(registry, settings, effects=effects)]
+    assert names == [
+        "p.acct.closed",
+        "p.acct.closed.audit.dlq",
+        "p.acct.closed.notify.dlq",
+        "p.acct.opened",
+        "p.acct.opened.audit.dlq",
+        "p.acct.opened.mail",
+    ]
+    other = Effects(Registry(topic_prefix="q."))
+    other.registry.register(Opened, name="acct.opened", key="id", aggregate="acct")
+    other.effect("audit", on=[Opened])(lambda event, ctx: None)
+    with pytest.raises(ConfigurationError, match=r"consumes topic 'q\.acct\.opened', which no"):
+        dead_letter_topics(registry, settings, other)
 
 
 def test_impossible_or_unknown_overrides_are_refused() -> None:
