@@ -185,9 +185,17 @@ def publish_events(
 
 @contextlib.contextmanager
 def running_consumers(
-    effects: object, names: Sequence[str], engine: sa.Engine, bootstrap: str, *, lanes: int = 1
+    effects: object,
+    names: Sequence[str],
+    engine: sa.Engine,
+    bootstrap: str,
+    *,
+    lanes: int = 1,
+    **settings: object,
 ) -> Iterator[list[object]]:
-    """Effect consumers on threads for the block; stopped (offsets committed) afterwards."""
+    """Effect consumers on threads for the block; stopped (offsets committed) afterwards.
+
+    ``settings`` are more :class:`~oncely.settings.ConsumerSettings` fields."""
     from oncely.consumers.effects import Effects
     from oncely.consumers.service import build_consumers
     from oncely.ops.metrics import ConsumerMetrics
@@ -200,7 +208,12 @@ def running_consumers(
         names=names,
         engine=engine,
         kafka=KafkaSettings(bootstrap_servers=bootstrap),
-        settings=ConsumerSettings(batch_size=200, poll_timeout_seconds=0.2, lanes=lanes),
+        settings=ConsumerSettings(
+            batch_size=200,
+            poll_timeout_seconds=0.2,
+            lanes=lanes,
+            **settings,  # type: ignore[arg-type]
+        ),
         metrics=ConsumerMetrics(),
     )
     threads = [threading.Thread(target=c.run, args=(stop,), daemon=True) for c in consumers]

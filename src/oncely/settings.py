@@ -274,6 +274,15 @@ class ConsumerSettings(BaseSettings):
         default=None, description="Serve /metrics, /healthz and /readyz on this port."
     )
     session_timeout_ms: int = Field(default=45_000, description="librdkafka session.timeout.ms.")
+    assignment_timeout_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description=(
+            "Longest time without assigned partitions: past it /readyz answers 503, and a"
+            " consumer that is out of its group (not rejoining) recreates its Kafka client."
+            " Must exceed the session timeout."
+        ),
+    )
     lanes: int = Field(
         default=1,
         ge=1,
@@ -283,6 +292,17 @@ class ConsumerSettings(BaseSettings):
             " to the same lane, so per-key order holds. Each lane holds a database connection."
         ),
     )
+
+    @model_validator(mode="after")
+    def _check_assignment_timeout(self) -> ConsumerSettings:
+        if self.assignment_timeout_seconds * 1000 <= self.session_timeout_ms:
+            raise ValueError(
+                f"ONCELY_CONSUMER_ASSIGNMENT_TIMEOUT_SECONDS ({self.assignment_timeout_seconds:g})"
+                f" must exceed the session timeout ({self.session_timeout_ms / 1000:g} s): a"
+                " rejoin takes at least that long; raise it or lower"
+                " ONCELY_CONSUMER_SESSION_TIMEOUT_MS"
+            )
+        return self
 
 
 #: librdkafka's default ``message.max.bytes`` (the relay's producer refuses larger records);

@@ -104,6 +104,7 @@ class Pipeline:
             "ONCELY_RELAY_DELIVERY_TIMEOUT_MS": "5000",
             "ONCELY_CONSUMER_POLL_TIMEOUT_SECONDS": "0.2",
             "ONCELY_CONSUMER_SESSION_TIMEOUT_MS": "6000",
+            "ONCELY_CONSUMER_ASSIGNMENT_TIMEOUT_SECONDS": "20",
         }
 
     def relay(self, name: str = "relay", *, module: str = "oncely") -> Proc:

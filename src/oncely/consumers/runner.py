@@ -45,6 +45,7 @@ from oncely.consumers.apply import (
 )
 from oncely.consumers.dlq import DeadLetterError, DeadLetters, dlq_headers
 from oncely.consumers.effects import Effect
+from oncely.consumers.membership import Membership
 from oncely.consumers.records import decode_record
 from oncely.ops.failpoints import failpoint
 from oncely.ops.metrics import ConsumerMetrics
@@ -98,9 +99,8 @@ class EffectConsumer:
         self.dead_letters = dead_letters
         self._types_by_topic = {t.topic: t for t in effect.event_types}
         self._auth = AuthWatch()  # refused credentials stop the consumer (retrying cannot help)
-        self._consumer = Consumer(
-            {**consumer_config(kafka, settings, group_id), "error_cb": self._auth}
-        )
+        self._config = {**consumer_config(kafka, settings, group_id), "error_cb": self._auth}
+        self._consumer = Consumer(self._config)
         self._applier = Applier(effect, engine, metrics)
         self._lanes = (
             ThreadPoolExecutor(settings.lanes, thread_name_prefix=f"lane-{effect.name}")
@@ -111,23 +111,28 @@ class EffectConsumer:
         self._paused: dict[PartitionId, float | None] = {}  # resume time, or None while blocked
         self.heartbeat = time.monotonic()
         self.database_ok = True
-        self.joined = False
+        self.membership = Membership(
+            bound=settings.assignment_timeout_seconds, started=self.heartbeat
+        )
+        self._idle_reported = False
 
     # -- life cycle -------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
         """Apply events until ``stop`` is set; then commit what was applied and leave the group.
 
+        A consumer left out of its group (its assignment lost, no new one) for longer than
+        ``assignment_timeout_seconds`` recreates its Kafka client, which joins the group afresh.
+
         Raises :class:`~oncely.security.KafkaAuthenticationError` when the broker refuses the
         credentials.
         """
-        self._consumer.subscribe(
-            self.effect.topics, on_assign=self._on_assign, on_revoke=self._on_revoke
-        )
+        self._subscribe()
         next_lag = time.monotonic()
         try:
             while not stop.is_set():
                 self.heartbeat = now = time.monotonic()
+                self._watch_membership(now)
                 self._resume_due(now)
                 messages = self._consumer.consume(
                     num_messages=self.settings.batch_size,
@@ -149,11 +154,20 @@ class EffectConsumer:
         return time.monotonic() - self.heartbeat < 60.0
 
     def ready(self) -> bool:
-        """Healthy, the database answers, and the group has assigned partitions at least once."""
-        return self.healthy() and self.database_ok and self.joined
+        """Healthy, the database answers, the group assigned partitions at least once, and the
+        consumer has not been without any for longer than ``assignment_timeout_seconds``."""
+        return self.healthy() and self.database_ok and self.membership.ready(time.monotonic())
+
+    def _subscribe(self) -> None:
+        self._consumer.subscribe(
+            self.effect.topics,
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self.joined = True
+        self.membership.assigned(_ids(partitions), time.monotonic())
         log.info(
             "partitions assigned",
             extra={"effect": self.effect.name, "partitions": _names(partitions)},
@@ -162,12 +176,60 @@ class EffectConsumer:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Everything applied so far has its offsets stored: commit them before letting go.
         self._commit(asynchronous=False)
-        for tp in partitions:
-            self._paused.pop((tp.topic, tp.partition), None)
+        self._let_go(partitions, lost=False)
         log.info(
             "partitions revoked",
             extra={"effect": self.effect.name, "partitions": _names(partitions)},
         )
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # The group already gave them away: no commit (the broker would refuse it), and what
+        # was applied past the last commit is redelivered to the new owner and suppressed.
+        self._let_go(partitions, lost=True)
+        log.warning(
+            "partitions lost: the group dropped this consumer (session timed out); rejoining",
+            extra={"effect": self.effect.name, "partitions": _names(partitions)},
+        )
+
+    def _let_go(self, partitions: list[TopicPartition], *, lost: bool) -> None:
+        for tp in partitions:
+            self._paused.pop((tp.topic, tp.partition), None)
+        self.membership.revoked(_ids(partitions), time.monotonic(), lost=lost)
+
+    def _watch_membership(self, now: float) -> None:
+        """Report a consumer idle past the bound once; recreate one stranded out of its group."""
+        idle = self.membership.unassigned_for(now)
+        if idle <= self.membership.bound:
+            self._idle_reported = False
+            return
+        if self.membership.stranded(now):
+            log.warning(
+                "no partitions for %.0f s and not rejoining the group: recreating the Kafka"
+                " consumer",
+                idle,
+                extra={"effect": self.effect.name, "group": self.group_id},
+            )
+            self._recreate(now)
+        elif not self._idle_reported:
+            self._idle_reported = True
+            log.warning(
+                "no partitions assigned for %.0f s (more members than partitions?): not ready",
+                idle,
+                extra={"effect": self.effect.name, "group": self.group_id},
+            )
+
+    def _recreate(self, now: float) -> None:
+        """A new Kafka client in place of one that stopped rejoining; the old one is closed on
+        a thread of its own (it holds no partitions, so nothing is left to commit)."""
+        stale = self._consumer
+        self._consumer = Consumer(self._config)
+        self._paused.clear()
+        self.membership.restarted(now)
+        self.metrics.rejoins.labels(self.effect.name).inc()
+        self._subscribe()
+        threading.Thread(
+            target=_close_quietly, args=(stale,), name=f"close-{self.effect.name}", daemon=True
+        ).start()
 
     # -- one batch --------------------------------------------------------------------------
 
@@ -418,3 +480,14 @@ def merge_outcomes(outcomes: Iterable[Outcome]) -> tuple[dict[PartitionId, int],
 
 def _names(partitions: list[TopicPartition]) -> list[str]:
     return [f"{tp.topic}[{tp.partition}]" for tp in partitions]
+
+
+def _ids(partitions: list[TopicPartition]) -> list[PartitionId]:
+    return [(tp.topic, tp.partition) for tp in partitions]
+
+
+def _close_quietly(consumer: Consumer) -> None:
+    try:
+        consumer.close()
+    except (KafkaException, RuntimeError) as exc:
+        log.info("closing the replaced Kafka consumer failed: %s", exc)

@@ -77,6 +77,13 @@ class ConsumerMetrics:
             ["effect"],
             registry=r,
         )
+        self.rejoins = Counter(
+            "oncely_consumer_rejoins",
+            "Kafka clients recreated because they stayed out of their group past"
+            " ONCELY_CONSUMER_ASSIGNMENT_TIMEOUT_SECONDS.",
+            ["effect"],
+            registry=r,
+        )
         self.lag = Gauge(
             "oncely_consumer_lag",
             "High watermark minus committed position.",

@@ -1,0 +1,167 @@
+"""A consumer without partitions past ONCELY_CONSUMER_ASSIGNMENT_TIMEOUT_SECONDS is not ready,
+and one left out of its group rejoins: against a real broker (issue 17, item 7)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from oncely.consumers.runner import EffectConsumer
+from oncely.devstack import KafkaNode
+from oncely.ops.http import HealthServer
+from oncely.schemas.codec import Codec
+from tests.apps.ledger import App, build, create_tables
+from tests.helpers import publish_events, running_consumers, scalar, wait_until
+
+pytestmark = pytest.mark.integration
+
+SESSION_MS = 6000
+BOUND = 10.0  # ONCELY_CONSUMER_ASSIGNMENT_TIMEOUT_SECONDS of these tests
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(database_url, pool_size=5)
+    create_tables(engine)
+    yield engine
+    engine.dispose()
+
+
+def _app(admin: Any, partitions: int) -> App:
+    prefix = f"m{uuid.uuid4().hex[:10]}."
+    app = build(prefix, group_prefix=prefix)
+    admin.create_topics([NewTopic(app.topic, num_partitions=partitions)])[app.topic].result(30)
+    return app
+
+
+@contextlib.contextmanager
+def _readyz(consumer: EffectConsumer) -> Iterator[str]:
+    server = HealthServer(
+        registry=consumer.metrics.registry,
+        healthy=consumer.healthy,
+        ready=consumer.ready,
+        port=0,
+        host="127.0.0.1",
+    )
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{server.port}/readyz"
+    finally:
+        server.stop()
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _rejoins(consumer: EffectConsumer) -> float:
+    value = consumer.metrics.registry.get_sample_value(
+        "oncely_consumer_rejoins_total", {"effect": consumer.effect.name}
+    )
+    return value or 0.0
+
+
+def _credits(app: App, count: int, first: int = 0) -> list[tuple[uuid.UUID, Any]]:
+    return [
+        (uuid.uuid4(), app.model(account_id=f"acc-{i % 5}", amount=1, n=i))
+        for i in range(first, first + count)
+    ]
+
+
+def test_a_member_beyond_the_partition_count_is_not_ready_past_the_bound(
+    engine: sa.Engine, kafka_bootstrap: str, kafka_admin: Any
+) -> None:
+    app = _app(kafka_admin, partitions=1)
+    settings: dict[str, Any] = {
+        "session_timeout_ms": SESSION_MS,
+        "assignment_timeout_seconds": BOUND,
+    }
+    with contextlib.ExitStack() as first_member:
+        [holder] = first_member.enter_context(
+            running_consumers(app.effects, ["ledger"], engine, kafka_bootstrap, **settings)
+        )
+        assert isinstance(holder, EffectConsumer)
+        wait_until(lambda: bool(holder.membership.partitions), timeout=60)
+        started = time.monotonic()  # the spare holds nothing from its start
+        with (
+            running_consumers(app.effects, ["ledger"], engine, kafka_bootstrap, **settings) as [
+                spare
+            ],
+            _readyz(holder) as holder_url,
+        ):
+            assert isinstance(spare, EffectConsumer)
+            with _readyz(spare) as spare_url:
+                wait_until(lambda: spare.membership.in_group, timeout=60)
+                assert not spare.membership.partitions, "one partition, two members"
+                if time.monotonic() - started < BOUND - 1.0:
+                    assert _status(spare_url) == 200, "joined empty, within the bound"
+                wait_until(lambda: _status(spare_url) == 503, timeout=BOUND + 30)
+                assert time.monotonic() - started >= BOUND
+                assert _status(holder_url) == 200
+                assert _rejoins(spare) == 0, "a member the group gave nothing is not recreated"
+                first_member.close()  # the holder leaves: the spare takes the partition over
+                wait_until(lambda: _status(spare_url) == 200, timeout=60)
+                assert spare.membership.partitions == {(app.topic, 0)}
+
+
+def test_a_consumer_out_of_its_group_past_the_bound_rejoins_and_applies(
+    engine: sa.Engine, tmp_path: Path
+) -> None:
+    broker = KafkaNode(data_dir=tmp_path / "kafka")
+    broker.start()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    try:
+        app = _app(admin, partitions=2)
+        codec = Codec(registry=app.registry)
+        publish_events(broker.bootstrap_servers, codec, _credits(app, 20))
+        with running_consumers(
+            app.effects,
+            ["ledger"],
+            engine,
+            broker.bootstrap_servers,
+            session_timeout_ms=SESSION_MS,
+            assignment_timeout_seconds=BOUND,
+        ) as [consumer]:
+            assert isinstance(consumer, EffectConsumer)
+            with _readyz(consumer) as url:
+                wait_until(lambda: scalar(engine, "SELECT count(*) FROM ledger") == 20, timeout=60)
+                assert _status(url) == 200
+                assert broker._proc is not None
+                broker._proc.send_signal(signal.SIGSTOP)  # past the session and the bound
+                stopped = time.monotonic()
+                try:
+                    wait_until(
+                        lambda: not consumer.membership.in_group, timeout=SESSION_MS / 1000 + 30
+                    )
+                    wait_until(lambda: _status(url) == 503, timeout=BOUND + 30)
+                    assert time.monotonic() - stopped >= BOUND
+                    wait_until(lambda: _rejoins(consumer) >= 1, timeout=BOUND + 30)
+                finally:
+                    broker._proc.send_signal(signal.SIGCONT)
+                returned = time.monotonic()
+                threading.Thread(
+                    target=publish_events,
+                    args=(broker.bootstrap_servers, codec, _credits(app, 20, first=20)),
+                    daemon=True,
+                ).start()
+                wait_until(lambda: scalar(engine, "SELECT count(*) FROM ledger") == 40, timeout=60)
+                wait_until(lambda: _status(url) == 200, timeout=30)
+                print(f"rejoined and applied {time.monotonic() - returned:.1f} s after SIGCONT")
+    finally:
+        broker.stop()
