@@ -264,7 +264,11 @@ class SchemaSettings(BaseSettings):
 
 
 class ConsumerSettings(BaseSettings):
-    """How effect consumers poll and apply (``ONCELY_CONSUMER_*``)."""
+    """How effect consumers poll and apply (``ONCELY_CONSUMER_*``).
+
+    Raises ``pydantic.ValidationError`` when ``assignment_timeout_seconds`` does not exceed the
+    session timeout (a rejoin after a lost session takes at least that long).
+    """
 
     model_config = SettingsConfigDict(env_prefix="ONCELY_CONSUMER_", extra="ignore")
 

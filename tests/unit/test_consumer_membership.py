@@ -82,3 +82,31 @@ def test_the_assignment_timeout_must_exceed_the_session_timeout() -> None:
     with pytest.raises(ValidationError, match="ONCELY_CONSUMER_ASSIGNMENT_TIMEOUT_SECONDS"):
         ConsumerSettings(assignment_timeout_seconds=6, session_timeout_ms=6000)
     assert ConsumerSettings(assignment_timeout_seconds=7, session_timeout_ms=6000)
+
+
+def test_consume_refuses_an_assignment_timeout_within_the_session_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from typer.testing import CliRunner
+
+    from oncely.cli import app as cli
+
+    monkeypatch.setenv("ONCELY_CONSUMER_ASSIGNMENT_TIMEOUT_SECONDS", "5")
+    monkeypatch.setenv("ONCELY_CONSUMER_SESSION_TIMEOUT_MS", "6000")
+    result = CliRunner().invoke(
+        cli,
+        [
+            "consume",
+            "tests.apps.ledger:effects",
+            "--effect",
+            "ledger",
+            "--database-url",
+            "postgresql+psycopg://nobody@127.0.0.1:1/none",
+            "--bootstrap-servers",
+            "127.0.0.1:1",
+        ],
+    )
+    assert result.exit_code == 2
+    [line] = result.output.strip().splitlines()
+    assert "ONCELY_CONSUMER_ASSIGNMENT_TIMEOUT_SECONDS (5) must exceed the session timeout" in line
+    assert "ONCELY_CONSUMER_SESSION_TIMEOUT_MS" in line

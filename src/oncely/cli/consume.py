@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.markup import escape
 
 from oncely.cli._imports import load_object
@@ -19,6 +20,16 @@ from oncely.ops.logs import configure_logging
 from oncely.schemas.loader import codec_for
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import ConsumerSettings, KafkaSettings, SchemaSettings
+
+
+def settings_epilog() -> str:
+    """The ``--help`` epilog: every consumer setting's environment variable."""
+    lines = ["Every consumer setting also reads its environment variable:"]
+    for name, field in ConsumerSettings.model_fields.items():
+        lines.append(
+            f"  ONCELY_CONSUMER_{name.upper()}: {field.description} (default {field.default})"
+        )
+    return "\n\n".join(lines)
 
 
 def consume(
@@ -64,7 +75,9 @@ def consume(
     """Apply events to effects, once each, one consumer group per effect.
 
     Each record's receipt (event id, effect) commits in the same transaction as the effect;
-    the Kafka offset is committed after. SIGTERM commits what was applied and exits 0. Kafka
+    the Kafka offset is committed after. SIGTERM commits what was applied and exits 0. A
+    consumer without partitions for longer than ONCELY_CONSUMER_ASSIGNMENT_TIMEOUT_SECONDS
+    fails /readyz, and one left out of its group recreates its Kafka client. Kafka
     security settings: ONCELY_KAFKA_SECURITY_PROTOCOL, ONCELY_KAFKA_SASL_*,
     ONCELY_KAFKA_SSL_CA_LOCATION, ONCELY_KAFKA_EXTRA. At start it creates the effects'
     missing dead-letter topics <topic>.<effect>.dlq as `oncely topics ensure --effects` does
@@ -99,12 +112,18 @@ def consume(
         raise typer.Exit(2) from None
     flags: dict[str, Any] = {"batch_size": batch_size, "lanes": lanes, "metrics_port": metrics_port}
     try:
+        settings = ConsumerSettings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        err.print(f"[red]error:[/] {escape(problems)}", highlight=False)
+        raise typer.Exit(2) from None
+    try:
         run_consumers(
             effects=loaded,
             names=effect,
             database_url=database_url,
             kafka=KafkaSettings(bootstrap_servers=bootstrap_servers),
-            settings=ConsumerSettings(**{k: v for k, v in flags.items() if v is not None}),
+            settings=settings,
             codec=codec,
         )
     except (KafkaAuthenticationError, ConfigurationError, DeadLetterError) as exc:
