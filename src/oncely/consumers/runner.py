@@ -210,10 +210,11 @@ class EffectConsumer:
                 extra={"effect": self.effect.name, "group": self.group_id},
             )
             self._recreate(now)
-        elif not self._idle_reported:
+        elif self.membership.in_group and not self._idle_reported:
             self._idle_reported = True
             log.warning(
-                "no partitions assigned for %.0f s (more members than partitions?): not ready",
+                "in the group but given no partitions for %.0f s (more members than"
+                " partitions?): not ready",
                 idle,
                 extra={"effect": self.effect.name, "group": self.group_id},
             )
