@@ -102,6 +102,13 @@ def consume(
     except ConfigurationError as exc:
         err.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
+    flags: dict[str, Any] = {"batch_size": batch_size, "lanes": lanes, "metrics_port": metrics_port}
+    try:
+        settings = ConsumerSettings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        err.print(f"[red]error:[/] {escape(problems)}", highlight=False)
+        raise typer.Exit(2) from None
     try:
         codec = codec_for(
             loaded.registry,
@@ -109,13 +116,6 @@ def consume(
         )
     except ConfigurationError as exc:  # CatalogError included
         err.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
-    flags: dict[str, Any] = {"batch_size": batch_size, "lanes": lanes, "metrics_port": metrics_port}
-    try:
-        settings = ConsumerSettings(**{k: v for k, v in flags.items() if v is not None})
-    except ValidationError as exc:
-        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
-        err.print(f"[red]error:[/] {escape(problems)}", highlight=False)
         raise typer.Exit(2) from None
     try:
         run_consumers(
