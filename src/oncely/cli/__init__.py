@@ -20,6 +20,8 @@ from oncely.cli import (
     topics,
     verify,
 )
+from oncely.cli._options import settings_epilog
+from oncely.settings import ConsumerSettings
 
 app = typer.Typer(
     name="oncely",
@@ -37,7 +39,7 @@ app.add_typer(schemas.app, name="schemas")
 app.add_typer(tasks.app, name="tasks")
 app.add_typer(topics.app, name="topics")
 app.command(name="demo")(demo.run)
-app.command(name="consume", epilog=consume.settings_epilog())(consume.consume)
+app.command(name="consume", epilog=settings_epilog(ConsumerSettings, "consumer"))(consume.consume)
 app.command(name="replay")(replay.replay)
 app.command(name="status")(status.status)
 app.command(name="verify")(verify.verify)

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import typer
+from pydantic_settings import BaseSettings
 
 DatabaseUrl = Annotated[
     str,
@@ -72,3 +73,12 @@ ExecuteNamed = Annotated[
         "a dry run: it prints what it would change, and changes nothing.",
     ),
 ]
+
+
+def settings_epilog(settings: type[BaseSettings], what: str) -> str:
+    """The ``--help`` epilog listing every field of ``settings`` with its environment variable."""
+    prefix = str(settings.model_config.get("env_prefix", ""))
+    lines = [f"Every {what} setting also reads its environment variable:"]
+    for name, field in settings.model_fields.items():
+        lines.append(f"  {prefix}{name.upper()}: {field.description} (default {field.default})")
+    return "\n\n".join(lines)

@@ -22,16 +22,6 @@ from oncely.security import KafkaAuthenticationError
 from oncely.settings import ConsumerSettings, KafkaSettings, SchemaSettings
 
 
-def settings_epilog() -> str:
-    """The ``--help`` epilog: every consumer setting's environment variable."""
-    lines = ["Every consumer setting also reads its environment variable:"]
-    for name, field in ConsumerSettings.model_fields.items():
-        lines.append(
-            f"  ONCELY_CONSUMER_{name.upper()}: {field.description} (default {field.default})"
-        )
-    return "\n\n".join(lines)
-
-
 def consume(
     app: Annotated[str, typer.Argument(help="The effects app, as module:attribute.")],
     effect: Annotated[

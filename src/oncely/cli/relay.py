@@ -8,7 +8,13 @@ import sqlalchemy as sa
 import typer
 from rich.markup import escape
 
-from oncely.cli._options import BootstrapServers, DatabaseUrl, Execute, parse_duration
+from oncely.cli._options import (
+    BootstrapServers,
+    DatabaseUrl,
+    Execute,
+    parse_duration,
+    settings_epilog,
+)
 from oncely.cli._output import err, out, print_dry_run
 from oncely.ops.logs import configure_logging
 from oncely.relay.service import run_relay
@@ -16,20 +22,10 @@ from oncely.relay.store import OutboxStore
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import KafkaSettings, RelaySettings
 
-
-def _settings_epilog() -> str:
-    lines = ["Every relay setting also reads its environment variable:"]
-    for name, field in RelaySettings.model_fields.items():
-        lines.append(
-            f"  ONCELY_RELAY_{name.upper()}: {field.description} (default {field.default})"
-        )
-    return "\n\n".join(lines)
-
-
 app = typer.Typer(help="Publish staged outbox rows to Kafka.")
 
 
-@app.command(epilog=_settings_epilog())
+@app.command(epilog=settings_epilog(RelaySettings, "relay"))
 def run(
     database_url: DatabaseUrl,
     bootstrap_servers: BootstrapServers,
