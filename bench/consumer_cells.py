@@ -106,7 +106,7 @@ def _joined_consumer(
     )
     thread = threading.Thread(target=consumer.run, args=(stop,), daemon=True)
     thread.start()
-    while not consumer.joined:
+    while not consumer.membership.joined_once:
         time.sleep(0.01)
     return consumer, thread
 
