@@ -135,16 +135,21 @@ class DatabaseSettings(BaseSettings):
 
 
 class RelaySettings(BaseSettings):
-    """How the relay claims, publishes and settles outbox rows (``ONCELY_RELAY_*``)."""
+    """How the relay reads, publishes and records outbox rows (``ONCELY_RELAY_*``)."""
 
     model_config = SettingsConfigDict(env_prefix="ONCELY_RELAY_", extra="ignore")
 
     relay_id: str | None = Field(
         default=None, description="This relay's lease owner id (default: hostname-pid-random)."
     )
-    batch_size: int = Field(default=500, ge=1, le=10_000, description="Rows claimed at once.")
+    batch_size: int = Field(
+        default=1000, ge=1, le=10_000, description="Rows read per page (progress per page)."
+    )
     lease_seconds: float = Field(
-        default=30.0, gt=0, description="How long a claim holds rows before another relay may."
+        default=6.0,
+        gt=0,
+        description="Shard lease, renewed every third of it; another relay takes a shard over "
+        "this long after its holder died.",
     )
     max_attempts: int = Field(
         default=10, ge=1, description="Failed deliveries before a row is dead (broker errors)."
@@ -152,10 +157,10 @@ class RelaySettings(BaseSettings):
     backoff_base_seconds: float = Field(default=1.0, gt=0, description="First retry delay.")
     backoff_max_seconds: float = Field(default=300.0, gt=0, description="Longest retry delay.")
     poll_interval_seconds: float = Field(
-        default=1.0, gt=0, description="Idle wait between claims when no NOTIFY arrives."
+        default=1.0, gt=0, description="Longest sleep of an idle relay when no NOTIFY arrives."
     )
     max_in_flight: int = Field(
-        default=2000, ge=1, description="Records produced but not yet confirmed, at most."
+        default=10_000, ge=1, description="Records produced but not yet confirmed, at most."
     )
     linger_ms: int = Field(default=5, ge=0, description="librdkafka linger.ms.")
     compression: str = Field(default="lz4", description="librdkafka compression.type.")
@@ -163,7 +168,9 @@ class RelaySettings(BaseSettings):
         default=30_000, ge=1000, description="librdkafka message.timeout.ms: a report's deadline."
     )
     retention_seconds: float = Field(
-        default=7 * 24 * 3600.0, ge=0, description="Keep published rows this long (0: delete)."
+        default=7 * 24 * 3600.0,
+        ge=0,
+        description="Keep published rows this long (0: purge them at every purge interval).",
     )
     purge_interval_seconds: float = Field(
         default=600.0, gt=0, description="How often the relay purges published rows."

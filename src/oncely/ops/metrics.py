@@ -11,17 +11,26 @@ class RelayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.claimed = Counter("oncely_relay_claimed", "Rows claimed.", ["topic"], registry=r)
         self.published = Counter(
-            "oncely_relay_published", "Rows published and settled.", ["topic"], registry=r
+            "oncely_relay_published", "Records the broker confirmed.", ["topic"], registry=r
         )
-        self.retries = Counter(
-            "oncely_relay_retries", "Failed deliveries scheduled for retry.", ["topic"], registry=r
+        self.produce_errors = Counter(
+            "oncely_relay_produce_errors",
+            "Failed deliveries (the shard replays from its recorded progress).",
+            ["topic", "error"],
+            registry=r,
         )
-        self.dead = Counter("oncely_relay_dead", "Rows that went dead.", ["topic"], registry=r)
+        self.dead = Counter(
+            "oncely_relay_dead", "Rows dead-lettered (their key parked).", ["topic"], registry=r
+        )
         self.lease_lost = Counter(
             "oncely_relay_lease_lost",
-            "Settles refused because another relay had re-claimed the row.",
+            "Shards this relay lost to another before giving them back.",
+            registry=r,
+        )
+        self.progress_refused = Counter(
+            "oncely_relay_progress_refused",
+            "Progress writes refused because another relay had taken the shard over.",
             registry=r,
         )
         self.publish_latency = Histogram(
@@ -30,17 +39,27 @@ class RelayMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=r,
         )
-        self.backlog = Gauge(
-            "oncely_outbox_backlog_rows", "Pending rows per topic.", ["topic"], registry=r
+        self.shards = Gauge("oncely_relay_shards", "Shards this relay holds.", registry=r)
+        self.lease_epoch = Gauge(
+            "oncely_relay_lease_epoch", "Lease epoch of each shard held.", ["shard"], registry=r
         )
-        self.oldest_pending = Gauge(
-            "oncely_outbox_oldest_pending_seconds",
-            "Age of the oldest pending row per topic.",
-            ["topic"],
+        self.unpublished = Gauge(
+            "oncely_outbox_unpublished_rows",
+            "Committed rows not yet acknowledged, per shard.",
+            ["shard"],
             registry=r,
         )
-        self.dead_rows = Gauge(
-            "oncely_outbox_dead_rows", "Dead rows per topic.", ["topic"], registry=r
+        self.lag = Gauge(
+            "oncely_outbox_lag_seconds",
+            "Age of the oldest unpublished row, per shard (0: none).",
+            ["shard"],
+            registry=r,
+        )
+        self.held_keys = Gauge(
+            "oncely_relay_held_keys",
+            "Parked keys (a dead or delayed row holds their later rows), per shard.",
+            ["shard"],
+            registry=r,
         )
 
 

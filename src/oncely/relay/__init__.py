@@ -1,4 +1,4 @@
-"""The relay: claim due outbox rows, publish them to Kafka, settle them after confirmation."""
+"""The relay: read outbox rows per leased shard, publish them, record progress once confirmed."""
 
 from oncely.relay.relay import Relay
 from oncely.relay.service import build_relay, run_relay

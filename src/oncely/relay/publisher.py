@@ -17,12 +17,12 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from oncely.relay.records import ClaimedRow
+from oncely.relay.records import OutboxRow
 from oncely.security import KafkaAuthenticationError, is_authentication_failure
 
 log = logging.getLogger(__name__)
 
-OnResult = Callable[[ClaimedRow, KafkaError | None, Message | None], None]
+Report = Callable[[KafkaError | None, Message | None], None]
 
 #: Settings the relay's guarantees depend on; configuration cannot override them.
 REQUIRED = {
@@ -33,11 +33,10 @@ REQUIRED = {
 
 
 class Publisher:
-    """Produce claimed rows and report each one's result to ``on_result``."""
+    """Produce outbox rows; each one's result goes to the report given with it."""
 
-    def __init__(self, config: Mapping[str, Any], *, on_result: OnResult) -> None:
+    def __init__(self, config: Mapping[str, Any]) -> None:
         self._config = {**config, **REQUIRED, "error_cb": self._on_error}
-        self._on_result = on_result
         self.fatal: KafkaError | None = None
         #: The broker refused the credentials (``_AUTHENTICATION``): retrying will not help.
         self.auth_failed: KafkaError | None = None
@@ -82,13 +81,17 @@ class Publisher:
         else:
             log.warning("producer error: %s", error.str(), extra={"code": error.name()})
 
-    def produce(self, row: ClaimedRow) -> None:
-        """Hand ``row`` to the producer; its result comes later through ``on_result``."""
+    def produce(self, row: OutboxRow, report: Report) -> None:
+        """Hand ``row`` to the producer; its result comes later, to ``report``, from a poll.
 
-        def report(error: KafkaError | None, message: Message) -> None:
+        A record the client refuses at once (larger than ``message.max.bytes``) is reported
+        immediately, as a failed delivery.
+        """
+
+        def delivered(error: KafkaError | None, message: Message) -> None:
             if error is None:
                 self.brokers_down = False
-            self._on_result(row, error, message)
+            report(error, message)
 
         while True:
             try:
@@ -98,14 +101,14 @@ class Publisher:
                     value=row.payload,
                     headers=row.kafka_headers(),
                     timestamp=row.timestamp_ms,
-                    on_delivery=report,
+                    on_delivery=delivered,
                 )
                 return
             except BufferError:
                 self._producer.poll(0.1)
             except KafkaException as exc:
                 # Refused before sending (e.g. larger than message.max.bytes): a failed delivery.
-                self._on_result(row, exc.args[0], None)
+                report(exc.args[0], None)
                 return
 
     def poll(self, timeout: float) -> None:
@@ -120,7 +123,10 @@ class Publisher:
         return len(self._producer)
 
     def recreate(self) -> None:
-        """Fail every outstanding record (reported as purged) and start a new producer."""
+        """Fail every outstanding record (reported as purged) and start a new producer.
+
+        Records already sent may still land: the relay replays them, as duplicates in order.
+        """
         self._producer.purge()
         self._producer.flush(0)
         self._producer = Producer(self._config)

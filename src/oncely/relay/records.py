@@ -1,4 +1,4 @@
-"""Claimed outbox rows and the Kafka records they become (the brief's record contract).
+"""Outbox rows as the relay reads them, and the Kafka records they become (the record contract).
 
 topic = row ``topic``; key = ``aggregateid`` (UTF-8); value = ``payload`` as stored; headers
 ``id`` and ``eventType`` first, then the row's own headers in their stored order; timestamp =
@@ -15,32 +15,41 @@ from uuid import UUID
 
 
 @dataclass(frozen=True, slots=True)
-class ClaimedRow:
-    """One outbox row leased by this relay; ``attempts`` is the fencing token of the lease."""
+class OutboxRow:
+    """One outbox row read by the relay; ``delayed``: its ``available_at`` is still ahead."""
 
     id: UUID
     seq: int
+    shard: int
     topic: str
     aggregateid: str
     type: str
     payload: bytes
     headers: Mapping[str, str]
-    attempts: int
     created_at: datetime
+    available_at: datetime
+    delayed: bool = False
 
     @classmethod
-    def from_mapping(cls, row: Mapping[str, Any]) -> ClaimedRow:
+    def from_mapping(cls, row: Mapping[str, Any]) -> OutboxRow:
         return cls(
             id=row["id"],
             seq=row["seq"],
+            shard=row["shard"],
             topic=row["topic"],
             aggregateid=row["aggregateid"],
             type=row["type"],
             payload=bytes(row["payload"]),
             headers=row["headers"] or {},
-            attempts=row["attempts"],
             created_at=row["created_at"],
+            available_at=row["available_at"],
+            delayed=bool(row["delayed"]),
         )
+
+    @property
+    def parking_key(self) -> tuple[str, str]:
+        """What a parked key is: the topic and the Kafka key (one partition's order)."""
+        return (self.topic, self.aggregateid)
 
     @property
     def key(self) -> bytes:

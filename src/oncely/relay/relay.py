@@ -1,31 +1,40 @@
-"""The relay loop: claim → produce → confirm → settle.
+"""The relay loop: read leased shards by snapshot difference → produce → confirm → record.
 
 Rules the loop keeps (each is tested against real PostgreSQL and Kafka):
 
-- A row becomes ``published`` only after the broker's delivery report says so; the settle is
-  fenced by this relay's id and the row's attempt, so a relay that lost its lease (paused,
-  partitioned) cannot overwrite the row another relay now owns (counted as ``lease_lost``).
-- Per-key order: a claim only returns the oldest unsettled row of each key, so there is at most
-  one row per key in flight in the whole system, and a batch never holds two rows of one key.
-  A failing row therefore holds back its own key (and no other), and a later row of that key
-  can never be settled as published ahead of it.
-- Pipelining: the next batch is claimed while the previous one still awaits its reports
-  (bounded by ``max_in_flight``); settles are batched, one statement per kind.
-- Failures back off exponentially with jitter; transient broker trouble retries forever,
-  permanent errors go ``dead`` after ``max_attempts`` (see :mod:`oncely.relay.policy`).
-- Database or broker outages never crash the loop: it waits and tries again. Refused
-  credentials are not an outage: the loop stops, gives back its leases and raises
-  :class:`~oncely.security.KafkaAuthenticationError`.
-- Graceful stop: stop claiming, wait (bounded) for outstanding reports, settle them, and give
-  back the leases of rows still without a result.
+- Rows are never claimed or updated. Each shard's progress (a snapshot all of whose rows are
+  acknowledged, and the position inside the newer snapshot being read) moves once per page,
+  only after every record of the page has a successful delivery report; the write is fenced by
+  the shard's lease epoch, so a relay that lost the shard (paused, partitioned) cannot move it:
+  it may cause duplicates, never loss (counted in ``progress_refused``).
+- Per-key order = commit order: a key always maps to one shard, which one relay reads at a time;
+  within a read rows go out in ``seq`` order, the same key goes to the same partition, and the
+  producer is idempotent. On any failed delivery or fatal producer error the relay recreates
+  the producer and every shard replays from its recorded progress: duplicates, in order.
+- A row that fails for good (too large, topic missing or refused after ``max_attempts``) is
+  dead-lettered and parks its key; a row whose ``available_at`` is ahead parks its key until
+  then. Rows of a parked key read later are held (recorded with the page) and published, in
+  order, when the key is released (``oncely dead requeue|skip``, or the delay passing).
+- Shards are leased on the database clock and shared fairly among the live relays: a relay
+  over its share hands shards off after recording them, one under it takes free or expired
+  shards, bumping their epoch. Leases are renewed while the relay lives, so they can be short.
+- Wake-up: while rows flow the loop polls tightly (a snapshot comparison, no query when
+  nothing committed); after a quiet second it marks itself asleep, and only then does staging
+  NOTIFY it.
+- Database or broker outages never crash the loop; refused credentials stop it
+  (:class:`~oncely.security.KafkaAuthenticationError`) after giving back its shards.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from uuid import UUID
 
@@ -36,8 +45,9 @@ from oncely.ops.failpoints import failpoint
 from oncely.ops.metrics import RelayMetrics
 from oncely.relay import policy
 from oncely.relay.publisher import Publisher
-from oncely.relay.records import ClaimedRow
-from oncely.relay.store import Failed, OutboxStore, Published, TopicBacklog
+from oncely.relay.records import OutboxRow
+from oncely.relay.snapshots import Snapshot
+from oncely.relay.store import Held, Parking, Progress, RelayStore, ShardProgress
 from oncely.relay.wakeup import Wakeup
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import RelaySettings
@@ -45,7 +55,45 @@ from oncely.settings import RelaySettings
 log = logging.getLogger(__name__)
 
 _GAUGE_INTERVAL = 5.0
-_Result = tuple[ClaimedRow, KafkaError | None, Message | None]
+#: Poll intervals while awake: the first after rows were read, doubling up to the last.
+_POLL_MIN, _POLL_MAX = 0.001, 0.016
+#: Quiet time after which the relay sleeps until a NOTIFY (or its idle poll interval).
+_SLEEP_AFTER = 1.0
+
+
+@dataclass(eq=False)
+class _Page:
+    """Rows of one read, produced together; their shards' progress moves when all are acked."""
+
+    shards: tuple[int, ...]
+    ends: Progress
+    rows: int = 0
+    outstanding: int = 0
+    failure: tuple[OutboxRow, KafkaError] | None = None
+    parked: list[Parking] = field(default_factory=list)
+    held: list[Held] = field(default_factory=list)
+
+    @property
+    def acknowledged(self) -> bool:
+        return self.outstanding == 0 and self.failure is None
+
+    @property
+    def has_writes(self) -> bool:
+        return bool(self.rows or self.parked or self.held)
+
+
+@dataclass(eq=False)
+class _Shard:
+    shard: int
+    epoch: int
+    recorded: Progress
+    cursor: Progress
+    lease_deadline: float
+    pages: deque[_Page] = field(default_factory=deque)
+    attempts: int = 0
+    retry_at: float = 0.0
+    handing_off: bool = False
+    dirty: bool = False
 
 
 class Relay:
@@ -54,8 +102,8 @@ class Relay:
     def __init__(
         self,
         *,
-        store: OutboxStore,
-        publisher_factory: Callable[[Callable[..., None]], Publisher],
+        store: RelayStore,
+        publisher_factory: Callable[[], Publisher],
         settings: RelaySettings,
         metrics: RelayMetrics,
         wakeup: Wakeup | None = None,
@@ -64,13 +112,18 @@ class Relay:
         self.settings = settings
         self.metrics = metrics
         self._wakeup = wakeup
-        self._results: list[_Result] = []
-        self._in_flight: dict[UUID, ClaimedRow] = {}
-        self._gauged_topics: set[str] = set()
-        self._more_due = True
-        self._publisher = publisher_factory(self._record_result)
+        self._publisher = publisher_factory()
+        self._shards: dict[int, _Shard] = {}
+        self._parked: dict[tuple[str, str], Parking] = {}
+        self._attempts: dict[UUID, int] = {}
+        self._in_flight = 0
+        self._asleep = False
+        self._last_rows = time.monotonic()
+        self._poll = _POLL_MIN
         self.heartbeat = time.monotonic()
         self.database_ok = True
+
+    # -- health --------------------------------------------------------------------------------
 
     def healthy(self) -> bool:
         """The loop turned recently (it is not stuck)."""
@@ -80,151 +133,497 @@ class Relay:
         """The last database call worked and the broker is reachable."""
         return self.healthy() and self.database_ok and not self._publisher.brokers_down
 
-    def _record_result(
-        self, row: ClaimedRow, error: KafkaError | None, message: Message | None
-    ) -> None:
-        self._results.append((row, error, message))
+    @property
+    def shards(self) -> frozenset[int]:
+        """The shards this relay holds now."""
+        return frozenset(self._shards)
+
+    # -- the loop ------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
         """Relay until ``stop`` is set, then drain; never raises for broker or database faults.
 
-        Raises :class:`KafkaAuthenticationError` (after giving back its leases) when the
-        broker refuses the credentials.
+        Raises :class:`KafkaAuthenticationError` (after giving back its shards) when the broker
+        refuses the credentials.
         """
-        next_gauges = next_purge = time.monotonic()
+        next_tick = next_gauges = next_purge = time.monotonic()
         while not stop.is_set():
             self.heartbeat = now = time.monotonic()
             if self._publisher.auth_failed is not None:
                 break
-            if self._publisher.fatal is not None:
-                self._publisher.recreate()
-            claimed = self._claim()
-            self._publisher.poll(0)
-            self._settle()
+            if now >= next_tick:
+                self._tick()
+                next_tick = now + self.settings.lease_seconds / 3
             if now >= next_gauges:
                 self._update_gauges()
                 next_gauges = now + _GAUGE_INTERVAL
             if now >= next_purge:
                 self._purge()
                 next_purge = now + self.settings.purge_interval_seconds
-            if claimed:
+            self._publisher.poll(0)
+            self._settle()
+            self._release_parked()
+            read = self._read()
+            if read:
+                self._last_rows = time.monotonic()
+                self._poll = _POLL_MIN
+                if self._asleep:
+                    self._set_asleep(False)
                 continue
-            if self._in_flight:
-                self._publisher.poll(0.05)
-            elif self._wakeup is not None:
-                self._wakeup.wait(self.settings.poll_interval_seconds)
+            if (
+                self._in_flight
+                or time.monotonic() - self._last_rows < _SLEEP_AFTER
+                or self._wakeup is None
+            ):
+                self._publisher.poll(self._poll)
+            elif not self._asleep:
+                self._set_asleep(True)  # then read once more before waiting
+                continue
             else:
-                stop.wait(self.settings.poll_interval_seconds)
+                self._wakeup.wait(
+                    min(self.settings.poll_interval_seconds, max(0.0, next_tick - now))
+                )
+            self._poll = min(_POLL_MAX, self._poll * 2)
         self._drain()
         if self._publisher.auth_failed is not None:
             raise KafkaAuthenticationError.of(self._publisher.auth_failed)
 
-    def _claim(self) -> list[ClaimedRow]:
-        room = self.settings.max_in_flight - len(self._in_flight)
-        # While rows are in flight, claim again only if the last claim was full or a settle has
-        # since freed keys: a claim that finds nothing still scans the backlog.
-        if room <= 0 or (self._in_flight and not self._more_due):
-            return []
+    def _set_asleep(self, asleep: bool) -> None:
         try:
-            claimed = self.store.claim(
-                batch_size=min(room, self.settings.batch_size),
-                lease_seconds=self.settings.lease_seconds,
+            self.store.sleep(asleep=asleep)
+        except sa.exc.DBAPIError as exc:
+            self._database_failed("sleep", exc)
+            return
+        self._asleep = asleep
+
+    # -- membership and leases -----------------------------------------------------------------
+
+    def _tick(self) -> None:
+        """Heartbeat, renew, take or hand off shards to the fair share; record quiet shards."""
+        lease = self.settings.lease_seconds
+        try:
+            started = time.monotonic()
+            membership = self.store.heartbeat(ttl_seconds=lease, asleep=self._asleep)
+            kept = self.store.renew(
+                [(s.shard, s.epoch) for s in self._shards.values()], lease_seconds=lease
             )
         except sa.exc.DBAPIError as exc:
-            self._database_failed("claim", exc)
-            return []
+            self._database_failed("lease renewal", exc)
+            return
         self.database_ok = True
-        self._more_due = len(claimed) == min(room, self.settings.batch_size)
-        if claimed:
-            failpoint("relay.after_claim")
-        for row in claimed:
-            self._in_flight[row.id] = row
-            self.metrics.claimed.labels(row.topic).inc()
-            self._publisher.produce(row)
-        if claimed:
+        for shard in [s for s in self._shards.values() if s.shard not in kept]:
+            log.warning("lost shard %d to another relay", shard.shard)
+            self.metrics.lease_lost.inc()
+            self._forget(shard)
+        for shard in self._shards.values():
+            shard.lease_deadline = started + lease
+        share = math.ceil(membership.shards / max(1, membership.alive))
+        holding = [s for s in self._shards.values() if not s.handing_off]
+        if len(holding) > share:
+            for shard in sorted(holding, key=lambda s: s.shard, reverse=True)[
+                : len(holding) - share
+            ]:
+                shard.handing_off = True
+        elif len(holding) < share:
+            self._acquire(share - len(holding), started)
+        self._record_quiet()
+        self._refresh_parked()
+        self.metrics.shards.set(len(self._shards))
+
+    def _acquire(self, wanted: int, started: float) -> None:
+        try:
+            leases = self.store.acquire(wanted=wanted, lease_seconds=self.settings.lease_seconds)
+            if leases:
+                parked = self.store.parked([lease.shard for lease in leases])
+        except sa.exc.DBAPIError as exc:
+            self._database_failed("lease", exc)
+            return
+        for lease in leases:
+            self._shards[lease.shard] = _Shard(
+                lease.shard,
+                lease.epoch,
+                lease.progress,
+                lease.progress,
+                started + self.settings.lease_seconds,
+            )
+            self.metrics.lease_epoch.labels(str(lease.shard)).set(lease.epoch)
+        if leases:
+            self._parked.update({p.key: p for p in parked})
+            log.info("took shards %s", sorted(lease.shard for lease in leases))
+
+    def _forget(self, shard: _Shard) -> None:
+        """Drop a shard without recording anything (it was lost, or has been given back)."""
+        self._shards.pop(shard.shard, None)
+        for page in shard.pages:
+            self._in_flight -= page.outstanding
+            page.outstanding = 0
+        shard.pages.clear()
+        for key in [k for k, p in self._parked.items() if p.shard == shard.shard]:
+            del self._parked[key]
+        for gauge in (self.metrics.lease_epoch, self.metrics.held_keys):
+            with contextlib.suppress(KeyError):
+                gauge.remove(str(shard.shard))
+
+    def _hand_off(self) -> None:
+        """Give back shards over the fair share once everything read from them is recorded."""
+        ready = [s for s in self._shards.values() if s.handing_off and not s.pages]
+        if not ready:
+            return
+        self._record_quiet(ready)
+        try:
+            released = self.store.release([(s.shard, s.epoch) for s in ready])
+        except sa.exc.DBAPIError as exc:
+            self._database_failed("hand-off", exc)
+            return
+        for shard in ready:
+            self._forget(shard)
+        if released:
+            log.info("handed off shards %s", sorted(released))
+
+    def _refresh_parked(self) -> None:
+        if not self._shards:
+            return
+        try:
+            parked = self.store.parked(list(self._shards))
+        except sa.exc.DBAPIError as exc:
+            self._database_failed("parked keys", exc)
+            return
+        self._parked = {p.key: p for p in parked}
+        for shard in self._shards:
+            self.metrics.held_keys.labels(str(shard)).set(
+                sum(1 for p in parked if p.shard == shard)
+            )
+
+    # -- reading and producing -----------------------------------------------------------------
+
+    def _readable(self, now: float) -> list[_Shard]:
+        margin = self.settings.lease_seconds / 3
+        return [
+            s
+            for s in self._shards.values()
+            if not s.handing_off
+            and s.retry_at <= now
+            and now < s.lease_deadline - margin
+            and not self._releasing(s)
+        ]
+
+    def _releasing(self, shard: _Shard) -> bool:
+        return any(
+            p.shard == shard.shard and (p.request is not None or p.due)
+            for p in self._parked.values()
+        )
+
+    def _read(self) -> int:
+        """Read one page per group of shards at the same position; return the rows read."""
+        room = self.settings.max_in_flight - self._in_flight
+        if room <= 0:
+            return 0
+        groups: dict[Progress, list[_Shard]] = {}
+        for shard in self._readable(time.monotonic()):
+            groups.setdefault(shard.cursor, []).append(shard)
+        if not groups:
+            return 0
+        fresh: Snapshot | None = None
+        total = 0
+        for cursor, members in groups.items():
+            if cursor.reading is None and fresh is None:
+                try:
+                    fresh, _ = self.store.snapshot()
+                except sa.exc.DBAPIError as exc:
+                    self._database_failed("snapshot", exc)
+                    return total
+            reading = cursor.reading or fresh
+            assert reading is not None
+            page_size = min(room, self.settings.batch_size)
+            try:
+                rows = self.store.read(
+                    [s.shard for s in members],
+                    done=cursor.done,
+                    reading=reading,
+                    after_seq=cursor.after_seq,
+                    page_size=page_size,
+                )
+            except sa.exc.DBAPIError as exc:
+                self._database_failed("read", exc)
+                return total
+            self.database_ok = True
+            if len(rows) < page_size:
+                ends = Progress(reading)
+            else:
+                ends = Progress(cursor.done, reading, rows[-1].seq)
+            page = _Page(tuple(s.shard for s in members), ends)
+            if rows:
+                failpoint("relay.after_read")
+            self._produce_page(page, rows, {s.shard: s for s in members})
+            for shard in members:
+                shard.cursor = ends
+                if page.has_writes or shard.pages:
+                    shard.pages.append(page)
+                else:
+                    shard.dirty = True
+            total += len(rows)
+            room -= len(rows)
+            if room <= 0:
+                break
+        return total
+
+    def _produce_page(self, page: _Page, rows: list[OutboxRow], shards: dict[int, _Shard]) -> None:
+        for index, row in enumerate(rows):
+            parking = self._parked.get(row.parking_key)
+            if parking is not None:
+                if parking.event_id != row.id:
+                    page.held.append(Held(row.id, row.topic, row.aggregateid))
+                continue
+            if row.delayed:
+                parking = Parking(
+                    row.topic,
+                    row.aggregateid,
+                    row.shard,
+                    row.id,
+                    "delayed",
+                    until=row.available_at,
+                )
+                self._parked[parking.key] = parking
+                page.parked.append(parking)
+                continue
+            page.rows += 1
+            page.outstanding += 1
+            self._in_flight += 1
+            self._publisher.produce(row, self._report(page, row))
+            if index == len(rows) // 2:
+                failpoint("relay.mid_page")
+        if page.rows:
             failpoint("relay.after_produce_before_ack")
-        return claimed
+
+    def _report(
+        self, page: _Page, row: OutboxRow
+    ) -> Callable[[KafkaError | None, Message | None], None]:
+        def report(error: KafkaError | None, message: Message | None) -> None:
+            if page.outstanding <= 0:
+                return  # the page was abandoned (its shard replays or was lost)
+            page.outstanding -= 1
+            self._in_flight -= 1
+            if error is None:
+                self.metrics.published.labels(row.topic).inc()
+                latency = (datetime.now(UTC) - row.created_at).total_seconds()
+                self.metrics.publish_latency.observe(max(0.0, latency))
+            else:
+                self.metrics.produce_errors.labels(row.topic, error.name()).inc()
+                if page.failure is None:
+                    page.failure = (row, error)
+
+        return report
+
+    # -- progress ------------------------------------------------------------------------------
 
     def _settle(self) -> None:
-        if not self._results:
+        """Record acknowledged pages; on a failed delivery, replay every shard."""
+        if self._publisher.fatal is not None:
+            self._replay(None)
             return
-        results, self._results = self._results, []
-        failpoint("relay.after_ack_before_mark")
-        published: list[Published] = []
-        failed: list[Failed] = []
-        now = datetime.now(UTC)
-        for row, error, message in results:
-            if error is None and message is not None:
-                published.append(Published(row, message.partition() or 0, message.offset() or 0))
-                self.metrics.publish_latency.observe((now - row.created_at).total_seconds())
-            else:
-                assert error is not None
-                failed.append(
-                    Failed(
-                        row,
-                        policy.backoff_seconds(
-                            row.attempts,
-                            base=self.settings.backoff_base_seconds,
-                            maximum=self.settings.backoff_max_seconds,
-                        ),
-                        policy.error_text(error),
-                        policy.goes_dead(
-                            error, row.attempts, max_attempts=self.settings.max_attempts
-                        ),
-                    )
-                )
+        progress: list[ShardProgress] = []
+        parked: dict[tuple[str, str], tuple[Parking, int]] = {}
+        held: list[Held] = []
+        seen: set[int] = set()
+        failed: tuple[OutboxRow, KafkaError] | None = None
+        for shard in self._shards.values():
+            last: _Page | None = None
+            while shard.pages and shard.pages[0].acknowledged:
+                last = shard.pages.popleft()
+                if id(last) not in seen:
+                    seen.add(id(last))
+                    parked.update({p.key: (p, self._epoch_of(p.shard)) for p in last.parked})
+                    held.extend(last.held)
+            if last is not None:
+                progress.append(ShardProgress(shard.shard, shard.epoch, last.ends))
+            if shard.pages and shard.pages[0].failure is not None and failed is None:
+                failed = shard.pages[0].failure
+        if progress:
+            failpoint("relay.after_ack_before_record")
+            self._record(progress, list(parked.values()), held)
+        if failed is not None:
+            self._replay(failed)
+        self._hand_off()
+
+    def _epoch_of(self, shard: int) -> int:
+        return self._shards[shard].epoch if shard in self._shards else -1
+
+    def _record(
+        self,
+        progress: list[ShardProgress],
+        parked: list[tuple[Parking, int]],
+        held: list[Held],
+    ) -> None:
         try:
-            done = self.store.mark_published(published, delete=self.settings.retention_seconds == 0)
-            undone = self.store.mark_failed(failed)
+            recorded = self.store.record(progress, parked=parked, held=held)
+            refused = {p.shard for p in progress} - recorded
+            if refused:
+                self.metrics.progress_refused.inc(len(refused))
+                log.warning("progress refused for shards %s: taken over", sorted(refused))
+                for shard in refused:
+                    if shard in self._shards:
+                        self._forget(self._shards[shard])
+                progress = [p for p in progress if p.shard not in refused]
+                parked = [(p, e) for p, e in parked if p.shard not in refused]
+                held = [h for h in held if self._shard_of_key(h) not in refused]
+                self.store.record(progress, parked=parked, held=held)
         except sa.exc.DBAPIError as exc:
-            self._results = results + self._results  # settle them on the next turn
-            self._database_failed("settle", exc)
+            self._database_failed("progress", exc)
+            self._reset_all(backoff=True)
             return
         self.database_ok = True
-        refused = {*done.lease_lost, *undone.lease_lost}
-        for item in published:
-            if item.row.id not in refused:
-                self.metrics.published.labels(item.row.topic).inc()
-        dead = set(undone.dead)
-        for failure in failed:
-            if failure.row.id in refused:
-                continue
-            if failure.row.id in dead:
-                self.metrics.dead.labels(failure.row.topic).inc()
-                log.error(
-                    "row went dead: %s",
-                    failure.error,
-                    extra={"id": str(failure.row.id), "topic": failure.row.topic},
-                )
-            else:
-                self.metrics.retries.labels(failure.row.topic).inc()
-        if refused:
-            self.metrics.lease_lost.inc(len(refused))
+        for item in progress:
+            shard = self._shards.get(item.shard)
+            if shard is not None:
+                shard.recorded = item.progress
+                shard.attempts = 0
+                shard.dirty = False
+
+    def _shard_of_key(self, held: Held) -> int:
+        parking = self._parked.get((held.topic, held.aggregateid))
+        return parking.shard if parking is not None else -1
+
+    def _record_quiet(self, shards: Iterable[_Shard] | None = None) -> None:
+        """Record the position of shards whose last reads found nothing to publish."""
+        quiet = [
+            s
+            for s in (shards if shards is not None else self._shards.values())
+            if not s.pages and s.cursor != s.recorded
+        ]
+        if quiet:
+            self._record([ShardProgress(s.shard, s.epoch, s.cursor) for s in quiet], [], [])
+
+    def _replay(self, failed: tuple[OutboxRow, KafkaError] | None) -> None:
+        """A delivery failed (or the producer died): recreate it, replay from the records."""
+        if failed is not None:
+            row, error = failed
+            attempts = self._attempts[row.id] = self._attempts.get(row.id, 0) + 1
             log.warning(
-                "%d settle(s) refused: another relay re-claimed the rows",
-                len(refused),
-                extra={"ids": [str(i) for i in refused]},
+                "delivery failed (attempt %d), replaying: %s",
+                attempts,
+                error.str(),
+                extra={"id": str(row.id), "topic": row.topic, "code": error.name()},
             )
-        for row, _, _ in results:
-            self._in_flight.pop(row.id, None)
-        self._more_due = True
+            if policy.goes_dead(error, attempts, max_attempts=self.settings.max_attempts):
+                self._dead_letter(row, policy.error_text(error))
+        else:
+            log.warning("fatal producer error, recreating the producer and replaying")
+        self._publisher.recreate()
+        self._reset_all(backoff=failed is None or policy.is_transient(failed[1]))
+
+    def _reset_all(self, *, backoff: bool) -> None:
+        now = time.monotonic()
+        for shard in self._shards.values():
+            for page in shard.pages:
+                self._in_flight -= page.outstanding
+                page.outstanding = 0
+            shard.pages.clear()
+            shard.cursor = shard.recorded
+            if backoff:
+                shard.attempts += 1
+                shard.retry_at = now + policy.backoff_seconds(
+                    shard.attempts,
+                    base=self.settings.backoff_base_seconds,
+                    maximum=self.settings.backoff_max_seconds,
+                )
+        self._in_flight = max(0, self._in_flight)
+        self._refresh_parked()
+
+    def _dead_letter(self, row: OutboxRow, error: str) -> None:
+        parking = Parking(row.topic, row.aggregateid, row.shard, row.id, "dead", error=error)
+        try:
+            self.store.park([(parking, self._epoch_of(row.shard))])
+        except sa.exc.DBAPIError as exc:
+            self._database_failed("dead letter", exc)
+            return
+        self._attempts.pop(row.id, None)
+        self.metrics.dead.labels(row.topic).inc()
+        log.error(
+            "row dead-lettered, its key is parked: %s",
+            error,
+            extra={"id": str(row.id), "topic": row.topic, "key": row.aggregateid},
+        )
+
+    # -- parked keys ---------------------------------------------------------------------------
+
+    def _release_parked(self) -> None:
+        """Publish the rows of keys an operator released or whose delay passed, in order."""
+        now = time.monotonic()
+        for parking in [p for p in self._parked.values() if p.request is not None or p.due]:
+            shard = self._shards.get(parking.shard)
+            if shard is None or shard.pages or shard.retry_at > now:
+                continue  # wait until everything read from the shard is recorded
+            self._release(shard, parking)
+
+    def _release(self, shard: _Shard, parking: Parking) -> None:
+        try:
+            held = self.store.held_of(parking.key)
+            ids = [event_id for _, event_id in held]
+            if parking.request != "skip":
+                ids.insert(0, parking.event_id)
+            rows = self.store.rows(ids)
+        except sa.exc.DBAPIError as exc:
+            self._database_failed("release", exc)
+            return
+        results: list[tuple[OutboxRow, KafkaError | None]] = []
+        for event_id in ids:
+            row = rows.get(event_id)
+            if row is None:
+                continue  # purged
+            self._publisher.produce(
+                row, lambda error, message, row=row: results.append((row, error))
+            )
+        deadline = time.monotonic() + self.settings.delivery_timeout_ms / 1000 + 5
+        while len(results) < len([i for i in ids if i in rows]) and time.monotonic() < deadline:
+            self._publisher.poll(0.05)
+        failures = [(row, error) for row, error in results if error is not None]
+        if failures or len(results) < len([i for i in ids if i in rows]):
+            self._publisher.recreate()
+            self._reset_all(backoff=True)
+            if failures and failures[0][0].id == parking.event_id:
+                row, error = failures[0]
+                if not policy.is_transient(error):
+                    self.store.park_failed(parking, error=policy.error_text(error))
+                    self._parked.pop(parking.key, None)
+            return
+        for row, _ in results:
+            self.metrics.published.labels(row.topic).inc()
+        try:
+            released = self.store.unpark(
+                parking, epoch=shard.epoch, published_to=held[-1][0] if held else None
+            )
+        except sa.exc.DBAPIError as exc:
+            self._database_failed("release", exc)
+            return
+        if released:
+            self._parked.pop(parking.key, None)
+            log.info(
+                "key released (%s): %d row(s) published",
+                parking.request or parking.reason,
+                len(results),
+                extra={"topic": parking.topic, "key": parking.aggregateid},
+            )
+
+    # -- gauges, purge, failures, stop ---------------------------------------------------------
 
     def _update_gauges(self) -> None:
+        if not self._shards:
+            return
         try:
             backlog = self.store.backlog()
         except sa.exc.DBAPIError as exc:
             self._database_failed("backlog", exc)
             return
-        drained = self._gauged_topics - {topic.topic for topic in backlog}
-        for topic in [*backlog, *(TopicBacklog(name, 0, 0, 0.0) for name in drained)]:
-            self.metrics.backlog.labels(topic.topic).set(topic.pending)
-            self.metrics.dead_rows.labels(topic.topic).set(topic.dead)
-            self.metrics.oldest_pending.labels(topic.topic).set(topic.oldest_pending_seconds)
-            self._gauged_topics.add(topic.topic)
+        rows: dict[int, int] = {}
+        lag: dict[int, float] = {}
+        for item in backlog:
+            rows[item.shard] = rows.get(item.shard, 0) + item.unpublished
+            lag[item.shard] = max(lag.get(item.shard, 0.0), item.oldest_seconds)
+        for shard in self._shards:
+            self.metrics.unpublished.labels(str(shard)).set(rows.get(shard, 0))
+            self.metrics.lag.labels(str(shard)).set(lag.get(shard, 0.0))
 
     def _purge(self) -> None:
-        if self.settings.retention_seconds == 0:
-            return
         try:
             purged = self.store.purge(older_than_seconds=self.settings.retention_seconds)
         except sa.exc.DBAPIError as exc:
@@ -239,18 +638,29 @@ class Relay:
         time.sleep(min(1.0, self.settings.poll_interval_seconds))
 
     def _drain(self) -> None:
+        """Stop reading, wait (bounded) for reports, record, give every shard back."""
         deadline = time.monotonic() + self.settings.shutdown_timeout_seconds
+        for shard in self._shards.values():
+            shard.handing_off = True
         while (
-            self._in_flight and self._publisher.auth_failed is None and time.monotonic() < deadline
+            self._shards
+            and self._publisher.auth_failed is None
+            and self._publisher.fatal is None
+            and time.monotonic() < deadline
         ):
-            self._publisher.flush(min(1.0, max(0.0, deadline - time.monotonic())))
+            self._publisher.flush(min(0.5, max(0.0, deadline - time.monotonic())))
+            before = len(self._shards)
             self._settle()
-        unanswered = list(self._in_flight.values())
+            if len(self._shards) == before and any(s.pages for s in self._shards.values()):
+                continue
+            if all(not s.pages for s in self._shards.values()):
+                self._hand_off()
+        unanswered = len(self._shards)
         try:
-            released = self.store.release(unanswered)
+            self.store.release([(s.shard, s.epoch) for s in self._shards.values()])
+            self.store.leave()
         except sa.exc.DBAPIError as exc:
-            log.warning("could not release %d leases: %s", len(unanswered), exc.orig)
-            released = 0
+            log.warning("could not give back %d shards: %s", unanswered, exc.orig)
         if self._wakeup is not None:
             self._wakeup.close()
-        log.info("relay stopped", extra={"released": released, "unanswered": len(unanswered)})
+        log.info("relay stopped", extra={"unrecorded_shards": unanswered})

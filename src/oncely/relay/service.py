@@ -8,7 +8,6 @@ import secrets
 import signal
 import socket
 import threading
-from collections.abc import Callable
 from types import FrameType
 
 import sqlalchemy as sa
@@ -17,7 +16,7 @@ from oncely.ops.http import HealthServer
 from oncely.ops.metrics import RelayMetrics
 from oncely.relay.publisher import Publisher
 from oncely.relay.relay import Relay
-from oncely.relay.store import OutboxStore
+from oncely.relay.store import RelayStore
 from oncely.relay.wakeup import Wakeup
 from oncely.settings import KafkaSettings, RelaySettings
 
@@ -28,7 +27,7 @@ _CREDENTIALS_TIMEOUT = 10.0
 
 
 def default_relay_id() -> str:
-    """``hostname-pid-random``: unique per process, readable in ``lease_owner``."""
+    """``hostname-pid-random``: unique per process, readable as a shard's ``owner``."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
@@ -53,19 +52,19 @@ def build_relay(
     """A :class:`Relay` over ``engine`` and Kafka, listening for staged rows.
 
     Raises :class:`~oncely.security.KafkaAuthenticationError` when the broker refuses the
-    credentials (checked before anything is claimed; an unreachable broker is not an error).
+    credentials (checked before anything is read; an unreachable broker is not an error).
     """
     owner = settings.relay_id or default_relay_id()
     config = producer_config(kafka, settings)
 
-    def publisher(on_result: Callable[..., None]) -> Publisher:
-        made = Publisher(config, on_result=on_result)
+    def publisher() -> Publisher:
+        made = Publisher(config)
         made.check_credentials(timeout=_CREDENTIALS_TIMEOUT)
         return made
 
     dsn = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     return Relay(
-        store=OutboxStore(engine, owner=owner),
+        store=RelayStore(engine, owner=owner),
         publisher_factory=publisher,
         settings=settings,
         metrics=metrics or RelayMetrics(),

@@ -1,8 +1,9 @@
-"""The relay's only access to PostgreSQL: claim, settle, release and purge outbox rows.
+"""The relay's only access to PostgreSQL: snapshot reads, progress, leases and parked keys.
 
-Every method is one named statement (``storage/sql/outbox.sql``) in its own short transaction.
-Settles are fenced by ``lease_owner`` and ``attempts``: a row the store does not return as
-settled was re-claimed by another relay after this relay's lease expired (``lease_lost``).
+Every method is one named statement (``storage/sql/relay.sql``) in its own short transaction,
+except :meth:`RelayStore.record`, which writes progress, parked keys and held rows together.
+Writes that depend on holding a shard are fenced by the shard's lease epoch: a shard another
+relay took over is reported back as lost and nothing of it changes.
 """
 
 from __future__ import annotations
@@ -15,127 +16,361 @@ from uuid import UUID
 import sqlalchemy as sa
 
 from oncely.ops.failpoints import failpoint
-from oncely.relay.records import ClaimedRow
+from oncely.relay.records import OutboxRow
+from oncely.relay.snapshots import Difference, Snapshot
 from oncely.storage.queries import query
 
 
 @dataclass(frozen=True, slots=True)
-class Published:
-    row: ClaimedRow
-    partition: int
-    offset: int
+class Progress:
+    """A shard's recorded position: all of ``done`` acknowledged, and of ``reading`` (when set)
+    every row up to ``after_seq``."""
+
+    done: Snapshot
+    reading: Snapshot | None = None
+    after_seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)
-class Failed:
-    row: ClaimedRow
-    delay_seconds: float
-    error: str
-    dead: bool
+class Lease:
+    shard: int
+    epoch: int
+    progress: Progress
 
 
 @dataclass(frozen=True, slots=True)
-class SettleResult:
-    settled: int
-    lease_lost: list[UUID]
-    dead: list[UUID]
+class ShardProgress:
+    """One shard's new position, to record under ``epoch``."""
+
+    shard: int
+    epoch: int
+    progress: Progress
 
 
 @dataclass(frozen=True, slots=True)
-class TopicBacklog:
+class Parking:
+    """A key parked by ``event_id``: dead (with ``error``) or delayed (``until``)."""
+
     topic: str
-    pending: int
-    dead: int
-    oldest_pending_seconds: float
+    aggregateid: str
+    shard: int
+    event_id: UUID
+    reason: str
+    error: str | None = None
+    until: datetime | None = None
+    request: str | None = None
+    due: bool = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.topic, self.aggregateid)
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A row read behind a parked key."""
+
+    event_id: UUID
+    topic: str
+    aggregateid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    alive: int
+    shards: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShardBacklog:
+    shard: int
+    topic: str
+    unpublished: int
+    oldest_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ShardState:
+    shard: int
+    owner: str | None
+    epoch: int
+    leased: bool
+    progress_age_seconds: float
 
 
 @dataclass(frozen=True, slots=True)
 class TopicPurge:
-    """The published rows of one topic a purge would delete, and the oldest of them."""
+    """The rows of one topic a purge would delete, and the oldest of them."""
 
     topic: str
     rows: int
     oldest_id: UUID
-    oldest_published_at: datetime
+    oldest_created_at: datetime
 
 
-class OutboxStore:
-    """Outbox statements for the relay ``owner`` over a SQLAlchemy ``Engine``."""
+def _progress(done: str, reading: str | None, after_seq: int) -> Progress:
+    return Progress(
+        Snapshot.parse(done), Snapshot.parse(reading) if reading is not None else None, after_seq
+    )
+
+
+class RelayStore:
+    """The relay ``owner``'s statements over a SQLAlchemy ``Engine``."""
 
     def __init__(self, engine: sa.Engine, *, owner: str) -> None:
         self.engine = engine
         self.owner = owner
 
-    def claim(self, *, batch_size: int, lease_seconds: float) -> list[ClaimedRow]:
-        """Lease up to ``batch_size`` due rows, at most one per key, oldest first."""
-        with self.engine.begin() as conn:
-            rows = conn.execute(
-                query("outbox_claim"),
-                {"owner": self.owner, "batch_size": batch_size, "lease_seconds": lease_seconds},
-            ).mappings()
-            claimed = [ClaimedRow.from_mapping(dict(row)) for row in rows]
-        claimed.sort(key=lambda row: row.seq)
-        return claimed
+    # -- reads ---------------------------------------------------------------------------------
 
-    def mark_published(self, published: Sequence[Published], *, delete: bool) -> SettleResult:
-        """Settle confirmed rows (or delete them when ``delete``); fenced."""
-        if not published:
-            return SettleResult(0, [], [])
-        params: dict[str, object] = {
-            "owner": self.owner,
-            "ids": [p.row.id for p in published],
-            "attempts": [p.row.attempts for p in published],
-        }
-        if delete:
-            statement = query("outbox_delete_published")
-        else:
-            statement = query("outbox_mark_published")
-            params["partitions"] = [p.partition for p in published]
-            params["offsets"] = [p.offset for p in published]
-        with self.engine.begin() as conn:
-            done = set(conn.execute(statement, params).scalars())
-            failpoint("relay.after_mark_before_commit")
-        lost = [p.row.id for p in published if p.row.id not in done]
-        return SettleResult(len(done), lost, [])
+    def snapshot(self) -> tuple[Snapshot, datetime]:
+        """The current snapshot and the database clock."""
+        with self.engine.connect() as conn:
+            row = conn.execute(query("relay_snapshot")).one()
+        return Snapshot.parse(row.snapshot), row.now
 
-    def mark_failed(self, failed: Sequence[Failed]) -> SettleResult:
-        """Settle failed rows: back to pending after their delay, or dead; fenced."""
-        if not failed:
-            return SettleResult(0, [], [])
-        with self.engine.begin() as conn:
+    def read(
+        self,
+        shards: Sequence[int],
+        *,
+        done: Snapshot,
+        reading: Snapshot,
+        after_seq: int,
+        page_size: int,
+    ) -> list[OutboxRow]:
+        """Up to ``page_size`` rows of ``shards`` new in ``reading`` after ``after_seq``."""
+        difference = Difference.between(done, reading)
+        if difference.empty:
+            return []
+        with self.engine.connect() as conn:
             rows = conn.execute(
-                query("outbox_mark_failed"),
+                query("relay_read"),
                 {
-                    "owner": self.owner,
-                    "ids": [f.row.id for f in failed],
-                    "attempts": [f.row.attempts for f in failed],
-                    "delays": [f.delay_seconds for f in failed],
-                    "errors": [f.error for f in failed],
-                    "dead": [f.dead for f in failed],
+                    "shards": list(shards),
+                    "after_seq": after_seq,
+                    "page_size": page_size,
+                    **difference.params(),
                 },
-            ).all()
-        done = {row.id for row in rows}
-        dead = [row.id for row in rows if row.status == "dead"]
-        lost = [f.row.id for f in failed if f.row.id not in done]
-        return SettleResult(len(done), lost, dead)
+            ).mappings()
+            return [OutboxRow.from_mapping(row) for row in rows]
 
-    def release(self, rows: Sequence[ClaimedRow]) -> int:
-        """Give back leases held without a result; the rows are due again at once."""
-        if not rows:
-            return 0
-        with self.engine.begin() as conn:
-            released = conn.execute(
-                query("outbox_release"), {"owner": self.owner, "ids": [r.id for r in rows]}
+    def rows(self, ids: Sequence[UUID]) -> dict[UUID, OutboxRow]:
+        """The outbox rows with these ids (rows purged since are missing)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(query("relay_rows"), {"ids": list(ids)}).mappings()
+            return {row["id"]: OutboxRow.from_mapping(row) for row in rows}
+
+    def parked(self, shards: Sequence[int]) -> list[Parking]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(query("relay_parked"), {"shards": list(shards)}).all()
+        return [
+            Parking(
+                r.topic,
+                r.aggregateid,
+                r.shard,
+                r.event_id,
+                r.reason,
+                r.error,
+                r.until,
+                r.request,
+                bool(r.due),
+            )
+            for r in rows
+        ]
+
+    def held_of(self, key: tuple[str, str]) -> list[tuple[int, UUID]]:
+        """``(position, event_id)`` of the rows held behind a parked key, in order."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                query("relay_held_of"), {"topic": key[0], "aggregateid": key[1]}
             ).all()
-        return len(released)
+        return [(r.position, r.event_id) for r in rows]
+
+    # -- progress ------------------------------------------------------------------------------
+
+    def record(
+        self,
+        progress: Sequence[ShardProgress],
+        *,
+        parked: Sequence[tuple[Parking, int]] = (),
+        held: Sequence[Held] = (),
+    ) -> set[int]:
+        """Record shards' progress with the keys parked and rows held by the same pages.
+
+        ``parked`` pairs each parking with its shard's epoch. Returns the shards recorded; a
+        shard missing from the result was taken over, and if any is missing nothing at all is
+        written (call again without it).
+        """
+        if not progress:
+            return set()
+        with self.engine.begin() as conn:
+            recorded = set(
+                conn.execute(
+                    query("relay_record"),
+                    {
+                        "owner": self.owner,
+                        "shards": [p.shard for p in progress],
+                        "epochs": [p.epoch for p in progress],
+                        "dones": [str(p.progress.done) for p in progress],
+                        "readings": [
+                            str(p.progress.reading) if p.progress.reading else None
+                            for p in progress
+                        ],
+                        "afters": [p.progress.after_seq for p in progress],
+                    },
+                ).scalars()
+            )
+            if len(recorded) < len({p.shard for p in progress}):
+                conn.rollback()
+                return recorded
+            if parked:
+                self._park(conn, parked)
+            if held:
+                conn.execute(
+                    query("relay_hold"),
+                    {
+                        "event_ids": [h.event_id for h in held],
+                        "topics": [h.topic for h in held],
+                        "keys": [h.aggregateid for h in held],
+                    },
+                )
+            failpoint("relay.after_record_before_commit")
+        return recorded
+
+    def park(self, parked: Sequence[tuple[Parking, int]]) -> None:
+        """Park keys at once (a row that failed for good), fenced by each shard's epoch."""
+        with self.engine.begin() as conn:
+            self._park(conn, parked)
+
+    def _park(self, conn: sa.Connection, parked: Sequence[tuple[Parking, int]]) -> None:
+        conn.execute(
+            query("relay_park"),
+            {
+                "owner": self.owner,
+                "topics": [p.topic for p, _ in parked],
+                "keys": [p.aggregateid for p, _ in parked],
+                "shards": [p.shard for p, _ in parked],
+                "event_ids": [p.event_id for p, _ in parked],
+                "reasons": [p.reason for p, _ in parked],
+                "errors": [p.error for p, _ in parked],
+                "untils": [p.until for p, _ in parked],
+                "epochs": [epoch for _, epoch in parked],
+            },
+        )
+
+    def unpark(self, parking: Parking, *, epoch: int, published_to: int | None) -> bool:
+        """Drop the held rows up to position ``published_to``, then the key if none is left.
+
+        Returns whether the key is released (fenced: ``False`` also when the shard was lost).
+        """
+        params = {
+            "owner": self.owner,
+            "topic": parking.topic,
+            "aggregateid": parking.aggregateid,
+            "shard": parking.shard,
+            "epoch": epoch,
+        }
+        with self.engine.begin() as conn:
+            if published_to is not None:
+                conn.execute(query("relay_unhold"), {**params, "position": published_to})
+            return conn.execute(query("relay_unpark"), params).first() is not None
+
+    def park_failed(self, parking: Parking, *, error: str) -> None:
+        """A released key's own row failed again: keep it parked as dead with ``error``."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                query("relay_park_failed"),
+                {"topic": parking.topic, "aggregateid": parking.aggregateid, "error": error},
+            )
+
+    # -- membership and leases -----------------------------------------------------------------
+
+    def heartbeat(self, *, ttl_seconds: float, asleep: bool) -> Membership:
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                query("relay_heartbeat"),
+                {"relay_id": self.owner, "ttl_seconds": ttl_seconds, "asleep": asleep},
+            ).one()
+        return Membership(int(row.alive), int(row.shards))
+
+    def sleep(self, *, asleep: bool) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(query("relay_sleep"), {"relay_id": self.owner, "asleep": asleep})
+
+    def leave(self) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(query("relay_leave"), {"relay_id": self.owner})
+
+    def renew(self, leases: Sequence[tuple[int, int]], *, lease_seconds: float) -> set[int]:
+        """Extend ``(shard, epoch)`` leases; return the shards still held."""
+        if not leases:
+            return set()
+        with self.engine.begin() as conn:
+            return set(
+                conn.execute(
+                    query("relay_renew"),
+                    {
+                        "owner": self.owner,
+                        "shards": [s for s, _ in leases],
+                        "epochs": [e for _, e in leases],
+                        "lease_seconds": lease_seconds,
+                    },
+                ).scalars()
+            )
+
+    def acquire(self, *, wanted: int, lease_seconds: float) -> list[Lease]:
+        """Lease up to ``wanted`` free shards (epoch bumped), with their recorded progress."""
+        if wanted <= 0:
+            return []
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                query("relay_acquire"),
+                {"owner": self.owner, "wanted": wanted, "lease_seconds": lease_seconds},
+            ).all()
+        return [Lease(r.shard, r.epoch, _progress(r.done, r.reading, r.after_seq)) for r in rows]
+
+    def release(self, leases: Sequence[tuple[int, int]]) -> set[int]:
+        """Give back ``(shard, epoch)`` leases; return the shards released."""
+        if not leases:
+            return set()
+        with self.engine.begin() as conn:
+            return set(
+                conn.execute(
+                    query("relay_release"),
+                    {
+                        "owner": self.owner,
+                        "shards": [s for s, _ in leases],
+                        "epochs": [e for _, e in leases],
+                    },
+                ).scalars()
+            )
+
+    # -- operations ----------------------------------------------------------------------------
+
+    def backlog(self) -> list[ShardBacklog]:
+        """Per shard and topic: committed rows not yet acknowledged, and the oldest's age."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(query("relay_backlog")).all()
+        return [
+            ShardBacklog(r.shard, r.topic, int(r.unpublished), float(r.oldest_seconds))
+            for r in rows
+        ]
+
+    def shards(self) -> list[ShardState]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(query("relay_shards")).all()
+        return [
+            ShardState(r.shard, r.owner, r.epoch, bool(r.leased), float(r.progress_age_seconds))
+            for r in rows
+        ]
 
     def purge(self, *, older_than_seconds: float, batch_size: int = 5000) -> int:
-        """Delete published rows older than the horizon, in batches; return how many."""
+        """Delete rows older than the horizon that every read has passed, in batches."""
         total = 0
         while True:
             with self.engine.begin() as conn:
                 deleted = conn.execute(
-                    query("outbox_purge"),
+                    query("relay_purge"),
                     {"older_than": older_than_seconds, "batch_size": batch_size},
                 ).rowcount
             total += deleted
@@ -145,14 +380,5 @@ class OutboxStore:
     def purge_preview(self, *, older_than_seconds: float) -> list[TopicPurge]:
         """What :meth:`purge` would delete now, per topic; changes nothing."""
         with self.engine.connect() as conn:
-            rows = conn.execute(query("outbox_purge_preview"), {"older_than": older_than_seconds})
-            return [TopicPurge(r.topic, r.rows, r.oldest_id, r.oldest_published_at) for r in rows]
-
-    def backlog(self) -> list[TopicBacklog]:
-        """Per topic: pending depth, dead count and the oldest pending row's age."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(query("outbox_backlog")).all()
-        return [
-            TopicBacklog(row.topic, row.pending, row.dead, float(row.oldest_pending_seconds))
-            for row in rows
-        ]
+            rows = conn.execute(query("relay_purge_preview"), {"older_than": older_than_seconds})
+            return [TopicPurge(r.topic, r.rows, r.oldest_id, r.oldest_created_at) for r in rows]

@@ -9,6 +9,7 @@ reads the outbox columns by name.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 import sqlalchemy as sa
@@ -16,7 +17,12 @@ from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 from oncely.errors import ConfigurationError
 
-OUTBOX_STATUSES = ("pending", "published", "dead", "skipped")
+#: Shards of a new installation (``oncely db upgrade --shards`` chooses another count).
+DEFAULT_SHARDS = 32
+#: Why a key is parked: its next row failed for good, or is not due yet.
+PARK_REASONS = ("dead", "delayed")
+#: What an operator asked for a parked key: publish its dead row again, or give up on it.
+PARK_REQUESTS = ("requeue", "skip")
 TASK_STATUSES = ("queued", "leased", "completed", "dead", "failed", "stale", "expired")
 #: Task states nothing leaves on its own; purged after the retention period. ``stale`` is not
 #: terminal: it waits for an operator's ``oncely tasks reclaim``.
@@ -25,8 +31,8 @@ TASK_POLICIES = ("retry_safe", "irreversible")
 IDEMPOTENCY_STATUSES = ("processing", "accepted", "rejected")
 IDEMPOTENCY_KEY_MAX = 200
 
-#: The channel a statement-level trigger notifies after every insert into the outbox, delivered
-#: at commit: an idle relay LISTENing on it wakes at once, whoever wrote the rows.
+#: The channel a statement-level trigger notifies after an insert into the outbox while a relay
+#: sleeps (``oncely_relay_members.asleep``), delivered at commit: the relay wakes at once.
 NOTIFY_CHANNEL = "oncely_outbox"
 #: The channel notified at commit after every insert into ``oncely_tasks``: task workers LISTEN.
 TASKS_NOTIFY_CHANNEL = "oncely_tasks"
@@ -63,6 +69,71 @@ def _in(column: str, values: tuple[str, ...]) -> str:
 def _any(column: str, values: tuple[str, ...]) -> str:
     """``column = ANY (ARRAY[...])`` as PostgreSQL prints it back, for partial index predicates."""
     return f"{column} = ANY (ARRAY[{', '.join(f'{v!r}::text' for v in values)}])"
+
+
+class XID8(sa.types.UserDefinedType[int]):
+    """PostgreSQL's 64-bit transaction id (``pg_current_xact_id()``)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: object) -> str:
+        return "xid8"
+
+
+class PG_SNAPSHOT(sa.types.UserDefinedType[str]):  # noqa: N801  # the PostgreSQL type's name
+    """PostgreSQL's ``pg_snapshot`` (``xmin:xmax:xip,...``), read and written as text."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: object) -> str:
+        return "pg_snapshot"
+
+
+def shard_expression(shards: int) -> str:
+    """SQL of a row's shard: the first 28 bits of ``md5(topic, 0x1f, aggregateid)`` mod ``shards``.
+
+    md5 is stable across PostgreSQL versions (``hashtext`` is not);
+    :func:`shard_of` computes the same in Python.
+    """
+    return (
+        "mod((('x'::text || substr(md5(((topic || chr(31)) || aggregateid)), 1, 7)))::bit(28)"
+        f"::integer, {shards})"
+    )
+
+
+def shard_of(topic: str, aggregateid: str, shards: int) -> int:
+    """The shard PostgreSQL computes for a row of ``topic`` and key ``aggregateid``."""
+    digest = hashlib.md5(f"{topic}\x1f{aggregateid}".encode(), usedforsecurity=False)
+    return int(digest.hexdigest()[:7], 16) % shards
+
+
+def _wake_on_insert(table: sa.Table, prefix: str) -> None:
+    """Create (and drop) the trigger that notifies a sleeping relay after inserts."""
+    function = f"{prefix}{table.name}_wake"
+    path = f"TO {prefix[:-1]}" if prefix else "FROM CURRENT"
+    sa.event.listen(
+        table,
+        "after_create",
+        _ddl(
+            f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql "
+            f"SET search_path {path} "
+            "AS $$ BEGIN\n"
+            "        IF EXISTS (SELECT 1 FROM oncely_relay_members WHERE asleep) THEN\n"
+            f"            PERFORM pg_notify('{NOTIFY_CHANNEL}', '');\n"
+            "        END IF;\n"
+            "        RETURN NULL;\n"
+            "    END $$"
+        ),
+    )
+    sa.event.listen(
+        table,
+        "after_create",
+        _ddl(
+            f"CREATE TRIGGER {table.name}_wake AFTER INSERT ON {prefix}{table.name} "
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
+        ),
+    )
+    sa.event.listen(table, "after_drop", _ddl(f"DROP FUNCTION IF EXISTS {function}()"))
 
 
 def _notify_on_insert(table: sa.Table, prefix: str, channel: str) -> None:
@@ -106,39 +177,83 @@ def build_metadata(schema: str | None = None) -> sa.MetaData:
         sa.Column("payload", sa.LargeBinary, nullable=False),
         sa.Column("headers", JSONB, nullable=False, server_default=sa.text("'{}'::jsonb")),
         sa.Column("event_key", sa.Text, nullable=False),
-        sa.Column("status", sa.Text, nullable=False, server_default=sa.text("'pending'::text")),
-        sa.Column("attempts", sa.Integer, nullable=False, server_default=sa.text("0")),
         sa.Column("available_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
-        sa.Column("lease_owner", sa.Text),
-        sa.Column("lease_until", sa.DateTime(timezone=True)),
-        sa.Column("last_error", sa.Text),
-        sa.Column("published_at", sa.DateTime(timezone=True)),
-        sa.Column("kafka_partition", sa.Integer),
-        sa.Column("kafka_offset", sa.BigInteger),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        sa.Column("txid", XID8, nullable=False, server_default=sa.text("pg_current_xact_id()")),
+        sa.Column(
+            "shard",
+            sa.SmallInteger,
+            sa.Computed(shard_expression(DEFAULT_SHARDS), persisted=True),
+            nullable=False,
+        ),
         sa.PrimaryKeyConstraint("id", name="oncely_outbox_pkey"),
         sa.UniqueConstraint("event_key", name="oncely_outbox_event_key_key"),
-        sa.CheckConstraint(_in("status", OUTBOX_STATUSES), name="oncely_outbox_status_check"),
     )
-    # The relay claims due rows in seq order, and checks each key's head among unsettled rows.
-    sa.Index(
-        "oncely_outbox_pending_seq_idx",
-        outbox.c.seq,
-        postgresql_where=sa.text("status = 'pending'"),
-    )
-    sa.Index(
-        "oncely_outbox_key_seq_idx",
-        outbox.c.aggregateid,
-        outbox.c.seq,
-        postgresql_where=sa.text("status = ANY (ARRAY['pending'::text, 'dead'::text])"),
-    )
-    sa.Index(
-        "oncely_outbox_published_at_idx",
-        outbox.c.published_at,
-        postgresql_where=sa.text("status = 'published'"),
-    )
+    # The relay's snapshot reads: one shard's rows by writing transaction.
+    sa.Index("oncely_outbox_shard_txid_idx", outbox.c.shard, outbox.c.txid)
     prefix = f"{schema}." if schema else ""
-    _notify_on_insert(outbox, prefix, NOTIFY_CHANNEL)
+
+    shards = sa.Table(
+        "oncely_relay_shards",
+        md,
+        sa.Column("shard", sa.SmallInteger, nullable=False),
+        sa.Column("done", PG_SNAPSHOT, nullable=False),
+        sa.Column("reading", PG_SNAPSHOT),
+        sa.Column("after_seq", sa.BigInteger, nullable=False, server_default=sa.text("0")),
+        sa.Column("owner", sa.Text),
+        sa.Column("epoch", sa.BigInteger, nullable=False, server_default=sa.text("0")),
+        sa.Column("lease_until", sa.DateTime(timezone=True)),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        sa.PrimaryKeyConstraint("shard", name="oncely_relay_shards_pkey"),
+    )
+    sa.event.listen(
+        shards,
+        "after_create",
+        _ddl(
+            f"INSERT INTO {prefix}oncely_relay_shards (shard, done) "
+            f"SELECT n, pg_current_snapshot() FROM generate_series(0, {DEFAULT_SHARDS - 1}) AS n"
+        ),
+    )
+    sa.Table(
+        "oncely_relay_members",
+        md,
+        sa.Column("relay_id", sa.Text, nullable=False),
+        sa.Column("heartbeat_until", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("asleep", sa.Boolean, nullable=False, server_default=sa.text("false")),
+        sa.PrimaryKeyConstraint("relay_id", name="oncely_relay_members_pkey"),
+    )
+    sa.Table(
+        "oncely_relay_parked",
+        md,
+        sa.Column("topic", sa.Text, nullable=False),
+        sa.Column("aggregateid", sa.Text, nullable=False),
+        sa.Column("shard", sa.SmallInteger, nullable=False),
+        sa.Column("event_id", UUID(as_uuid=True), nullable=False),
+        sa.Column("reason", sa.Text, nullable=False),
+        sa.Column("error", sa.Text),
+        sa.Column("until", sa.DateTime(timezone=True)),
+        sa.Column("request", sa.Text),
+        sa.Column("parked_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        sa.PrimaryKeyConstraint("topic", "aggregateid", name="oncely_relay_parked_pkey"),
+        sa.CheckConstraint(_in("reason", PARK_REASONS), name="oncely_relay_parked_reason_check"),
+        sa.CheckConstraint(_in("request", PARK_REQUESTS), name="oncely_relay_parked_request_check"),
+    )
+    held = sa.Table(
+        "oncely_relay_held",
+        md,
+        sa.Column("position", sa.BigInteger, sa.Identity(always=True), nullable=False),
+        sa.Column("event_id", UUID(as_uuid=True), nullable=False),
+        sa.Column("topic", sa.Text, nullable=False),
+        sa.Column("aggregateid", sa.Text, nullable=False),
+        sa.PrimaryKeyConstraint("position", name="oncely_relay_held_pkey"),
+        sa.ForeignKeyConstraint(
+            ["topic", "aggregateid"],
+            ["oncely_relay_parked.topic", "oncely_relay_parked.aggregateid"],
+            name="oncely_relay_held_key_fkey",
+        ),
+    )
+    sa.Index("oncely_relay_held_key_idx", held.c.topic, held.c.aggregateid, held.c.position)
+    _wake_on_insert(outbox, prefix)
 
     sa.Table(
         "oncely_receipts",
