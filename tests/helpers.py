@@ -92,11 +92,22 @@ def wait_until(predicate: object, *, timeout: float, interval: float = 0.2) -> N
         time.sleep(interval)
 
 
-def count_status(engine: sa.Engine, status: str) -> int:
+def count_published(engine: sa.Engine) -> int:
+    """Rows the relay has recorded as acknowledged (held and dead rows are not counted)."""
     with engine.connect() as conn:
         return int(
             conn.execute(
-                sa.text("SELECT count(*) FROM oncely_outbox WHERE status = :s"), {"s": status}
+                sa.text(
+                    """
+                    SELECT count(*) FROM oncely_outbox AS o
+                    JOIN oncely_relay_shards AS s ON s.shard = o.shard
+                    WHERE (pg_visible_in_snapshot(o.txid, s.done)
+                           OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
+                               AND pg_visible_in_snapshot(o.txid, s.reading)))
+                      AND o.id NOT IN (SELECT event_id FROM oncely_relay_held)
+                      AND o.id NOT IN (SELECT event_id FROM oncely_relay_parked)
+                    """
+                )
             ).scalar_one()
         )
 

@@ -21,7 +21,7 @@ from oncely.schemas.codec import Codec
 from oncely.storage import outbox
 from tests.apps.ledger import App, build, create_tables
 from tests.helpers import (
-    count_status,
+    count_published,
     fast_settings,
     publish_events,
     running_consumers,
@@ -259,5 +259,5 @@ def test_replay_from_outbox_republishes_with_the_same_ids(
             ),
             timeout=90,
         )
-    assert count_status(engine, "published") == 200
+    assert count_published(engine) == 200
     assert scalar(engine, "SELECT count(*) FROM ledger") == 200, "receipts absorbed the replay"

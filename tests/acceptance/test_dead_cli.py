@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 
-from tests.helpers import count_status, insert_rows, outbox_rows
+from tests.helpers import count_published, insert_rows, outbox_rows
 
 pytestmark = pytest.mark.acceptance
 
@@ -81,7 +81,7 @@ def test_relay_purge_deletes_old_published_rows(engine: sa.Engine, database_url:
     )
     assert result.returncode == 0, result.stderr
     assert "deleted 2 published row(s) older than 7d" in result.stdout
-    assert count_status(engine, "published") == 2
+    assert count_published(engine) == 2
     bad = _oncely("relay", "purge", "--database-url", database_url, "--older-than", "a week")
     assert bad.returncode == 2
     assert "not a duration" in bad.stderr
@@ -149,4 +149,4 @@ def test_relay_purge_is_a_dry_run_without_execute(engine: sa.Engine, database_ur
     assert "  a: 2 row(s), oldest " in result.stdout
     assert f"  b: 1 row(s), oldest {rows[1]['id']} published " in result.stdout
     assert "dry run: nothing changed; run again with --execute" in result.stdout
-    assert count_status(engine, "published") == 3
+    assert count_published(engine) == 3

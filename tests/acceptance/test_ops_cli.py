@@ -19,7 +19,7 @@ from oncely.schemas.codec import Codec
 from oncely.storage import outbox
 from tests.apps.ledger import App, build, create_tables
 from tests.helpers import (
-    count_status,
+    count_published,
     fast_settings,
     publish_events,
     running_consumers,
@@ -148,7 +148,7 @@ def test_verify_passes_on_a_healthy_pipeline_and_fails_when_an_effect_missed_an_
         running_consumers(app.effects, ["ledger"], engine, kafka_bootstrap),
     ):
         wait_until(lambda: scalar(engine, "SELECT count(*) FROM oncely_receipts") == 20, timeout=90)
-    assert count_status(engine, "published") == 20
+    assert count_published(engine) == 20
     command = [
         *("verify", "--since", "10m", "--effect", "ledger", "--json"),
         *("--database-url", database_url, "--bootstrap-servers", kafka_bootstrap),

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from oncely.devstack._process import free_port
 from tests.helpers import (
-    count_status,
+    count_published,
     fast_settings,
     insert_rows,
     outbox_rows,
@@ -126,7 +126,7 @@ def test_sigterm_under_load_exits_0_and_leaves_no_lease(
     topic = new_topic(partitions=3)
     insert_rows(engine, outbox_rows(20_000, topics=[topic], keys=2000))
     proc = _start_relay(database_url, kafka_bootstrap, "--relay-id", "doomed")
-    wait_until(lambda: count_status(engine, "published") > 1000, timeout=60)
+    wait_until(lambda: count_published(engine) > 1000, timeout=60)
     started = time.monotonic()
     code, stderr = _stop(proc)
     assert code == 0, stderr
@@ -139,7 +139,7 @@ def test_sigterm_under_load_exits_0_and_leaves_no_lease(
             )
         ).scalar_one()
     assert leased == 0
-    assert count_status(engine, "published") < 20_000, "it was stopped mid-run"
+    assert count_published(engine) < 20_000, "it was stopped mid-run"
 
 
 def test_a_paused_relay_cannot_settle_rows_another_relay_took_over(
@@ -166,7 +166,7 @@ def test_a_paused_relay_cannot_settle_rows_another_relay_took_over(
         zombie.send_signal(signal.SIGSTOP)
         time.sleep(3)  # past the 2 s lease
         with running_relay(engine, kafka_bootstrap, fast_settings()):
-            wait_until(lambda: count_status(engine, "published") == 20, timeout=30)
+            wait_until(lambda: count_published(engine) == 20, timeout=30)
         zombie.send_signal(signal.SIGCONT)
         wait_until(lambda: _metric(port, "oncely_relay_lease_lost_total") == 20, timeout=30)
         assert _metric(port, "oncely_relay_published_total") == 0
@@ -177,7 +177,7 @@ def test_a_paused_relay_cannot_settle_rows_another_relay_took_over(
     # The zombie's late records are duplicates on the wire; the rows stay settled once.
     records = read_topics(kafka_bootstrap, [topic])
     assert len({r.headers["id"] for r in records}) == 20
-    assert count_status(engine, "published") == 20
+    assert count_published(engine) == 20
 
 
 def test_a_zombie_resuming_before_the_new_owner_settles_is_refused_by_the_fence(
@@ -220,7 +220,7 @@ def test_a_zombie_resuming_before_the_new_owner_settles_is_refused_by_the_fence(
         settled = ("oncely_relay_lease_lost_total", "oncely_relay_published_total")
         wait_until(lambda: sum(_metric(zombie_port, m) for m in settled) >= 20, timeout=30)
         assert [_metric(zombie_port, m) for m in settled] == [20, 0], "the zombie settled"
-        wait_until(lambda: count_status(engine, "published") == 20, timeout=60)
+        wait_until(lambda: count_published(engine) == 20, timeout=60)
         assert [_metric(owner_port, m) for m in settled] == [0, 20], "the owner was refused"
     finally:
         zombie.send_signal(signal.SIGCONT)

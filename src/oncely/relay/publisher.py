@@ -10,12 +10,14 @@ them forever, so the relay stops instead (:class:`~oncely.security.KafkaAuthenti
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from oncely.relay.records import OutboxRow
 from oncely.security import KafkaAuthenticationError, is_authentication_failure
@@ -23,6 +25,8 @@ from oncely.security import KafkaAuthenticationError, is_authentication_failure
 log = logging.getLogger(__name__)
 
 Report = Callable[[KafkaError | None, Message | None], None]
+
+_LIMITS_TTL = 60.0
 
 #: Settings the relay's guarantees depend on; configuration cannot override them.
 REQUIRED = {
@@ -35,8 +39,12 @@ REQUIRED = {
 class Publisher:
     """Produce outbox rows; each one's result goes to the report given with it."""
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], *, client: Mapping[str, Any]) -> None:
+        """``config``: the producer's settings; ``client``: those any client shares (an admin
+        client reads topic limits with them)."""
         self._config = {**config, **REQUIRED, "error_cb": self._on_error}
+        self._admin = AdminClient(dict(client))
+        self._limits: dict[str, tuple[int | None, float]] = {}
         self.fatal: KafkaError | None = None
         #: The broker refused the credentials (``_AUTHENTICATION``): retrying will not help.
         self.auth_failed: KafkaError | None = None
@@ -110,6 +118,26 @@ class Publisher:
                 # Refused before sending (e.g. larger than message.max.bytes): a failed delivery.
                 report(exc.args[0], None)
                 return
+
+    def max_message_bytes(self, topic: str) -> int | None:
+        """The topic's ``max.message.bytes`` (cached for a minute), or ``None`` if unknown."""
+        cached = self._limits.get(topic)
+        now = time.monotonic()
+        if cached is not None and now - cached[1] < _LIMITS_TTL:
+            return cached[0]
+        limit: int | None = None
+        try:
+            resource = ConfigResource(ResourceType.TOPIC, topic)
+            configs = self._admin.describe_configs([resource], request_timeout=5)[resource]
+            limit = int(configs.result(timeout=5)["max.message.bytes"].value)
+        except (KafkaException, KeyError, ValueError, TypeError, concurrent.futures.TimeoutError):
+            limit = cached[0] if cached is not None else None
+        self._limits[topic] = (limit, now)
+        return limit
+
+    def forget_limits(self, topic: str) -> None:
+        """Read the topic's limits again next time (the broker refused a record)."""
+        self._limits.pop(topic, None)
 
     def poll(self, timeout: float) -> None:
         """Serve delivery reports for up to ``timeout`` seconds."""

@@ -52,6 +52,13 @@ class OutboxRow:
         return (self.topic, self.aggregateid)
 
     @property
+    def size(self) -> int:
+        """The record's bytes before compression, with a batch's overhead: what a topic's
+        ``max.message.bytes`` is compared with when compression does not help."""
+        headers = sum(len(name) + len(str(value)) for name, value in self.headers.items())
+        return len(self.aggregateid.encode()) + len(self.payload) + headers + 36 + 128
+
+    @property
     def key(self) -> bytes:
         return self.aggregateid.encode()
 

@@ -70,6 +70,8 @@ class _Page:
     rows: int = 0
     outstanding: int = 0
     failure: tuple[OutboxRow, KafkaError] | None = None
+    #: Produced with nothing else in flight: a refusal is the row's own fault.
+    isolated: bool = False
     parked: list[Parking] = field(default_factory=list)
     held: list[Held] = field(default_factory=list)
 
@@ -116,6 +118,8 @@ class Relay:
         self._shards: dict[int, _Shard] = {}
         self._parked: dict[tuple[str, str], Parking] = {}
         self._attempts: dict[UUID, int] = {}
+        self._suspects: set[UUID] = set()
+        self._isolating: _Page | None = None
         self._in_flight = 0
         self._asleep = False
         self._last_rows = time.monotonic()
@@ -316,7 +320,7 @@ class Relay:
     def _read(self) -> int:
         """Read one page per group of shards at the same position; return the rows read."""
         room = self.settings.max_in_flight - self._in_flight
-        if room <= 0:
+        if room <= 0 or self._isolating is not None:
             return 0
         groups: dict[Progress, list[_Shard]] = {}
         for shard in self._readable(time.monotonic()):
@@ -347,14 +351,27 @@ class Relay:
                 self._database_failed("read", exc)
                 return total
             self.database_ok = True
-            if len(rows) < page_size:
+            suspect = next((i for i, row in enumerate(rows) if self._suspect(row)), None)
+            isolated = False
+            if suspect is not None:
+                # A row that may be refused goes out alone, after everything before it is
+                # acknowledged, so no later row of its key (nor a batch-mate) can pass it.
+                if suspect == 0:
+                    if self._in_flight:
+                        continue
+                    isolated = True
+                rows = rows[: max(1, suspect)]
+                ends = Progress(cursor.done, reading, rows[-1].seq)
+            elif len(rows) < page_size:
                 ends = Progress(reading)
             else:
                 ends = Progress(cursor.done, reading, rows[-1].seq)
-            page = _Page(tuple(s.shard for s in members), ends)
+            page = _Page(tuple(s.shard for s in members), ends, isolated=isolated)
+            if isolated:
+                self._isolating = page
             if rows:
                 failpoint("relay.after_read")
-            self._produce_page(page, rows, {s.shard: s for s in members})
+            self._produce_page(page, rows)
             for shard in members:
                 shard.cursor = ends
                 if page.has_writes or shard.pages:
@@ -363,11 +380,20 @@ class Relay:
                     shard.dirty = True
             total += len(rows)
             room -= len(rows)
-            if room <= 0:
+            if room <= 0 or isolated:
                 break
         return total
 
-    def _produce_page(self, page: _Page, rows: list[OutboxRow], shards: dict[int, _Shard]) -> None:
+    def _suspect(self, row: OutboxRow) -> bool:
+        """Whether the broker may refuse ``row``: it failed before, or is over the topic's limit."""
+        if row.parking_key in self._parked or row.delayed:
+            return False
+        if row.id in self._suspects:
+            return True
+        limit = self._publisher.max_message_bytes(row.topic)
+        return limit is not None and row.size > limit
+
+    def _produce_page(self, page: _Page, rows: list[OutboxRow]) -> None:
         for index, row in enumerate(rows):
             parking = self._parked.get(row.parking_key)
             if parking is not None:
@@ -390,6 +416,9 @@ class Relay:
             page.outstanding += 1
             self._in_flight += 1
             self._publisher.produce(row, self._report(page, row))
+            if page.failure is not None:
+                page.isolated = True  # refused at once: nothing after it was produced
+                break
             if index == len(rows) // 2:
                 failpoint("relay.mid_page")
         if page.rows:
@@ -404,6 +433,7 @@ class Relay:
             page.outstanding -= 1
             self._in_flight -= 1
             if error is None:
+                self._suspects.discard(row.id)
                 self.metrics.published.labels(row.topic).inc()
                 latency = (datetime.now(UTC) - row.created_at).total_seconds()
                 self.metrics.publish_latency.observe(max(0.0, latency))
@@ -425,7 +455,9 @@ class Relay:
         parked: dict[tuple[str, str], tuple[Parking, int]] = {}
         held: list[Held] = []
         seen: set[int] = set()
-        failed: tuple[OutboxRow, KafkaError] | None = None
+        failed: _Page | None = None
+        if self._isolating is not None and self._isolating.outstanding == 0:
+            self._isolating = None
         for shard in self._shards.values():
             last: _Page | None = None
             while shard.pages and shard.pages[0].acknowledged:
@@ -437,7 +469,7 @@ class Relay:
             if last is not None:
                 progress.append(ShardProgress(shard.shard, shard.epoch, last.ends))
             if shard.pages and shard.pages[0].failure is not None and failed is None:
-                failed = shard.pages[0].failure
+                failed = shard.pages[0]
         if progress:
             failpoint("relay.after_ack_before_record")
             self._record(progress, list(parked.values()), held)
@@ -473,11 +505,11 @@ class Relay:
             return
         self.database_ok = True
         for item in progress:
-            shard = self._shards.get(item.shard)
-            if shard is not None:
-                shard.recorded = item.progress
-                shard.attempts = 0
-                shard.dirty = False
+            held_shard = self._shards.get(item.shard)
+            if held_shard is not None:
+                held_shard.recorded = item.progress
+                held_shard.attempts = 0
+                held_shard.dirty = False
 
     def _shard_of_key(self, held: Held) -> int:
         parking = self._parked.get((held.topic, held.aggregateid))
@@ -493,23 +525,34 @@ class Relay:
         if quiet:
             self._record([ShardProgress(s.shard, s.epoch, s.cursor) for s in quiet], [], [])
 
-    def _replay(self, failed: tuple[OutboxRow, KafkaError] | None) -> None:
-        """A delivery failed (or the producer died): recreate it, replay from the records."""
-        if failed is not None:
-            row, error = failed
-            attempts = self._attempts[row.id] = self._attempts.get(row.id, 0) + 1
+    def _replay(self, failed: _Page | None) -> None:
+        """A delivery failed (or the producer died): recreate it, replay from the records.
+
+        A permanent error counts against the row only when it was produced alone; otherwise
+        it may belong to a batch-mate, so the row is retried alone first.
+        """
+        transient = True
+        if failed is not None and failed.failure is not None:
+            row, error = failed.failure
+            transient = policy.is_transient(error)
             log.warning(
-                "delivery failed (attempt %d), replaying: %s",
-                attempts,
+                "delivery failed, replaying from the recorded progress: %s",
                 error.str(),
                 extra={"id": str(row.id), "topic": row.topic, "code": error.name()},
             )
-            if policy.goes_dead(error, attempts, max_attempts=self.settings.max_attempts):
-                self._dead_letter(row, policy.error_text(error))
+            if not transient:
+                self._publisher.forget_limits(row.topic)
+                if not failed.isolated:
+                    self._suspects.add(row.id)
+                else:
+                    attempts = self._attempts[row.id] = self._attempts.get(row.id, 0) + 1
+                    if policy.goes_dead(error, attempts, max_attempts=self.settings.max_attempts):
+                        self._dead_letter(row, policy.error_text(error))
         else:
             log.warning("fatal producer error, recreating the producer and replaying")
+        self._isolating = None
         self._publisher.recreate()
-        self._reset_all(backoff=failed is None or policy.is_transient(failed[1]))
+        self._reset_all(backoff=transient or (failed is not None and failed.isolated))
 
     def _reset_all(self, *, backoff: bool) -> None:
         now = time.monotonic()
@@ -537,6 +580,7 @@ class Relay:
             self._database_failed("dead letter", exc)
             return
         self._attempts.pop(row.id, None)
+        self._suspects.discard(row.id)
         self.metrics.dead.labels(row.topic).inc()
         log.error(
             "row dead-lettered, its key is parked: %s",
@@ -570,9 +614,7 @@ class Relay:
             row = rows.get(event_id)
             if row is None:
                 continue  # purged
-            self._publisher.produce(
-                row, lambda error, message, row=row: results.append((row, error))
-            )
+            self._publisher.produce(row, self._collect(row, results))
         deadline = time.monotonic() + self.settings.delivery_timeout_ms / 1000 + 5
         while len(results) < len([i for i in ids if i in rows]) and time.monotonic() < deadline:
             self._publisher.poll(0.05)
@@ -603,6 +645,15 @@ class Relay:
                 len(results),
                 extra={"topic": parking.topic, "key": parking.aggregateid},
             )
+
+    @staticmethod
+    def _collect(
+        row: OutboxRow, results: list[tuple[OutboxRow, KafkaError | None]]
+    ) -> Callable[[KafkaError | None, Message | None], None]:
+        def report(error: KafkaError | None, message: Message | None) -> None:
+            results.append((row, error))
+
+        return report
 
     # -- gauges, purge, failures, stop ---------------------------------------------------------
 

@@ -58,7 +58,7 @@ def build_relay(
     config = producer_config(kafka, settings)
 
     def publisher() -> Publisher:
-        made = Publisher(config)
+        made = Publisher(config, client=kafka.client_config())
         made.check_credentials(timeout=_CREDENTIALS_TIMEOUT)
         return made
 

@@ -152,13 +152,13 @@ class RelayStore:
                     **difference.params(),
                 },
             ).mappings()
-            return [OutboxRow.from_mapping(row) for row in rows]
+            return [OutboxRow.from_mapping(dict(row)) for row in rows]
 
     def rows(self, ids: Sequence[UUID]) -> dict[UUID, OutboxRow]:
         """The outbox rows with these ids (rows purged since are missing)."""
         with self.engine.connect() as conn:
             rows = conn.execute(query("relay_rows"), {"ids": list(ids)}).mappings()
-            return {row["id"]: OutboxRow.from_mapping(row) for row in rows}
+            return {row["id"]: OutboxRow.from_mapping(dict(row)) for row in rows}
 
     def parked(self, shards: Sequence[int]) -> list[Parking]:
         with self.engine.connect() as conn:

@@ -13,9 +13,9 @@ BEGIN
     SELECT count(*) INTO leased FROM oncely_outbox
     WHERE status = 'pending' AND lease_until > now();
     IF leased > 0 THEN
-        RAISE EXCEPTION 'oncely db upgrade: % outbox row(s) are leased by a running relay: stop '
-            'every relay, wait for the leases to expire (ONCELY_RELAY_LEASE_SECONDS) and retry',
-            leased;
+        RAISE EXCEPTION USING MESSAGE = 'oncely db upgrade: ' || leased || ' outbox row(s) are '
+            || 'leased by a running relay: stop every relay, wait for the leases to expire '
+            || '(ONCELY_RELAY_LEASE_SECONDS) and retry';
     END IF;
 END $$;
 
@@ -93,17 +93,18 @@ DECLARE
     start pg_snapshot;
 BEGIN
     IF shards < 1 OR shards > 1024 THEN
-        RAISE EXCEPTION 'oncely.shards = %: choose between 1 and 1024 shards', shards;
+        RAISE EXCEPTION USING MESSAGE = 'oncely.shards = ' || shards
+            || ': choose between 1 and 1024 shards';
     END IF;
     -- The shard of a row: the first 28 bits of md5(topic, 0x1f, key), modulo S. md5 is stable
     -- across PostgreSQL versions (hashtext is not) and oncely.wire.shard_of computes the same.
-    EXECUTE format(
-        'ALTER TABLE oncely_outbox ADD COLUMN shard smallint NOT NULL GENERATED ALWAYS AS '
-        '(mod((''x'' || substr(md5(topic || chr(31) || aggregateid), 1, 7))::bit(28)::integer, '
-        '%s)) STORED', shards);
+    EXECUTE 'ALTER TABLE oncely_outbox ADD COLUMN shard smallint NOT NULL GENERATED ALWAYS AS '
+        || '(mod((''x'' || substr(md5(topic || chr(31) || aggregateid), 1, 7))::bit(28)::integer, '
+        || shards || ')) STORED';
     -- Everything committed before now, but not this transaction's rows: they are "new".
     SELECT (least(pg_snapshot_xmin(s), pg_current_xact_id())::text || ':'
-            || pg_snapshot_xmax(s)::text || ':'
+            || greatest(pg_snapshot_xmax(s)::text::bigint,
+                        pg_current_xact_id()::text::bigint + 1)::text || ':'
             || array_to_string(ARRAY(SELECT x FROM pg_snapshot_xip(s) AS x
                                      UNION SELECT pg_current_xact_id() ORDER BY 1), ','))::pg_snapshot
     INTO start FROM pg_current_snapshot() AS s;
