@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from oncely.relay import policy
-from oncely.relay.records import ClaimedRow
+from oncely.relay.records import OutboxRow
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def test_error_text_is_truncated_to_4000_characters() -> None:
 
 def test_the_record_follows_the_contract() -> None:
     event_id = uuid.UUID("0190f0a0-0000-7000-8000-000000000001")
-    row = ClaimedRow(
+    row = OutboxRow(
         id=event_id,
         seq=7,
         topic="payments.transfer.completed",
@@ -66,8 +66,9 @@ def test_the_record_follows_the_contract() -> None:
         type="transfer.completed",
         payload=b"\xc3\x01payload",
         headers={"traceparent": "00-abc-def-01", "content-type": "application/vnd.oncely.avro"},
-        attempts=1,
+        shard=3,
         created_at=datetime(2026, 11, 29, 9, 0, 0, 123000, tzinfo=UTC),
+        available_at=datetime(2026, 11, 29, 9, 0, 0, 123000, tzinfo=UTC),
     )
     assert row.key == b"transfer-9"
     assert row.timestamp_ms == 1795942800123
@@ -77,3 +78,27 @@ def test_the_record_follows_the_contract() -> None:
         ("traceparent", b"00-abc-def-01"),
         ("content-type", b"application/vnd.oncely.avro"),
     ]
+
+
+def test_snapshot_difference_follows_pgq_rule() -> None:
+    from oncely.relay.snapshots import Difference, Snapshot
+
+    done = Snapshot.parse("100:110:100,105")
+    reading = Snapshot.parse("105:120:105,112")
+    assert str(done) == "100:110:100,105"
+    difference = Difference.between(done, reading)
+    # new: 100 (running in done, visible now) and [110, 120) except 112 (still running)
+    assert (difference.low, difference.high) == (110, 120)
+    assert difference.running == (112,)
+    assert difference.finished == (100,)
+    assert not difference.empty
+    assert Difference.between(reading, reading).empty
+    assert Difference.between(Snapshot.parse("5:7:5,6"), Snapshot.parse("5:8:5,6,7")).empty
+    assert not Difference.between(Snapshot.parse("5:7:5,6"), Snapshot.parse("6:8:6,7")).empty
+
+
+def test_a_shard_is_the_same_in_python_and_postgresql_terms() -> None:
+    from oncely.storage.tables import shard_of
+
+    assert shard_of("a", "k1", 32) == 4  # what PostgreSQL computed for the same row
+    assert shard_of("topic-x", "key-7", 32) == 26

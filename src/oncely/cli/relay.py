@@ -18,7 +18,7 @@ from oncely.cli._options import (
 from oncely.cli._output import err, out, print_dry_run
 from oncely.ops.logs import configure_logging
 from oncely.relay.service import run_relay
-from oncely.relay.store import OutboxStore
+from oncely.relay.store import RelayStore
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import KafkaSettings, RelaySettings
 
@@ -74,13 +74,14 @@ def purge(
 ) -> None:
     """Delete published outbox rows older than --older-than, in batches.
 
-    A dry run unless --execute: it prints how many rows it would delete per topic, and the
-    oldest of each, and deletes nothing. Pending, dead and skipped rows are never deleted.
+    Only rows every shard's recorded progress has passed are deleted; rows of parked keys (a
+    dead or delayed row and those held behind it) never are. A dry run unless --execute: it
+    prints how many rows it would delete per topic, and the oldest of each.
     """
     horizon = parse_duration(older_than).total_seconds()
     engine = sa.create_engine(database_url)
     try:
-        store = OutboxStore(engine, owner="purge")
+        store = RelayStore(engine, owner="purge")
         if not execute:
             topics = store.purge_preview(older_than_seconds=horizon)
             total = sum(topic.rows for topic in topics)
@@ -88,7 +89,7 @@ def purge(
             for topic in topics:
                 out.print(
                     f"  {escape(topic.topic)}: {topic.rows} row(s), oldest {topic.oldest_id} "
-                    f"published {topic.oldest_published_at.isoformat()}"
+                    f"created {topic.oldest_created_at.isoformat()}"
                 )
             print_dry_run()
             return
