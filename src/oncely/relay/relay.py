@@ -120,6 +120,7 @@ class Relay:
         self._attempts: dict[UUID, int] = {}
         self._suspects: set[UUID] = set()
         self._isolating: _Page | None = None
+        self._quiesce: Progress | None = None
         self._in_flight = 0
         self._asleep = False
         self._last_rows = time.monotonic()
@@ -258,10 +259,7 @@ class Relay:
     def _forget(self, shard: _Shard) -> None:
         """Drop a shard without recording anything (it was lost, or has been given back)."""
         self._shards.pop(shard.shard, None)
-        for page in shard.pages:
-            self._in_flight -= page.outstanding
-            page.outstanding = 0
-        shard.pages.clear()
+        shard.pages.clear()  # their records still report (a page may be another shard's too)
         for key in [k for k, p in self._parked.items() if p.shard == shard.shard]:
             del self._parked[key]
         for gauge in (self.metrics.lease_epoch, self.metrics.held_keys):
@@ -322,11 +320,18 @@ class Relay:
         room = self.settings.max_in_flight - self._in_flight
         if room <= 0 or self._isolating is not None:
             return 0
+        if self._quiesce is not None and self._in_flight:
+            return 0
         groups: dict[Progress, list[_Shard]] = {}
         for shard in self._readable(time.monotonic()):
             groups.setdefault(shard.cursor, []).append(shard)
         if not groups:
             return 0
+        if self._quiesce is not None:
+            first = groups.pop(self._quiesce, None)
+            if first is not None:
+                groups = {self._quiesce: first, **groups}
+            self._quiesce = None
         fresh: Snapshot | None = None
         total = 0
         for cursor, members in groups.items():
@@ -358,7 +363,8 @@ class Relay:
                 # acknowledged, so no later row of its key (nor a batch-mate) can pass it.
                 if suspect == 0:
                     if self._in_flight:
-                        continue
+                        self._quiesce = cursor  # read nothing until all is acknowledged
+                        break
                     isolated = True
                 rows = rows[: max(1, suspect)]
                 ends = Progress(cursor.done, reading, rows[-1].seq)
@@ -398,7 +404,7 @@ class Relay:
             parking = self._parked.get(row.parking_key)
             if parking is not None:
                 if parking.event_id != row.id:
-                    page.held.append(Held(row.id, row.topic, row.aggregateid))
+                    page.held.append(Held(row.id, row.topic, row.aggregateid, row.shard))
                 continue
             if row.delayed:
                 parking = Parking(
@@ -454,7 +460,6 @@ class Relay:
         progress: list[ShardProgress] = []
         parked: dict[tuple[str, str], tuple[Parking, int]] = {}
         held: list[Held] = []
-        seen: set[int] = set()
         failed: _Page | None = None
         if self._isolating is not None and self._isolating.outstanding == 0:
             self._isolating = None
@@ -462,10 +467,10 @@ class Relay:
             last: _Page | None = None
             while shard.pages and shard.pages[0].acknowledged:
                 last = shard.pages.popleft()
-                if id(last) not in seen:
-                    seen.add(id(last))
-                    parked.update({p.key: (p, self._epoch_of(p.shard)) for p in last.parked})
-                    held.extend(last.held)
+                parked.update(
+                    {p.key: (p, shard.epoch) for p in last.parked if p.shard == shard.shard}
+                )
+                held.extend(h for h in last.held if h.shard == shard.shard)
             if last is not None:
                 progress.append(ShardProgress(shard.shard, shard.epoch, last.ends))
             if shard.pages and shard.pages[0].failure is not None and failed is None:
@@ -497,7 +502,7 @@ class Relay:
                         self._forget(self._shards[shard])
                 progress = [p for p in progress if p.shard not in refused]
                 parked = [(p, e) for p, e in parked if p.shard not in refused]
-                held = [h for h in held if self._shard_of_key(h) not in refused]
+                held = [h for h in held if h.shard not in refused]
                 self.store.record(progress, parked=parked, held=held)
         except sa.exc.DBAPIError as exc:
             self._database_failed("progress", exc)
@@ -510,10 +515,6 @@ class Relay:
                 held_shard.recorded = item.progress
                 held_shard.attempts = 0
                 held_shard.dirty = False
-
-    def _shard_of_key(self, held: Held) -> int:
-        parking = self._parked.get((held.topic, held.aggregateid))
-        return parking.shard if parking is not None else -1
 
     def _record_quiet(self, shards: Iterable[_Shard] | None = None) -> None:
         """Record the position of shards whose last reads found nothing to publish."""
@@ -625,7 +626,11 @@ class Relay:
             if failures and failures[0][0].id == parking.event_id:
                 row, error = failures[0]
                 if not policy.is_transient(error):
-                    self.store.park_failed(parking, error=policy.error_text(error))
+                    try:
+                        self.store.park_failed(parking, error=policy.error_text(error))
+                    except sa.exc.DBAPIError as exc:
+                        self._database_failed("dead letter", exc)
+                        return
                     self._parked.pop(parking.key, None)
             return
         for row, _ in results:

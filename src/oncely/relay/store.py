@@ -73,6 +73,7 @@ class Held:
     event_id: UUID
     topic: str
     aggregateid: str
+    shard: int
 
 
 @dataclass(frozen=True, slots=True)
