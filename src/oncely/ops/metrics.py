@@ -20,6 +20,18 @@ class RelayMetrics:
             ["topic", "error"],
             registry=r,
         )
+        self.shard_published = Counter(
+            "oncely_relay_shard_published",
+            "Records the broker confirmed, per shard.",
+            ["shard"],
+            registry=r,
+        )
+        self.shard_produce_errors = Counter(
+            "oncely_relay_shard_produce_errors",
+            "Failed deliveries, per shard.",
+            ["shard"],
+            registry=r,
+        )
         self.dead = Counter(
             "oncely_relay_dead", "Rows dead-lettered (their key parked).", ["topic"], registry=r
         )

@@ -441,10 +441,12 @@ class Relay:
             if error is None:
                 self._suspects.discard(row.id)
                 self.metrics.published.labels(row.topic).inc()
+                self.metrics.shard_published.labels(str(row.shard)).inc()
                 latency = (datetime.now(UTC) - row.created_at).total_seconds()
                 self.metrics.publish_latency.observe(max(0.0, latency))
             else:
                 self.metrics.produce_errors.labels(row.topic, error.name()).inc()
+                self.metrics.shard_produce_errors.labels(str(row.shard)).inc()
                 if page.failure is None:
                     page.failure = (row, error)
 
@@ -635,6 +637,7 @@ class Relay:
             return
         for row, _ in results:
             self.metrics.published.labels(row.topic).inc()
+            self.metrics.shard_published.labels(str(row.shard)).inc()
         try:
             released = self.store.unpark(
                 parking, epoch=shard.epoch, published_to=held[-1][0] if held else None
