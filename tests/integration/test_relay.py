@@ -364,3 +364,37 @@ def test_a_stopped_relay_resumes_where_it_recorded(
     with running_relay(engine, kafka_bootstrap, fast_settings()):
         wait_until(lambda: count_published(engine) == 2500, timeout=60)
     assert len(read_topics(kafka_bootstrap, [topic])) == 2500, "nothing published twice"
+
+
+def test_metrics_per_shard(
+    engine: sa.Engine, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(partitions=2)
+    rows = outbox_rows(500, topics=[topic], keys=50)
+    rows[0]["payload"] = b"x" * 1_100_000  # dead-lettered: its key parked
+    insert_rows(engine, rows)
+
+    def samples(name: str) -> dict[str, float]:
+        return {
+            s.labels["shard"]: s.value
+            for m in relay.metrics.registry.collect()
+            for s in m.samples
+            if s.name == name
+        }
+
+    with running_relay(engine, kafka_bootstrap, fast_settings(max_attempts=1)) as relay:
+        wait_until(lambda: len(_held(engine)) == 9, timeout=60)
+        wait_until(
+            lambda: sum(samples("oncely_relay_shard_published_total").values()) == 490, timeout=30
+        )
+        assert len(samples("oncely_relay_lease_epoch")) == 32
+        assert sum(samples("oncely_relay_shard_produce_errors_total").values()) >= 1
+        wait_until(lambda: sum(samples("oncely_relay_held_keys").values()) == 1, timeout=30)
+        wait_until(
+            lambda: (
+                len(samples("oncely_outbox_unpublished_rows")) == 32
+                and sum(samples("oncely_outbox_unpublished_rows").values()) == 0
+            ),
+            timeout=30,
+        )
+        assert _sample(relay, "oncely_relay_shards") == 32
