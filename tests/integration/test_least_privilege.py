@@ -25,7 +25,14 @@ from oncely.consumers.tasks.enqueue import enqueue_task
 from oncely.producer.idempotency import IdempotencyKeys
 from oncely.producer.staging import stage
 from tests.apps.ledger import build, create_tables
-from tests.helpers import fast_settings, running_consumers, running_relay, scalar, wait_until
+from tests.helpers import (
+    count_published,
+    fast_settings,
+    running_consumers,
+    running_relay,
+    scalar,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -114,9 +121,12 @@ def test_pipeline_runs_under_the_printed_roles(
     keys.finish("api", "k-1", "accepted", result={"ok": True})
     assert keys.claim("api", "k-1").duplicate
 
-    with running_relay(engine_of(names["relay"]), kafka_bootstrap, fast_settings()):
-        published = "SELECT count(*) FROM oncely_outbox WHERE status = 'published'"
-        wait_until(lambda: scalar(owner, published) == 7, timeout=60)
+    with running_relay(engine_of(names["relay"]), kafka_bootstrap, fast_settings()) as relay:
+        wait_until(lambda: count_published(owner) == 7, timeout=60)
+        # The relay also purges, parks and hands its shards back under its role.
+        relay.store.purge(older_than_seconds=0)
+    assert scalar(owner, "SELECT count(*) FROM oncely_outbox") == 0, "purged under the role"
+    assert scalar(owner, "SELECT count(*) FROM oncely_relay_shards WHERE owner IS NULL") == 32
 
     consumer = engine_of(names["consumer"])
     with running_consumers(app.effects, ["ledger", "email"], consumer, kafka_bootstrap):
@@ -126,13 +136,16 @@ def test_pipeline_runs_under_the_printed_roles(
 
     refusals: dict[str, list[str]] = {
         "writer": [
-            "UPDATE oncely_outbox SET status = 'dead'",
+            "UPDATE oncely_outbox SET type = 'x'",
+            "SELECT done FROM oncely_relay_shards",
+            "UPDATE oncely_relay_members SET asleep = true",
             "DELETE FROM oncely_outbox",
             "SELECT payload FROM oncely_outbox",
             "SELECT * FROM oncely_receipts",
         ],
         "relay": [
             "INSERT INTO oncely_outbox (id) VALUES (gen_random_uuid())",
+            "UPDATE oncely_outbox SET type = 'x'",
             "SELECT * FROM oncely_receipts",
             "SELECT * FROM oncely_tasks",
             "SELECT * FROM oncely_idempotency_keys",

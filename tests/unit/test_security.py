@@ -286,8 +286,21 @@ def test_each_component_lists_exactly_the_statements_its_code_runs() -> None:
 def test_roles_match_the_documented_least_privilege() -> None:
     text = grant_statements({"writer": "w", "relay": "r", "consumer": "c", "task_worker": "t"})
     grants = {line for line in text.splitlines() if line.startswith("GRANT")}
-    assert "GRANT SELECT, UPDATE, DELETE ON public.oncely_outbox TO r;" in grants
+    # The relay never updates an outbox row: it reads them, and purges them after retention.
+    assert "GRANT SELECT, DELETE ON public.oncely_outbox TO r;" in grants
+    assert "GRANT SELECT, UPDATE ON public.oncely_relay_shards TO r;" in grants
+    assert "GRANT SELECT, INSERT, UPDATE, DELETE ON public.oncely_relay_members TO r;" in grants
+    assert "GRANT SELECT, INSERT, UPDATE, DELETE ON public.oncely_relay_parked TO r;" in grants
+    assert "GRANT SELECT, INSERT, DELETE ON public.oncely_relay_held TO r;" in grants
+    assert not any(
+        "oncely_receipts" in g or "oncely_tasks" in g for g in grants if g.endswith(" r;")
+    )
     assert "GRANT INSERT ON public.oncely_outbox TO w;" in grants
+    # The outbox's wake trigger runs as the writer: it reads whether a relay sleeps.
+    assert "GRANT SELECT (asleep) ON public.oncely_relay_members TO w;" in grants
+    assert not any(
+        "oncely_relay_" in g and g.endswith(" w;") and "(asleep)" not in g for g in grants
+    )
     assert not any("UPDATE" in g and "oncely_outbox" in g and g.endswith(" w;") for g in grants)
     assert "GRANT SELECT, INSERT, UPDATE ON public.oncely_idempotency_keys TO w;" in grants
     assert "GRANT INSERT ON public.oncely_receipts TO c;" in grants

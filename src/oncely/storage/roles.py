@@ -11,7 +11,9 @@ Rules applied (PostgreSQL's): ``INSERT`` needs INSERT, and SELECT on the ``RETUR
 columns and on the ``ON CONFLICT`` arbiter's columns; ``UPDATE`` and ``DELETE`` need their
 own privilege plus SELECT (their ``WHERE`` reads the table); ``SELECT ... FOR UPDATE`` needs
 UPDATE; reading a table needs SELECT. Identity columns (``seq``) need no sequence grant, and
-the NOTIFY triggers call ``pg_notify``, which any role may.
+the NOTIFY triggers call ``pg_notify``, which any role may; the outbox's trigger reads
+``oncely_relay_members.asleep`` with the inserting role's privileges, so the writer gets that
+column (:attr:`Component.trigger_reads`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -58,6 +60,9 @@ class Component:
     statements: tuple[str, ...]
     #: Tables it inserts rows into through SQLAlchemy, with the columns it always provides.
     inserts: Mapping[str, tuple[str, ...]]
+    #: Columns read by the triggers its inserts fire (they run with the inserting role's
+    #: privileges): table -> columns.
+    trigger_reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 _OUTBOX_PROVIDED = ("id", "aggregatetype", "aggregateid", "type", "topic", "payload", "headers")
@@ -69,19 +74,35 @@ COMPONENTS: dict[str, Component] = {
         "services that stage events: stage(), stage_many(), enqueue_task(), IdempotencyKeys",
         ("idempotency_insert", "idempotency_get", "idempotency_reclaim", "idempotency_finish"),
         {"oncely_outbox": (*_OUTBOX_PROVIDED, "event_key"), "oncely_tasks": _TASK_PROVIDED},
+        # The outbox's insert trigger asks whether a relay sleeps (then it sends a NOTIFY).
+        {"oncely_relay_members": ("asleep",)},
     ),
     "relay": Component(
         "relay",
-        "`oncely relay run`: claim, settle, release and purge outbox rows",
+        "`oncely relay run`: read shards by snapshot, record progress, lease shards, park keys, "
+        "hold rows, purge",
         (
-            "outbox_claim",
-            "outbox_mark_published",
-            "outbox_delete_published",
-            "outbox_mark_failed",
-            "outbox_release",
-            "outbox_purge",
-            "outbox_purge_preview",
-            "outbox_backlog",
+            "relay_snapshot",
+            "relay_read",
+            "relay_rows",
+            "relay_record",
+            "relay_park",
+            "relay_hold",
+            "relay_parked",
+            "relay_held_of",
+            "relay_unhold",
+            "relay_unpark",
+            "relay_park_failed",
+            "relay_heartbeat",
+            "relay_sleep",
+            "relay_leave",
+            "relay_renew",
+            "relay_acquire",
+            "relay_release",
+            "relay_backlog",
+            "relay_shards",
+            "relay_purge",
+            "relay_purge_preview",
         ),
         {},
     ),
@@ -165,7 +186,11 @@ def _insert_privileges(table: sa.Table, provided: Iterable[str]) -> set[str]:
     generated = [
         column.name
         for column in table.columns
-        if (column.server_default is not None or column.identity is not None)
+        if (
+            column.server_default is not None
+            or column.identity is not None
+            or column.computed is not None
+        )
         and column.name not in given
     ]
     return {"INSERT", *(f"SELECT:{name}" for name in generated)}
@@ -179,6 +204,8 @@ def component_privileges(component: Component) -> Privileges:
             merged[table] |= privileges
     for table, provided in component.inserts.items():
         merged[table] |= _insert_privileges(metadata.tables[table], provided)
+    for table, columns in component.trigger_reads.items():
+        merged[table] |= {f"SELECT:{column}" for column in columns}
     return dict(merged)
 
 
