@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from oncely.ops.status import DUPLICATES_NOTE
 from oncely.schemas.codec import Codec
 from oncely.storage import outbox
+from oncely.storage.tables import shard_of
 from tests.apps.ledger import App, build, create_tables
 from tests.helpers import (
     count_published,
@@ -63,7 +64,7 @@ def _oncely(app: App, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _row(app: App, status: str, **columns: Any) -> dict[str, Any]:
+def _row(app: App, **columns: Any) -> dict[str, Any]:
     event_id = uuid.uuid4()
     return {
         "id": event_id,
@@ -73,7 +74,6 @@ def _row(app: App, status: str, **columns: Any) -> dict[str, Any]:
         "topic": app.topic,
         "payload": b"{}",
         "event_key": str(event_id),
-        "status": status,
         **columns,
     }
 
@@ -81,12 +81,21 @@ def _row(app: App, status: str, **columns: Any) -> dict[str, Any]:
 def test_status_json_of_a_small_deployment(
     app: App, engine: sa.Engine, database_url: str, kafka_bootstrap: str
 ) -> None:
+    dead = _row(app)
     with engine.begin() as conn:
-        for row in (
-            _row(app, "pending", available_at=sa.text("now() + interval '1 hour'")),
-            _row(app, "dead"),
-        ):
-            conn.execute(sa.insert(outbox).values(**row))
+        conn.execute(sa.insert(outbox).values(**dead))
+    with engine.begin() as conn:  # the relay passed the dead row and parked its key
+        conn.execute(sa.text("UPDATE oncely_relay_shards SET done = pg_current_snapshot()"))
+        conn.execute(
+            sa.text(
+                "INSERT INTO oncely_relay_parked (topic, aggregateid, shard, event_id, reason) "
+                "VALUES (:t, 'acc-0', :s, :e, 'dead')"
+            ),
+            {"t": app.topic, "s": shard_of(app.topic, "acc-0", 32), "e": dead["id"]},
+        )
+    unpublished = _row(app, aggregateid="acc-1")
+    with engine.begin() as conn:
+        conn.execute(sa.insert(outbox).values(**unpublished))
     events = [(uuid.uuid4(), app.model(account_id=f"acc-{n}", amount=1, n=n)) for n in range(3)]
     publish_events(kafka_bootstrap, Codec(registry=app.registry), events)
 
@@ -98,17 +107,41 @@ def test_status_json_of_a_small_deployment(
 
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
-    oldest = document["topics"][0]["oldest_pending_seconds"]
+    oldest = document["topics"][0]["oldest_unpublished_seconds"]
     assert oldest == pytest.approx(0, abs=30)
+    shard = shard_of(app.topic, "acc-1", 32)
+    assert document.pop("shards") == [
+        {
+            "shard": n,
+            "owner": None,
+            "epoch": 0,
+            "leased": False,
+            "progress_age_seconds": pytest.approx(0, abs=60),
+            "unpublished": int(n == shard),
+            "oldest_unpublished_seconds": oldest if n == shard else None,
+        }
+        for n in range(32)
+    ]
     assert document == {
         "database": sa.make_url(database_url).render_as_string(hide_password=True),
         "topics": [
             {
                 "topic": app.topic,
-                "pending": 1,
-                "oldest_pending_seconds": oldest,
+                "unpublished": 1,
+                "oldest_unpublished_seconds": oldest,
                 "dead": 1,
-                "published_last_minute": 0,
+                "delayed": 0,
+                "held_keys": 1,
+                "held_rows": 0,
+                "requested": 0,
+            }
+        ],
+        "backlog": [
+            {
+                "topic": app.topic,
+                "shard": shard,
+                "unpublished": 1,
+                "oldest_unpublished_seconds": oldest,
             }
         ],
         "effects": [
@@ -127,7 +160,11 @@ def test_status_json_of_a_small_deployment(
         "tasks": dict.fromkeys(
             ["queued", "leased", "completed", "dead", "failed", "stale", "expired"], 0
         ),
-        "notes": [DUPLICATES_NOTE],
+        "notes": [
+            DUPLICATES_NOTE,
+            f"1 shard(s) with unpublished rows are held by no relay ({shard}): "
+            "is `oncely relay run` running?",
+        ],
     }
 
 

@@ -20,6 +20,7 @@ from oncely.cli.status import status
 from oncely.ops.status import DUPLICATES_NOTE, collect_status
 from oncely.schemas.codec import Codec
 from oncely.storage import outbox, receipts, tasks
+from oncely.storage.tables import shard_of
 from tests.apps.ledger import App, build, create_tables
 from tests.helpers import publish_events, running_consumers, scalar, wait_until
 
@@ -55,17 +56,16 @@ def _cli(*args: str) -> Result:
     return CliRunner().invoke(command, list(args))
 
 
-def _row(topic: str, status: str, **columns: Any) -> dict[str, Any]:
+def _row(topic: str, key: str = "acc-0", **columns: Any) -> dict[str, Any]:
     event_id = uuid.uuid4()
     return {
         "id": event_id,
         "aggregatetype": "account",
-        "aggregateid": "acc-0",
+        "aggregateid": key,
         "type": "account.credited",
         "topic": topic,
         "payload": b"{}",
         "event_key": str(event_id),
-        "status": status,
         **columns,
     }
 
@@ -82,20 +82,66 @@ def _task(status: str) -> dict[str, Any]:
     }
 
 
+SHARDS = 32
+LEASED = range(16)  # relay-a holds shards 0-15; 16-31 are free
+
+
 @pytest.fixture
 def deployment(app: App, engine: sa.Engine, kafka_bootstrap: str) -> str:
-    """The known setup; returns the other topic that has outbox rows but no event type."""
+    """The known setup; returns the other topic that has outbox rows but no event type.
+
+    Acknowledged (the progress passed them): 3 rows, a dead row of acc-0 with 2 rows held
+    behind it (asked to be requeued), a delayed row of acc-9 of the other topic with 1 held.
+    Unpublished: 2 rows of the app's topic created 120 s ago (acc-1, acc-2), 1 of the other.
+    """
     other = f"{app.topic}.other"
     ago = sa.text("now() - interval '120 seconds'")
-    later = sa.text("now() + interval '1 hour'")
-    rows = [
-        _row(app.topic, "pending", created_at=ago, available_at=later),
-        _row(app.topic, "pending", created_at=ago, available_at=later),
-        _row(app.topic, "dead"),
-        *(_row(app.topic, "published", published_at=sa.text("now()")) for _ in range(3)),
-        _row(other, "published", published_at=sa.text("now() - interval '10 minutes'")),
-        _row(other, "pending", available_at=later),
+    dead, delayed = _row(app.topic), _row(other, "acc-9")
+    held = [_row(app.topic), _row(app.topic), _row(other, "acc-9")]
+    passed = [*(_row(app.topic, f"acc-{n}") for n in range(3)), dead, delayed, *held]
+    with engine.begin() as conn:
+        conn.execute(sa.insert(outbox), passed)
+    with engine.begin() as conn:  # what a relay records once every row above is acknowledged
+        conn.execute(sa.text("UPDATE oncely_relay_shards SET done = pg_current_snapshot()"))
+        conn.execute(
+            sa.text(
+                "UPDATE oncely_relay_shards SET owner = 'relay-a', epoch = epoch + 2, "
+                "lease_until = now() + interval '1 hour' WHERE shard < 16"
+            )
+        )
+        for parked, reason, request in ((dead, "dead", "requeue"), (delayed, "delayed", None)):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO oncely_relay_parked (topic, aggregateid, shard, event_id, "
+                    "reason, error, until, request) VALUES (:t, :k, :s, :e, :r, :err, "
+                    "CASE WHEN :r = 'delayed' THEN now() + interval '1 hour' END, :q)"
+                ),
+                {
+                    "t": parked["topic"],
+                    "k": parked["aggregateid"],
+                    "s": shard_of(parked["topic"], parked["aggregateid"], SHARDS),
+                    "e": parked["id"],
+                    "r": reason,
+                    "err": "MSG_SIZE_TOO_LARGE" if reason == "dead" else None,
+                    "q": request,
+                },
+            )
+        for row in held:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO oncely_relay_held (event_id, topic, aggregateid) "
+                    "VALUES (:e, :t, :k)"
+                ),
+                {"e": row["id"], "t": row["topic"], "k": row["aggregateid"]},
+            )
+    unpublished = [
+        _row(app.topic, "acc-1", created_at=ago),
+        _row(app.topic, "acc-2", created_at=ago),
+        _row(other, "acc-5"),
     ]
+    with engine.begin() as conn:
+        for row in unpublished:
+            conn.execute(sa.insert(outbox).values(**row))
     receipt_rows = [
         {
             "event_id": uuid.uuid4(),
@@ -105,8 +151,6 @@ def deployment(app: App, engine: sa.Engine, kafka_bootstrap: str) -> str:
         {"event_id": uuid.uuid4(), "effect": "retired"},
     ]
     with engine.begin() as conn:
-        for row in rows:
-            conn.execute(sa.insert(outbox).values(**row))
         for receipt in receipt_rows:
             conn.execute(sa.insert(receipts).values(**receipt))
         conn.execute(sa.insert(tasks), [_task("queued"), _task("queued"), _task("dead")])
@@ -124,6 +168,10 @@ def deployment(app: App, engine: sa.Engine, kafka_bootstrap: str) -> str:
             timeout=60,
         )
     return other
+
+
+def _unpublished_keys(app: App, other: str) -> list[tuple[str, str]]:
+    return [(app.topic, "acc-1"), (app.topic, "acc-2"), (other, "acc-5")]
 
 
 def _effect(app: App, name: str, **values: Any) -> dict[str, Any]:
@@ -146,28 +194,65 @@ def test_status_reports_backlog_progress_and_tasks_of_a_known_setup(
     report = collect_status(
         engine, effects=app.effects, kafka_config={"bootstrap.servers": kafka_bootstrap}
     ).to_json()
+    idle = sorted(
+        {shard_of(t, k, SHARDS) for t, k in _unpublished_keys(app, deployment)} - set(LEASED)
+    )
+    idle_note = (
+        [
+            f"{len(idle)} shard(s) with unpublished rows are held by no relay "
+            f"({', '.join(map(str, idle))}): is `oncely relay run` running?"
+        ]
+        if idle
+        else []
+    )
 
     topics = report["topics"]
-    assert [t["oldest_pending_seconds"] for t in topics] == [
+    assert [t["oldest_unpublished_seconds"] for t in topics] == [
         pytest.approx(120, abs=30),
         pytest.approx(0, abs=30),
     ]
+    backlog = sorted(
+        [
+            (app.topic, shard_of(app.topic, "acc-1", SHARDS)),
+            (app.topic, shard_of(app.topic, "acc-2", SHARDS)),
+            (deployment, shard_of(deployment, "acc-5", SHARDS)),
+        ],
+        key=lambda item: (item[1], item[0]),
+    )
+    assert [(b["topic"], b["shard"], b["unpublished"]) for b in report["backlog"]] == [
+        (topic, shard, 1) for topic, shard in backlog
+    ], "one row in each (shards differ for these keys)"
+    by_shard = {s["shard"]: s for s in report.pop("shards")}
+    assert sorted(by_shard) == list(range(SHARDS))
+    for shard, state in by_shard.items():
+        assert (state["owner"], state["leased"]) == (
+            ("relay-a", True) if shard in LEASED else (None, False)
+        )
+        assert state["epoch"] == (2 if shard in LEASED else 0)
+        assert state["unpublished"] == sum(1 for _, s in backlog if s == shard)
+    report.pop("backlog")
     assert report == {
         "database": engine.url.render_as_string(hide_password=True),
         "topics": [
             {
                 "topic": app.topic,
-                "pending": 2,
-                "oldest_pending_seconds": topics[0]["oldest_pending_seconds"],
+                "unpublished": 2,
+                "oldest_unpublished_seconds": topics[0]["oldest_unpublished_seconds"],
                 "dead": 1,
-                "published_last_minute": 3,
+                "delayed": 0,
+                "held_keys": 1,
+                "held_rows": 2,
+                "requested": 1,
             },
             {
                 "topic": deployment,
-                "pending": 1,
-                "oldest_pending_seconds": topics[1]["oldest_pending_seconds"],
+                "unpublished": 1,
+                "oldest_unpublished_seconds": topics[1]["oldest_unpublished_seconds"],
                 "dead": 0,
-                "published_last_minute": 0,
+                "delayed": 1,
+                "held_keys": 1,
+                "held_rows": 1,
+                "requested": 0,
             },
         ],
         "effects": [
@@ -196,7 +281,11 @@ def test_status_reports_backlog_progress_and_tasks_of_a_known_setup(
             "stale": 0,
             "expired": 0,
         },
-        "notes": [DUPLICATES_NOTE, "effect 'retired' has receipts but is not in the app"],
+        "notes": [
+            DUPLICATES_NOTE,
+            *idle_note,
+            "effect 'retired' has receipts but is not in the app",
+        ],
     }
 
 
@@ -210,10 +299,11 @@ def test_without_app_or_kafka_effects_come_from_receipts_and_lag_is_unknown(
         ("retired", None, 1, None, None),
     ]
     assert [t.topic for t in report.topics] == sorted(t.topic for t in report.topics)
-    assert len(report.topics) == 2, "only topics with backlog or recent publishes"
-    assert report.notes[1:] == [
+    assert len(report.topics) == 2, "only topics with unpublished rows or parked keys"
+    assert report.notes[-1] == (
         "no --app: effects are the names found in the receipts; lag and DLQ unknown"
-    ]
+    )
+    assert report.relays == {"relay-a": list(LEASED)}
 
 
 def test_the_command_prints_json_or_tables_and_never_the_password(
@@ -248,6 +338,8 @@ def test_the_command_prints_json_or_tables_and_never_the_password(
     assert {e["effect"]: e["lag"] for e in document["effects"]}["ledger"] == 0
     assert tables.exit_code == 0, tables.stderr
     assert "n/a (see /metrics)" in tables.stdout
+    assert "relay-a" in tables.stdout and "0-15" in tables.stdout and "16-31" in tables.stdout
+    assert f"1 dead row(s) of {app.topic} asked to be requeued or skipped" in tables.stdout
     assert app.registry.topic_prefix in tables.stdout  # long names fold in 80 columns
     assert all(name in tables.stdout for name in app.effects.names())
     assert secret not in as_json.stdout + tables.stdout + as_json.stderr + tables.stderr

@@ -48,10 +48,14 @@ def status(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
 ) -> None:
-    """Show outbox backlog per topic, each effect's lag, receipts and DLQ, and tasks by state.
+    """Show the outbox backlog per topic and shard, parked keys, shard leases, each effect's
+    lag, receipts and DLQ, and tasks by state.
 
-    Read-only: a READ ONLY database transaction, Kafka metadata, watermarks and committed group
-    offsets. Duplicates suppressed are only in each consumer's /metrics, never in the database.
+    Unpublished: committed rows the relay's recorded progress has not passed, with the oldest
+    one's age. Dead and delayed rows park their keys; later rows of those keys are held (see
+    `oncely dead list`). Read-only: one READ ONLY database transaction, Kafka metadata,
+    watermarks and committed group offsets. Duplicates suppressed are only in each consumer's
+    /metrics, never in the database.
     """
     try:
         effects = load_effects(app) if app is not None else None
@@ -85,14 +89,46 @@ def _print(report: Status, bootstrap_servers: str | None) -> None:
         f"database {escape(report.database)}"
         + (f", Kafka {escape(bootstrap_servers)}" if bootstrap_servers else "")
     )
-    topics = _table("outbox by topic", ["topic"], ["pending", "oldest pending", "dead"])
-    topics.add_column("published/min", justify="right", no_wrap=True)
+    topics = _table(
+        "outbox by topic",
+        ["topic"],
+        ["unpublished", "oldest", "dead", "delayed", "held keys", "held rows"],
+    )
     for t in report.topics:
-        oldest = "-" if t.oldest_pending_seconds is None else f"{t.oldest_pending_seconds:.1f}s"
         topics.add_row(
-            escape(t.topic), str(t.pending), oldest, str(t.dead), str(t.published_last_minute)
+            escape(t.topic),
+            str(t.unpublished),
+            _age(t.oldest_unpublished_seconds),
+            str(t.dead),
+            str(t.delayed),
+            str(t.held_keys),
+            str(t.held_rows),
         )
     out.print(topics)
+    for t in report.topics:
+        if t.requested:
+            out.print(
+                f"{t.requested} dead row(s) of {escape(t.topic)} asked to be requeued or "
+                "skipped: a running relay carries it out"
+            )
+    if report.backlog:
+        backlog = _table("unpublished by topic and shard", ["topic"], ["shard", "rows", "oldest"])
+        for b in report.backlog:
+            backlog.add_row(
+                escape(b.topic),
+                str(b.shard),
+                str(b.unpublished),
+                _age(b.oldest_unpublished_seconds),
+            )
+        out.print(backlog)
+    relays = _table("shard leases", ["relay"], ["shards", "epochs"])
+    for owner, held in sorted(report.relays.items()):
+        epochs = sorted({s.epoch for s in report.shards if s.shard in held and s.owner == owner})
+        relays.add_row(escape(owner), _ranges(held), _ranges(epochs))
+    free = [s.shard for s in report.shards if not s.leased]
+    if free:
+        relays.add_row("[dim](not leased)[/]", _ranges(free), "-")
+    out.print(relays)
     effects = _table(
         "effects", ["effect", "group"], ["lag", "applied", "applied/min", "duplicates", "DLQ"]
     )
@@ -122,6 +158,21 @@ def _table(title: str, names: list[str], numbers: list[str]) -> Table:
     for number in numbers:
         table.add_column(number, justify="right", no_wrap=True)
     return table
+
+
+def _age(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f}s"
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``0-3, 7``: sorted numbers with runs folded."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _known(value: int | None) -> str:

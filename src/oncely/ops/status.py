@@ -1,4 +1,13 @@
-"""What ``oncely status`` shows: outbox backlog per topic, effects' progress, tasks by state.
+"""What ``oncely status`` shows: outbox backlog per topic and shard, parked keys, shard leases,
+effects' progress, tasks by state.
+
+The backlog comes from the relay's progress rows (``oncely_relay_shards``): a row is
+*unpublished* while its shard's recorded progress has not passed it (committed, not yet
+acknowledged by Kafka), counted per topic and shard with the age of the oldest. Rows the
+progress has passed but that wait behind a parked key are counted apart: ``dead`` (a row that
+failed for good parks its key), ``delayed`` (a row whose ``available_at`` is ahead) and
+``held_rows`` behind them (``oncely_relay_parked`` / ``oncely_relay_held``). Published rows
+leave no trace in the database: the rate is the relay's ``oncely_relay_published_total``.
 
 :func:`collect_status` only reads: PostgreSQL in a READ ONLY transaction, Kafka through
 metadata, watermarks and committed group offsets (it never joins a group). Without the
@@ -38,13 +47,47 @@ DUPLICATES_NOTE = (
 
 @dataclass(frozen=True, slots=True)
 class TopicStatus:
-    """One outbox topic. ``oldest_pending_seconds`` is ``None`` when nothing is pending."""
+    """One outbox topic.
+
+    ``unpublished``: committed rows no shard's progress has passed yet, and the age of the
+    oldest (``None`` when there is none). ``dead`` and ``delayed``: keys parked by a dead or a
+    delayed row; ``held_keys``: all its parked keys; ``held_rows``: rows read behind them,
+    waiting; ``requested``: dead rows asked to be requeued or skipped that no relay has carried
+    out yet (no relay running, or it does not hold the shard).
+    """
 
     topic: str
-    pending: int
-    oldest_pending_seconds: float | None
+    unpublished: int
+    oldest_unpublished_seconds: float | None
     dead: int
-    published_last_minute: int
+    delayed: int
+    held_keys: int
+    held_rows: int
+    requested: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShardBacklog:
+    """Unpublished rows of one topic in one shard, and the age of the oldest."""
+
+    topic: str
+    shard: int
+    unpublished: int
+    oldest_unpublished_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ShardStatus:
+    """One shard's lease and progress. ``leased``: a relay (``owner``) holds it now; ``epoch``
+    counts takeovers. ``progress_age_seconds``: since its progress was last recorded."""
+
+    shard: int
+    owner: str | None
+    epoch: int
+    leased: bool
+    progress_age_seconds: float
+    unpublished: int
+    oldest_unpublished_seconds: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,15 +115,28 @@ class Status:
 
     database: str
     topics: list[TopicStatus]
+    backlog: list[ShardBacklog]
+    shards: list[ShardStatus]
     effects: list[EffectStatus]
     tasks: dict[str, int]
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def relays(self) -> dict[str, list[int]]:
+        """Each relay holding shards now -> the shards it holds."""
+        held: dict[str, list[int]] = {}
+        for shard in self.shards:
+            if shard.leased and shard.owner is not None:
+                held.setdefault(shard.owner, []).append(shard.shard)
+        return held
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON-ready data; each effect carries ``duplicates_suppressed: null``."""
         return {
             "database": self.database,
             "topics": [asdict(t) for t in self.topics],
+            "backlog": [asdict(b) for b in self.backlog],
+            "shards": [asdict(s) for s in self.shards],
             "effects": [{**asdict(e), "duplicates_suppressed": None} for e in self.effects],
             "tasks": self.tasks,
             "notes": self.notes,
@@ -108,27 +164,49 @@ def collect_status(
     """
     notes = [DUPLICATES_NOTE]
     params = {"recent_seconds": RECENT_SECONDS}
-    with engine.connect().execution_options(postgresql_readonly=True) as conn, conn.begin():
-        topic_rows = conn.execute(query("ops_outbox_by_topic"), params).all()
+    # One REPEATABLE READ snapshot: the backlog, parked keys and leases agree with each other.
+    conn = engine.connect().execution_options(
+        isolation_level="REPEATABLE READ", postgresql_readonly=True
+    )
+    with conn, conn.begin():
+        backlog_rows = conn.execute(query("relay_backlog")).all()
+        shard_rows = conn.execute(query("relay_shards")).all()
+        parked_rows = conn.execute(query("ops_parked_by_topic")).all()
         receipt_rows = conn.execute(query("ops_receipts_by_effect"), params).all()
         task_rows = conn.execute(query("ops_tasks_by_status")).all()
-    by_topic = {
-        row.topic: TopicStatus(
-            row.topic,
-            row.pending,
-            None if row.oldest_pending_seconds is None else float(row.oldest_pending_seconds),
-            row.dead,
-            row.published_recently,
+    backlog = [
+        ShardBacklog(row.topic, row.shard, int(row.unpublished), float(row.oldest_seconds))
+        for row in backlog_rows
+    ]
+    by_topic = _topics(backlog, parked_rows)
+    shards = [
+        ShardStatus(
+            shard=row.shard,
+            owner=row.owner,
+            epoch=row.epoch,
+            leased=bool(row.leased),
+            progress_age_seconds=float(row.progress_age_seconds),
+            unpublished=sum(b.unpublished for b in backlog if b.shard == row.shard),
+            oldest_unpublished_seconds=max(
+                (b.oldest_unpublished_seconds for b in backlog if b.shard == row.shard),
+                default=None,
+            ),
         )
-        for row in topic_rows
-    }
+        for row in shard_rows
+    ]
+    idle = [s.shard for s in shards if not s.leased and s.unpublished]
+    if idle:
+        notes.append(
+            f"{len(idle)} shard(s) with unpublished rows are held by no relay "
+            f"({', '.join(map(str, idle))}): is `oncely relay run` running?"
+        )
     receipts = {row.effect: _EffectRow(row.applied, row.applied_recently) for row in receipt_rows}
     listed: list[EffectStatus] = []
     if effects is None:
         notes.append("no --app: effects are the names found in the receipts; lag and DLQ unknown")
     else:
         for name in effects.registry.topics():
-            by_topic.setdefault(name, TopicStatus(name, 0, None, 0, 0))
+            by_topic.setdefault(name, TopicStatus(name, 0, None, 0, 0, 0, 0, 0))
         kafka: dict[str, tuple[int, int]] = {}
         if kafka_config is None:
             notes.append("no Kafka bootstrap servers: lag and DLQ unknown")
@@ -159,10 +237,36 @@ def collect_status(
     return Status(
         database=engine.url.render_as_string(hide_password=True),
         topics=[by_topic[name] for name in sorted(by_topic)],
+        backlog=backlog,
+        shards=shards,
         effects=sorted(listed, key=lambda e: e.effect),
         tasks=tasks,
         notes=notes,
     )
+
+
+def _topics(backlog: Sequence[ShardBacklog], parked: Sequence[Any]) -> dict[str, TopicStatus]:
+    """Per topic: the backlog summed over shards, and its parked keys and held rows."""
+    unpublished: dict[str, int] = {}
+    oldest: dict[str, float] = {}
+    for item in backlog:
+        unpublished[item.topic] = unpublished.get(item.topic, 0) + item.unpublished
+        oldest[item.topic] = max(oldest.get(item.topic, 0.0), item.oldest_unpublished_seconds)
+    by_parked = {row.topic: row for row in parked}
+    topics: dict[str, TopicStatus] = {}
+    for name in sorted(set(unpublished) | set(by_parked)):
+        row = by_parked.get(name)
+        topics[name] = TopicStatus(
+            topic=name,
+            unpublished=unpublished.get(name, 0),
+            oldest_unpublished_seconds=oldest.get(name),
+            dead=int(row.dead) if row else 0,
+            delayed=int(row.delayed) if row else 0,
+            held_keys=int(row.held_keys) if row else 0,
+            held_rows=int(row.held_rows) if row else 0,
+            requested=int(row.requested) if row else 0,
+        )
+    return topics
 
 
 def _kafka_progress(

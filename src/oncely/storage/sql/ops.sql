@@ -1,31 +1,21 @@
 -- Read-only statements of `oncely status` and `oncely verify`. Each starts with "-- name: <name>".
 -- None of them writes; the callers run them in READ ONLY transactions.
 
--- name: ops_outbox_by_topic
--- Per topic: pending depth, age of the oldest pending row (NULL when none), dead rows and rows
--- published in the last :recent_seconds. Two index-backed scans (the unsettled rows and the
--- recent published rows), not the whole table.
-WITH backlog AS (
-    SELECT topic,
-           count(*) FILTER (WHERE status = 'pending') AS pending,
-           count(*) FILTER (WHERE status = 'dead') AS dead,
-           min(created_at) FILTER (WHERE status = 'pending') AS oldest_pending
-    FROM oncely_outbox
-    WHERE status = ANY (ARRAY['pending'::text, 'dead'::text])
-    GROUP BY topic
-), recent AS (
-    SELECT topic, count(*) AS published
-    FROM oncely_outbox
-    WHERE status = 'published' AND published_at >= now() - make_interval(secs => :recent_seconds)
-    GROUP BY topic
-)
-SELECT topic,
-       COALESCE(b.pending, 0) AS pending,
-       EXTRACT(EPOCH FROM now() - b.oldest_pending) AS oldest_pending_seconds,
-       COALESCE(b.dead, 0) AS dead,
-       COALESCE(r.published, 0) AS published_recently
-FROM backlog AS b FULL JOIN recent AS r USING (topic)
-ORDER BY topic
+-- name: ops_parked_by_topic
+-- Per topic: keys parked by a dead row and by a delayed row, rows held behind parked keys, and
+-- dead rows an operator asked to requeue or skip that no relay has carried out yet.
+SELECT p.topic,
+       count(*) FILTER (WHERE p.reason = 'dead') AS dead,
+       count(*) FILTER (WHERE p.reason = 'delayed') AS delayed,
+       count(*) AS held_keys,
+       COALESCE(sum(h.held), 0) AS held_rows,
+       count(*) FILTER (WHERE p.request IS NOT NULL) AS requested
+FROM oncely_relay_parked AS p
+LEFT JOIN (SELECT topic, aggregateid, count(*) AS held
+           FROM oncely_relay_held
+           GROUP BY topic, aggregateid) AS h USING (topic, aggregateid)
+GROUP BY p.topic
+ORDER BY p.topic
 
 -- name: ops_receipts_by_effect
 -- Per effect name found in the receipts: receipts in all, and those of the last :recent_seconds.
