@@ -1,20 +1,34 @@
-"""`oncely dead list|requeue|skip` and `oncely relay purge` print what they changed.
+"""`oncely dead list|requeue|skip` and `oncely relay purge` as processes.
 
-Without --execute (or --yes, for ids named) they are dry runs: they print what they would
-change, and change nothing.
+A dead row parks its key (later rows of it are held); requeue and skip record a request that a
+running relay carries out. Without --execute (or --yes, for ids named) they are dry runs: they
+print what they would change, and change nothing.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
-from tests.helpers import count_published, insert_rows, outbox_rows
+from oncely.storage import outbox
+from oncely.storage.tables import shard_of
+from tests.helpers import (
+    Record,
+    count_published,
+    insert_rows,
+    outbox_rows,
+    read_topics,
+    wait_until,
+)
 
 pytestmark = pytest.mark.acceptance
 
@@ -36,65 +50,82 @@ def engine(database_url: str) -> Iterator[sa.Engine]:
     engine.dispose()
 
 
-def test_dead_rows_are_listed_requeued_and_skipped(engine: sa.Engine, database_url: str) -> None:
-    rows = outbox_rows(3, topics=["a"], keys=3)
-    for row, topic in zip(rows, ["a", "b", "b"], strict=True):
-        row["topic"] = topic
-        row["status"] = "dead"
-        row["attempts"] = 5
-        row["last_error"] = "MSG_SIZE_TOO_LARGE: too big"
-    insert_rows(engine, rows)
-    listed = _oncely("dead", "list", "--database-url", database_url)
-    assert listed.returncode == 0, listed.stderr
-    assert "3 dead row(s)" in listed.stdout
-    assert "too big" in listed.stdout
-
-    refused = _oncely("dead", "requeue", "--database-url", database_url)
-    assert refused.returncode == 2
-    skipped = _oncely("dead", "skip", "--database-url", database_url, str(rows[0]["id"]), "--yes")
-    assert "skipped 1 row(s)" in skipped.stdout
-    assert str(rows[0]["id"]) in skipped.stdout
-    requeued = _oncely(
-        "dead", "requeue", "--database-url", database_url, "--topic", "b", "--execute"
-    )
-    assert "requeued 2 row(s)" in requeued.stdout
-    with engine.connect() as conn:
-        attempts = conn.execute(
-            sa.text("SELECT attempts FROM oncely_outbox WHERE status = 'pending'")
-        ).scalars()
-        assert list(attempts) == [0, 0]
-    assert count_status(engine, "skipped") == 1
+def _acknowledge(engine: sa.Engine) -> None:
+    """What a relay records once every row committed so far is acknowledged."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE oncely_relay_shards SET done = pg_current_snapshot()"))
 
 
-def test_relay_purge_deletes_old_published_rows(engine: sa.Engine, database_url: str) -> None:
-    rows = outbox_rows(4, topics=["a"], keys=4)
-    insert_rows(engine, rows)
+def _park(engine: sa.Engine, dead: dict[str, object], held: list[dict[str, object]]) -> None:
+    """Park ``dead``'s key as the relay does for a row that failed for good, rows held."""
+    topic, key = str(dead["topic"]), str(dead["aggregateid"])
     with engine.begin() as conn:
         conn.execute(
             sa.text(
-                "UPDATE oncely_outbox SET status = 'published', published_at = now() - "
-                "CASE WHEN seq % 2 = 0 THEN interval '8 days' ELSE interval '1 day' END"
-            )
+                "INSERT INTO oncely_relay_parked (topic, aggregateid, shard, event_id, reason, "
+                "error) VALUES (:t, :k, :s, :e, 'dead', 'MSG_SIZE_TOO_LARGE: too big')"
+            ),
+            {"t": topic, "k": key, "s": shard_of(topic, key, 32), "e": dead["id"]},
         )
-    result = _oncely(
-        "relay", "purge", "--database-url", database_url, "--older-than", "7d", "--execute"
-    )
-    assert result.returncode == 0, result.stderr
-    assert "deleted 2 published row(s) older than 7d" in result.stdout
-    assert count_published(engine) == 2
-    bad = _oncely("relay", "purge", "--database-url", database_url, "--older-than", "a week")
-    assert bad.returncode == 2
-    assert "not a duration" in bad.stderr
+        for row in held:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO oncely_relay_held (event_id, topic, aggregateid) "
+                    "VALUES (:e, :t, :k)"
+                ),
+                {"e": row["id"], "t": topic, "k": key},
+            )
+
+
+def _requests(engine: sa.Engine) -> dict[str, str | None]:
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT event_id, request FROM oncely_relay_parked")).all()
+    return {str(r.event_id): r.request for r in rows}
 
 
 def _dead_rows(engine: sa.Engine) -> list[dict[str, object]]:
-    rows = outbox_rows(3, topics=["a"], keys=3)
-    for row, topic in zip(rows, ["a", "b", "b"], strict=True):
+    """Three dead rows (topic a: one, topic b: two), the first with two rows held behind it."""
+    rows = outbox_rows(5, topics=["a"], keys=5)
+    for row, topic in zip(rows, ["a", "b", "b", "a", "a"], strict=True):
         row["topic"] = topic
-        row["status"] = "dead"
-        row["attempts"] = 5
+    rows[3]["aggregateid"] = rows[4]["aggregateid"] = rows[0]["aggregateid"]
     insert_rows(engine, rows)
-    return rows
+    _acknowledge(engine)
+    _park(engine, rows[0], rows[3:])
+    _park(engine, rows[1], [])
+    _park(engine, rows[2], [])
+    return rows[:3]
+
+
+def test_dead_rows_are_listed_with_held_rows_error_and_request(
+    engine: sa.Engine, database_url: str
+) -> None:
+    rows = _dead_rows(engine)
+    url = ("--database-url", database_url)
+    listed = _oncely("dead", "list", *url)
+    assert listed.returncode == 0, listed.stderr
+    assert "3 dead row(s)" in listed.stdout
+    assert "MSG_SIZE_TOO_LARGE" in listed.stdout
+    first = next(line for line in listed.stdout.splitlines() if str(rows[0]["id"]) in line)
+    assert "topic=a  key=key-0  type=test.event  held=2  request=-" in first
+
+    refused = _oncely("dead", "requeue", *url)
+    assert refused.returncode == 2
+    assert "name row ids, --topic T or --all" in refused.stderr
+    skipped = _oncely("dead", "skip", *url, str(rows[0]["id"]), "--yes")
+    assert skipped.returncode == 0, skipped.stderr
+    assert "skip requested for 1 row(s): a running relay (`oncely relay run`)" in skipped.stdout
+    assert str(rows[0]["id"]) in skipped.stdout
+    requeued = _oncely("dead", "requeue", *url, "--topic", "b", "--execute")
+    assert "requeue requested for 2 row(s): a running relay" in requeued.stdout
+    assert _requests(engine) == {
+        str(rows[0]["id"]): "skip",
+        str(rows[1]["id"]): "requeue",
+        str(rows[2]["id"]): "requeue",
+    }
+    after = _oncely("dead", "list", *url, "--topic", "b")
+    assert "2 dead row(s)" in after.stdout
+    assert after.stdout.count("request=requeue") == 2
 
 
 def test_dead_requeue_and_skip_are_dry_runs_without_execute(
@@ -106,6 +137,7 @@ def test_dead_requeue_and_skip_are_dry_runs_without_execute(
     assert every.returncode == 0, every.stderr
     assert "would requeue 3 row(s)" in every.stdout
     assert all(str(row["id"]) in every.stdout for row in rows)
+    assert f"{rows[0]['id']}  a  key=key-0  test.event  held=2" in every.stdout
     assert "dry run: nothing changed; run again with --execute" in every.stdout
     of_topic = _oncely("dead", "requeue", *url, "--topic", "b")
     assert "would requeue 2 row(s)" in of_topic.stdout
@@ -118,35 +150,144 @@ def test_dead_requeue_and_skip_are_dry_runs_without_execute(
     assert skip.returncode == 0, skip.stderr
     assert "would skip 1 row(s)" in skip.stdout
     assert str(rows[1]["id"]) in skip.stdout
-    assert count_status(engine, "dead") == 3
+    assert set(_requests(engine).values()) == {None}
     # --yes confirms ids named only; a whole topic or every row needs --execute.
     vague = _oncely("dead", "requeue", *url, "--all", "--yes")
     assert vague.returncode == 2
     assert "use --execute with --topic or --all" in vague.stderr
-    assert count_status(engine, "dead") == 3
-    done = _oncely("dead", "requeue", *url, str(rows[0]["id"]), "--yes")
-    assert "requeued 1 row(s)" in done.stdout
-    done = _oncely("dead", "skip", *url, str(rows[1]["id"]), "--execute")
-    assert "skipped 1 row(s)" in done.stdout
+    assert set(_requests(engine).values()) == {None}
     done = _oncely("dead", "requeue", *url, "--all", "--execute")
-    assert "requeued 1 row(s)" in done.stdout
-    assert (count_status(engine, "pending"), count_status(engine, "skipped")) == (2, 1)
+    assert "requeue requested for 3 row(s)" in done.stdout
+    assert set(_requests(engine).values()) == {"requeue"}
+
+
+def _start_relay(database_url: str, bootstrap: str, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "oncely", "relay", "run"],
+            env={
+                **os.environ,
+                "ONCELY_DATABASE_URL": database_url,
+                "ONCELY_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+                "ONCELY_RELAY_MAX_ATTEMPTS": "1",
+                "ONCELY_RELAY_BACKOFF_BASE_SECONDS": "0.1",
+                "ONCELY_RELAY_BACKOFF_MAX_SECONDS": "0.5",
+                "ONCELY_RELAY_POLL_INTERVAL_SECONDS": "0.2",
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+
+
+def ids(records: Iterable[Record]) -> list[str]:
+    return [r.headers["id"].decode() for r in records]
+
+
+def _parked(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text("SELECT count(*) FROM oncely_relay_parked")).scalar_one())
+
+
+def test_a_running_relay_requeues_in_order_and_skip_releases_the_key(
+    engine: sa.Engine,
+    database_url: str,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    topic = new_topic(partitions=1, config={"max.message.bytes": "10000"})
+    rows = outbox_rows(12, topics=[topic], keys=3)  # key-i: rows i, i+3, i+6, i+9
+    rows[3]["payload"] = os.urandom(50_000)  # key-0's second: the broker refuses it
+    rows[4]["payload"] = os.urandom(50_000)  # key-1's second
+    insert_rows(engine, rows)
+    relay = _start_relay(database_url, kafka_bootstrap, tmp_path / "relay.log")
+    try:
+        wait_until(lambda: _parked(engine) == 2 and count_published(engine) == 6, timeout=60)
+        url = ("--database-url", database_url)
+        listed = _oncely("dead", "list", *url)
+        assert "2 dead row(s)" in listed.stdout, listed.stdout
+        assert "MSG_SIZE_TOO_LARGE" in listed.stdout
+        before = read_topics(kafka_bootstrap, [topic])
+        assert set(ids(before)) == {str(rows[i]["id"]) for i in (0, 1, 2, 5, 8, 11)}, (
+            "the later rows of both parked keys are held"
+        )
+
+        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+        resource = ConfigResource(
+            "topic",
+            topic,
+            incremental_configs=[
+                ConfigEntry(
+                    "max.message.bytes", "200000", incremental_operation=AlterConfigOpType.SET
+                )
+            ],
+        )
+        admin.incremental_alter_configs([resource])[resource].result(30)
+        requeue = _oncely("dead", "requeue", *url, str(rows[3]["id"]), "--yes")
+        assert "requeue requested for 1 row(s): a running relay" in requeue.stdout
+        skip = _oncely("dead", "skip", *url, str(rows[4]["id"]), "--yes")
+        assert "skip requested for 1 row(s): a running relay" in skip.stdout
+        wait_until(lambda: _parked(engine) == 0, timeout=60)
+        assert "0 dead row(s)" in _oncely("dead", "list", *url).stdout
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        assert relay.wait(60) == 0, (tmp_path / "relay.log").read_text()
+    records = read_topics(kafka_bootstrap, [topic])
+
+    def first_copies(key: str) -> list[str]:
+        return list(dict.fromkeys(ids(r for r in records if r.key == key)))
+
+    expected = {
+        key: [str(r["id"]) for r in rows if r["aggregateid"] == key]
+        for key in ("key-0", "key-1", "key-2")
+    }
+    assert first_copies("key-0") == expected["key-0"], "requeued: the dead row, then the held"
+    assert first_copies("key-1") == [e for e in expected["key-1"] if e != str(rows[4]["id"])], (
+        "skipped: the held rows without the dead one"
+    )
+    assert first_copies("key-2") == expected["key-2"]
+
+
+def test_relay_purge_deletes_old_acknowledged_rows_but_not_parked_keys(
+    engine: sa.Engine, database_url: str
+) -> None:
+    rows = outbox_rows(5, topics=["a"], keys=5)
+    for n, row in enumerate(rows):
+        row["created_at"] = sa.text(f"now() - interval '{8 if n % 2 == 0 else 1} days'")
+    with engine.begin() as conn:
+        for row in rows:
+            conn.execute(sa.insert(outbox).values(**row))
+    _acknowledge(engine)
+    _park(engine, rows[4], [])  # 8 days old, but its key is parked: kept
+    result = _oncely(
+        "relay", "purge", "--database-url", database_url, "--older-than", "7d", "--execute"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "deleted 2 published row(s) older than 7d" in result.stdout
+    with engine.connect() as conn:
+        left = set(conn.execute(sa.text("SELECT id FROM oncely_outbox")).scalars())
+    assert left == {rows[n]["id"] for n in (1, 3, 4)}
+    bad = _oncely("relay", "purge", "--database-url", database_url, "--older-than", "a week")
+    assert bad.returncode == 2
+    assert "not a duration" in bad.stderr
 
 
 def test_relay_purge_is_a_dry_run_without_execute(engine: sa.Engine, database_url: str) -> None:
     rows = outbox_rows(3, topics=["a", "b"], keys=1)
-    insert_rows(engine, rows)
+    for row in rows:
+        row["created_at"] = sa.text("now() - interval '8 days'")
     with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "UPDATE oncely_outbox SET status = 'published', "
-                "published_at = now() - interval '8 days'"
-            )
-        )
+        for row in rows:
+            conn.execute(sa.insert(outbox).values(**row))
+    unpublished = outbox_rows(1, topics=["a"], keys=1)
+    unpublished[0]["created_at"] = sa.text("now() - interval '9 days'")
+    _acknowledge(engine)
+    with engine.begin() as conn:  # committed after the progress: not purged
+        conn.execute(sa.insert(outbox).values(**unpublished[0]))
     result = _oncely("relay", "purge", "--database-url", database_url, "--older-than", "7d")
     assert result.returncode == 0, result.stderr
     assert "would delete 3 published row(s) older than 7d" in result.stdout
-    assert "  a: 2 row(s), oldest " in result.stdout
-    assert f"  b: 1 row(s), oldest {rows[1]['id']} published " in result.stdout
+    assert f"  a: 2 row(s), oldest {rows[0]['id']} created " in result.stdout
+    assert f"  b: 1 row(s), oldest {rows[1]['id']} created " in result.stdout
     assert "dry run: nothing changed; run again with --execute" in result.stdout
     assert count_published(engine) == 3

@@ -1,4 +1,10 @@
-"""``oncely dead list|requeue|skip``: the outbox's dead letters."""
+"""``oncely dead list|requeue|skip``: the outbox's dead letters.
+
+A dead row parks its key: the relay holds the later rows of that topic and key behind it.
+``requeue`` and ``skip`` record a request on the parked key; the relay holding the key's shard
+carries it out (``requeue``: the dead row, then the held rows, in order; ``skip``: the held rows
+only). Both are dry runs unless ``--execute`` (or ``--yes`` for ids named).
+"""
 
 from __future__ import annotations
 
@@ -8,14 +14,17 @@ from uuid import UUID
 
 import sqlalchemy as sa
 import typer
-from rich.table import Table
+from rich.markup import escape
 
 from oncely.cli._options import DatabaseUrl, Execute, ExecuteNamed
 from oncely.cli._output import err, out, print_dry_run
 from oncely.relay import dead
 from oncely.relay.dead import ChangedRow, DeadRow
 
-app = typer.Typer(help="Inspect, requeue or skip dead outbox rows (each parks its key).")
+app = typer.Typer(
+    help="Inspect, requeue or skip dead outbox rows (each parks its key; a running relay "
+    "carries out requeue and skip)."
+)
 T = TypeVar("T")
 
 
@@ -27,10 +36,19 @@ def _with_engine(database_url: str, work: Callable[[sa.Engine], T]) -> T:
         engine.dispose()
 
 
+_CARRIED_OUT = {
+    "requeue": "a running relay (`oncely relay run`) publishes each dead row, then the rows "
+    "held behind its key, in order; `oncely dead list` shows the rows still waiting",
+    "skip": "a running relay (`oncely relay run`) publishes the rows held behind each key "
+    "without its dead row (kept in the outbox until purged); `oncely dead list` shows the rows "
+    "still waiting",
+}
+
+
 def _print_changed(verb: str, rows: Sequence[ChangedRow]) -> None:
-    out.print(f"{verb} {len(rows)} row(s)")
+    out.print(f"{verb} requested for {len(rows)} row(s): {_CARRIED_OUT[verb]}")
     for row in rows:
-        out.print(f"  {row.id}  {row.topic}  key={row.aggregateid}  {row.type}")
+        out.print(f"  {row.id}  {escape(row.topic)}  key={escape(row.aggregateid)}")
 
 
 @app.command("list")
@@ -38,22 +56,27 @@ def list_(
     database_url: DatabaseUrl,
     topic: Annotated[str | None, typer.Option(help="Only this topic.")] = None,
 ) -> None:
-    """List dead rows, oldest first, with their last error."""
+    """List dead rows, oldest first: the rows held behind each one's key, its error, and the
+    request (requeue or skip) waiting for a relay to carry it out."""
     rows = _with_engine(database_url, lambda e: dead.list_dead(e, topic=topic))
-    table = Table(title=f"{len(rows)} dead row(s)")
-    for column in ("id", "topic", "key", "type", "attempts", "last error"):
-        table.add_column(column)
+    # One line per row (ids whole, to copy), the error on the next.
+    out.print(f"{len(rows)} dead row(s)")
     for row in rows:
-        table.add_row(
-            str(row.id), row.topic, row.aggregateid, row.type, str(row.attempts), row.last_error
+        out.print(
+            f"{row.id}  topic={escape(row.topic)}  key={escape(row.aggregateid)}  "
+            f"type={escape(row.type or '(purged)')}  held={row.held}  "
+            f"request={row.request or '-'}  parked {row.parked_at.isoformat(timespec='seconds')}"
         )
-    out.print(table)
+        out.print(f"    error: {escape(row.error or '-')}")
 
 
 def _print_plan(verb: str, rows: Sequence[DeadRow], named: Sequence[UUID] | None) -> None:
     out.print(f"would {verb} {len(rows)} row(s)")
     for row in rows:
-        out.print(f"  {row.id}  {row.topic}  key={row.aggregateid}  {row.type}")
+        out.print(
+            f"  {row.id}  {escape(row.topic)}  key={escape(row.aggregateid)}  "
+            f"{escape(row.type or '(purged)')}  held={row.held}"
+        )
     found = {row.id for row in rows}
     for missing in [i for i in named or () if i not in found]:
         out.print(f"  {missing}  not a dead row: unchanged")
@@ -70,10 +93,11 @@ def requeue(
         bool, typer.Option("--yes", help="Requeue the row ids named (as --execute does).")
     ] = False,
 ) -> None:
-    """Make dead rows due again with their attempts reset (their keys are unparked).
+    """Publish dead rows again, then the rows held behind their keys, in order.
 
-    A dry run unless --execute (or --yes, for row ids named): it lists the rows it would
-    requeue, and changes nothing.
+    Records the request; a running relay (`oncely relay run`) holding the key's shard carries
+    it out. A row that fails again stays dead with its new error. A dry run unless --execute
+    (or --yes, for row ids named): it lists the rows it would requeue, and changes nothing.
     """
     if not ids and topic is None and not all_:
         err.print("[red]error:[/] name row ids, --topic T or --all")
@@ -91,7 +115,7 @@ def requeue(
         print_dry_run("--yes" if ids else "--execute")
         return
     rows = _with_engine(database_url, lambda e: dead.requeue(e, ids=ids or None, topic=topic))
-    _print_changed("requeued", rows)
+    _print_changed("requeue", rows)
 
 
 @app.command()
@@ -100,9 +124,11 @@ def skip(
     ids: Annotated[list[UUID], typer.Argument(help="Row ids.")],
     execute: ExecuteNamed = False,
 ) -> None:
-    """Mark dead rows skipped (kept for audit); later rows of their keys flow on.
+    """Give up on dead rows: the rows held behind their keys are published without them.
 
-    A dry run unless --execute (or --yes): it lists the rows it would skip, and changes nothing.
+    Records the request; a running relay (`oncely relay run`) carries it out. The dead row
+    stays in the outbox (for audit) until purged. A dry run unless --execute (or --yes): it
+    lists the rows it would skip, and changes nothing.
     """
     if not execute:
         plan = _with_engine(database_url, lambda e: dead.matching_dead(e, ids=ids))
@@ -110,4 +136,4 @@ def skip(
         print_dry_run("--yes")
         return
     rows = _with_engine(database_url, lambda e: dead.skip(e, ids=ids))
-    _print_changed("skipped", rows)
+    _print_changed("skip", rows)
