@@ -238,6 +238,8 @@ def test_replay_from_outbox_republishes_with_the_same_ids(
                 "account.credited",
                 "--database-url",
                 database_url,
+                "--bootstrap-servers",
+                kafka_bootstrap,
                 "--execute",
             ],
             capture_output=True,
@@ -246,7 +248,9 @@ def test_replay_from_outbox_republishes_with_the_same_ids(
             check=False,
         )
         assert result.returncode == 0, result.stderr
-        assert "republished 200 row(s)" in result.stdout
+        assert f"republished 200 row(s) with their original event ids ({app.topic}: 200)" in (
+            result.stdout
+        )
         wait_until(
             lambda: (
                 (

@@ -1,13 +1,17 @@
-"""``oncely replay``: re-read topics for an effect group, or republish outbox rows."""
+"""``oncely replay``: re-read topics for an effect group, or republish outbox rows.
+
+Exit codes: 0 done (or the dry run printed); 1 the window cannot be republished (purged rows,
+parked keys, rows not published yet), records failed, or the database failed; 2 bad arguments.
+"""
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 import sqlalchemy as sa
 import typer
-from rich.progress import Progress
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from oncely.cli._imports import load_object
@@ -20,14 +24,14 @@ from oncely.consumers.replay import (
     Earliest,
     ReplayError,
     Target,
-    count_republishable,
     execute_reset,
     plan_reset,
-    republish,
-    still_pending,
 )
 from oncely.errors import ConfigurationError
-from oncely.settings import KafkaSettings
+from oncely.ops.republish import RepublishError, RepublishPlan, plan_republish, republish
+from oncely.relay.publisher import Publisher
+from oncely.relay.service import producer_config
+from oncely.settings import KafkaSettings, RelaySettings
 
 
 def _offset(text: str) -> AtOffset:
@@ -52,7 +56,11 @@ def replay(
         str | None, typer.Option(help="Move one partition: TOPIC:PARTITION:OFFSET.")
     ] = None,
     from_outbox: Annotated[
-        bool, typer.Option(help="Republish published outbox rows instead (same event ids).")
+        bool,
+        typer.Option(
+            help="Republish outbox rows to Kafka instead, as the relay sends them (same event "
+            "ids and headers), in seq order."
+        ),
     ] = False,
     since: Annotated[str | None, typer.Option(help="--from-outbox: rows created since.")] = None,
     until: Annotated[str | None, typer.Option(help="--from-outbox: rows created before.")] = None,
@@ -63,7 +71,6 @@ def replay(
     allow_skip: Annotated[
         bool, typer.Option(help="Allow moving a group forward past records it has not read.")
     ] = False,
-    wait: Annotated[bool, typer.Option(help="--from-outbox: follow until republished.")] = True,
     bootstrap_servers: Annotated[
         str | None,
         typer.Option(envvar="ONCELY_KAFKA_BOOTSTRAP_SERVERS", help="Kafka bootstrap servers."),
@@ -76,12 +83,15 @@ def replay(
 
     Either move an effect group's offsets (--app, --effect and one of --to-earliest,
     --to-datetime, --to-offset; the group must be stopped), or republish outbox rows
-    (--from-outbox --since T [--until T] [--type X]). Both print the plan and change nothing
-    without --execute.
+    (--from-outbox --since T [--until T] [--type X] with --database-url and
+    --bootstrap-servers): the rows created in the window are produced again, straight to Kafka,
+    through the relay's record path and producer settings (ONCELY_RELAY_*). Refused when rows
+    of the window were purged, belong to a parked key (see oncely dead list) or are not
+    published yet. Both print the plan and change nothing without --execute.
     """
     try:
         if from_outbox:
-            _from_outbox(database_url, since, until, event_type, execute=execute, wait=wait)
+            _from_outbox(database_url, bootstrap_servers, since, until, event_type, execute=execute)
         else:
             _reset(
                 app,
@@ -94,8 +104,14 @@ def replay(
                 allow_skip=allow_skip,
             )
     except (ReplayError, ConfigurationError) as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
+    except RepublishError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(1) from None
+    except sa.exc.DBAPIError as exc:
+        err.print(f"[red]error:[/] database failure: {escape(str(exc.orig))}")
+        raise typer.Exit(1) from None
 
 
 def _reset(
@@ -158,37 +174,52 @@ def _reset(
 
 def _from_outbox(
     database_url: str | None,
+    bootstrap_servers: str | None,
     since: str | None,
     until: str | None,
     event_type: str | None,
     *,
     execute: bool,
-    wait: bool,
 ) -> None:
-    if database_url is None or since is None:
-        raise ReplayError("--from-outbox needs --database-url and --since")
+    if database_url is None or since is None or (execute and bootstrap_servers is None):
+        raise ReplayError(
+            "--from-outbox needs --database-url and --since (and --bootstrap-servers with "
+            "--execute)"
+        )
     start, end = parse_moment(since), (parse_moment(until) if until else None)
-    engine = sa.create_engine(database_url)
+    engine = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
     try:
         if not execute:
-            count = count_republishable(engine, since=start, until=end, event_type=event_type)
-            out.print(f"dry run: {count} published row(s) would be republished; add --execute")
+            plan = plan_republish(engine, since=start, until=end, event_type=event_type)
+            out.print(f"dry run: {plan.rows} row(s) would be republished{_per_topic(plan)}")
+            out.print("add --execute to send them (same event ids; receipts absorb the copies)")
             return
-        ids = republish(engine, since=start, until=end, event_type=event_type)
-        out.print(f"republishing {len(ids)} row(s) with their original event ids")
-        if not wait or not ids:
-            return
-        with Progress(console=out) as progress:
-            task = progress.add_task("relay republishing", total=len(ids))
-            while True:
-                waiting, dead = still_pending(engine, ids)
-                progress.update(task, completed=len(ids) - waiting - dead)
-                if waiting == 0:
-                    break
-                time.sleep(0.5)
-        out.print(f"republished {len(ids) - dead} row(s)")
-        if dead:
-            err.print(f"[red]{dead} row(s) went dead:[/] see `oncely dead list`")
-            raise typer.Exit(1)
+        assert bootstrap_servers is not None
+        kafka = KafkaSettings(bootstrap_servers=bootstrap_servers)
+        publisher = Publisher(producer_config(kafka, RelaySettings()), client=kafka.client_config())
+        bar = Progress(
+            TextColumn("republishing"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=err,
+        )
+        task = bar.add_task("records", total=None)
+        with bar:
+            plan = republish(
+                engine,
+                publisher=publisher,
+                since=start,
+                until=end,
+                event_type=event_type,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
+            )
+        out.print(f"republished {plan.rows} row(s) with their original event ids{_per_topic(plan)}")
     finally:
         engine.dispose()
+
+
+def _per_topic(plan: RepublishPlan) -> str:
+    if not plan.topics:
+        return ""
+    return " (" + ", ".join(f"{escape(t)}: {n}" for t, n in sorted(plan.topics.items())) + ")"

@@ -1,13 +1,9 @@
-"""Recovery: re-read a topic for an effect, or republish outbox rows; receipts keep effects single.
+"""Recovery: re-read a topic for an effect; receipts keep effects single.
 
-Two ways back in time:
-
-- :func:`plan_reset` / :func:`execute_reset` move an effect group's committed offsets (to the
-  earliest offset, to the first offset at or after a time, or to an explicit offset), like
-  ``kafka-consumer-groups --reset-offsets``. Refused while the group has members: stop its
-  consumers first.
-- :func:`republish` puts published outbox rows of a time window back to pending; the relay
-  publishes them again with the same event ids.
+:func:`plan_reset` / :func:`execute_reset` move an effect group's committed offsets (to the
+earliest offset, to the first offset at or after a time, or to an explicit offset), like
+``kafka-consumer-groups --reset-offsets``. Refused while the group has members: stop its
+consumers first. Republishing outbox rows is :mod:`oncely.ops.republish`.
 """
 
 from __future__ import annotations
@@ -15,15 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from uuid import UUID
 
-import sqlalchemy as sa
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from oncely.consumers.offsets import committed_offsets
 from oncely.errors import OncelyError
-from oncely.storage.queries import query
 
 
 class ReplayError(OncelyError):
@@ -146,34 +139,3 @@ def execute_reset(
     partitions = [TopicPartition(m.topic, m.partition, m.target) for m in moves]
     request = [ConsumerGroupTopicPartitions(group, partitions)]
     admin.alter_consumer_group_offsets(request)[group].result(timeout)
-
-
-def count_republishable(
-    engine: sa.Engine, *, since: datetime, until: datetime | None, event_type: str | None
-) -> int:
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                query("outbox_republish_count"),
-                {"since": since, "until": until, "type": event_type},
-            ).scalar_one()
-        )
-
-
-def republish(
-    engine: sa.Engine, *, since: datetime, until: datetime | None, event_type: str | None
-) -> list[UUID]:
-    """Put the window's published rows back to pending (same ids); return their ids."""
-    with engine.begin() as conn:
-        return list(
-            conn.execute(
-                query("outbox_republish"), {"since": since, "until": until, "type": event_type}
-            ).scalars()
-        )
-
-
-def still_pending(engine: sa.Engine, ids: Sequence[UUID]) -> tuple[int, int]:
-    """Of ``ids``: how many the relay has yet to publish again, and how many went dead."""
-    with engine.connect() as conn:
-        row = conn.execute(query("outbox_pending_among"), {"ids": list(ids)}).one()
-    return int(row.waiting), int(row.dead)

@@ -1,4 +1,5 @@
--- Read-only statements of `oncely status` and `oncely verify`. Each starts with "-- name: <name>".
+-- Read-only statements of `oncely status`, `oncely verify` and `oncely replay --from-outbox`.
+-- Each starts with "-- name: <name>".
 -- None of them writes; the callers run them in READ ONLY transactions.
 
 -- name: ops_parked_by_topic
@@ -116,3 +117,51 @@ FROM applied
 WHERE applied_at < previous_applied_at
 ORDER BY seq
 LIMIT GREATEST(:limit, 1)
+
+-- name: republish_summary
+-- The outbox rows created in [:since, :until) (of type :type when given), per topic: how many,
+-- how many no shard's progress has passed yet (not acknowledged), how many belong to parked
+-- keys; with the oldest row the outbox still holds (seq and created_at: rows before it were
+-- purged, or never existed). One scan of the table.
+WITH rows AS (
+    SELECT o.topic, o.seq, o.created_at,
+           o.created_at >= :since
+               AND (CAST(:until AS timestamptz) IS NULL OR o.created_at < :until)
+               AND (CAST(:type AS text) IS NULL OR o.type = :type) AS in_window,
+           pg_visible_in_snapshot(o.txid, s.done)
+               OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
+                   AND pg_visible_in_snapshot(o.txid, s.reading)) AS passed,
+           EXISTS (SELECT 1 FROM oncely_relay_parked AS p
+                   WHERE p.topic = o.topic AND p.aggregateid = o.aggregateid) AS parked
+    FROM oncely_outbox AS o
+    JOIN oncely_relay_shards AS s ON s.shard = o.shard
+), first AS (
+    SELECT min(seq) AS first_seq, min(created_at) AS first_created_at FROM rows
+)
+SELECT w.topic, count(w.topic) AS rows, count(*) FILTER (WHERE NOT w.passed) AS unpublished,
+       count(*) FILTER (WHERE w.parked) AS parked, f.first_seq, f.first_created_at
+FROM first AS f
+LEFT JOIN rows AS w ON w.in_window
+GROUP BY w.topic, f.first_seq, f.first_created_at
+ORDER BY w.topic
+
+-- name: republish_parked_keys
+-- Up to :limit parked keys that have rows in the window, with the row that parked each.
+SELECT DISTINCT p.topic, p.aggregateid, p.event_id, p.reason
+FROM oncely_relay_parked AS p
+JOIN oncely_outbox AS o ON o.topic = p.topic AND o.aggregateid = p.aggregateid
+WHERE o.created_at >= :since
+  AND (CAST(:until AS timestamptz) IS NULL OR o.created_at < :until)
+  AND (CAST(:type AS text) IS NULL OR o.type = :type)
+ORDER BY p.topic, p.aggregateid
+LIMIT :limit
+
+-- name: republish_rows
+-- The window's rows in seq order, as the relay reads them (streamed from a server-side cursor).
+SELECT o.id, o.seq, o.shard, o.topic, o.aggregateid, o.type, o.payload, o.headers,
+       o.created_at, false AS delayed, o.available_at
+FROM oncely_outbox AS o
+WHERE o.created_at >= :since
+  AND (CAST(:until AS timestamptz) IS NULL OR o.created_at < :until)
+  AND (CAST(:type AS text) IS NULL OR o.type = :type)
+ORDER BY o.seq

@@ -1,0 +1,159 @@
+"""`oncely replay --from-outbox` against real Kafka and PostgreSQL: the relay's records again.
+
+The window's rows are produced straight to Kafka through the relay's record path: the copies
+carry the same event ids, keys, values and headers, in seq order per key. A window with purged
+rows, a parked key, or rows not yet published is refused, naming why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+import typer
+from typer.testing import CliRunner, Result
+
+from oncely.cli.replay import replay
+from oncely.ops.republish import RepublishError, plan_republish
+from oncely.relay.store import RelayStore
+from oncely.storage.tables import shard_of
+from tests.helpers import (
+    Record,
+    count_published,
+    fast_settings,
+    insert_rows,
+    outbox_rows,
+    read_topics,
+    running_relay,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(database_url, pool_size=5)
+    yield engine
+    engine.dispose()
+
+
+def _cli(*args: str) -> Result:
+    command = typer.Typer()
+    command.command()(replay)
+    return CliRunner().invoke(command, list(args))
+
+
+def _ids(records: list[Record]) -> list[str]:
+    return [r.headers["id"].decode() for r in records]
+
+
+def _published(engine: sa.Engine, kafka_bootstrap: str, rows: list[dict[str, object]]) -> None:
+    insert_rows(engine, rows)
+    with running_relay(engine, kafka_bootstrap, fast_settings()):
+        wait_until(lambda: count_published(engine) == len(rows), timeout=60)
+
+
+def test_the_window_is_republished_with_the_same_records_in_seq_order(
+    engine: sa.Engine, database_url: str, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(partitions=3)
+    rows = outbox_rows(60, topics=[topic], keys=4)
+    for n, row in enumerate(rows):
+        row["type"] = "test.kept" if n % 3 else "test.other"
+    since = datetime.now(UTC) - timedelta(seconds=5)
+    _published(engine, kafka_bootstrap, rows)
+    first = read_topics(kafka_bootstrap, [topic])
+    url = ("--database-url", database_url, "--bootstrap-servers", kafka_bootstrap)
+
+    dry = _cli("--from-outbox", "--since", since.isoformat(), "--type", "test.kept", *url)
+    assert dry.exit_code == 0, dry.output
+    assert f"dry run: 40 row(s) would be republished ({topic}: 40)" in dry.stdout
+    assert len(read_topics(kafka_bootstrap, [topic])) == 60, "a dry run sends nothing"
+
+    done = _cli(
+        *("--from-outbox", "--since", since.isoformat(), "--type", "test.kept", "--execute"),
+        *url,
+    )
+    assert done.exit_code == 0, done.output
+    assert f"republished 40 row(s) with their original event ids ({topic}: 40)" in done.stdout
+
+    records = read_topics(kafka_bootstrap, [topic])
+    copies = [r for r in records if (r.topic, r.partition, r.offset) not in _positions(first)]
+    kept = [row for row in rows if row["type"] == "test.kept"]
+    assert sorted(_ids(copies)) == sorted(str(row["id"]) for row in kept)
+    originals = {r.headers["id"]: r for r in first}
+    for copy in copies:  # the same record: key, value, headers (id, eventType, extras), time
+        original = originals[copy.headers["id"]]
+        assert (copy.key, copy.value, copy.headers, copy.partition) == (
+            original.key,
+            original.value,
+            original.headers,
+            original.partition,
+        )
+    for key in {str(row["aggregateid"]) for row in kept}:
+        in_order = [str(row["id"]) for row in kept if row["aggregateid"] == key]
+        on_topic = _ids(sorted((c for c in copies if c.key == key), key=lambda r: r.offset))
+        assert on_topic == in_order, f"copies of {key} in seq order"
+
+
+def _positions(records: list[Record]) -> set[tuple[str, int, int]]:
+    return {(r.topic, r.partition, r.offset) for r in records}
+
+
+def test_a_window_with_purged_rows_is_refused(
+    engine: sa.Engine, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic()
+    since = datetime.now(UTC) - timedelta(seconds=5)
+    rows = outbox_rows(10, topics=[topic], keys=2)
+    for n, row in enumerate(rows):
+        row["created_at"] = datetime.now(UTC) - timedelta(days=8 if n < 4 else 0)
+    _published(engine, kafka_bootstrap, rows)
+    assert plan_republish(engine, since=since, until=None, event_type=None).rows == 6
+    assert RelayStore(engine, owner="t").purge(older_than_seconds=7 * 86400) == 4
+
+    for start in (since - timedelta(days=9), since):  # both begin before the oldest row left
+        with pytest.raises(RepublishError, match="rows of the window were purged: the oldest"):
+            plan_republish(engine, since=start, until=None, event_type=None)
+    oldest_left = rows[4]["created_at"]
+    assert isinstance(oldest_left, datetime)
+    assert plan_republish(engine, since=oldest_left, until=None, event_type=None).rows == 6
+
+
+def test_a_window_with_a_parked_key_or_unpublished_rows_is_refused(
+    engine: sa.Engine, database_url: str, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic()
+    since = datetime.now(UTC) - timedelta(seconds=5)
+    rows = outbox_rows(6, topics=[topic], keys=2)
+    _published(engine, kafka_bootstrap, rows)
+    with engine.begin() as conn:  # as the relay parks a key whose row failed for good
+        conn.execute(
+            sa.text(
+                "INSERT INTO oncely_relay_parked (topic, aggregateid, shard, event_id, reason) "
+                "VALUES (:t, 'key-1', :s, :e, 'dead')"
+            ),
+            {"t": topic, "s": shard_of(topic, "key-1", 32), "e": rows[1]["id"]},
+        )
+    with pytest.raises(RepublishError, match=r"3 row\(s\) of the window belong to parked keys"):
+        plan_republish(engine, since=since, until=None, event_type=None)
+    result = _cli(
+        *("--from-outbox", "--since", since.isoformat(), "--execute"),
+        *("--database-url", database_url, "--bootstrap-servers", kafka_bootstrap),
+    )
+    assert result.exit_code == 1
+    assert "key 'key-1' (dead row" in result.stderr
+    assert "requeue or skip it first" in result.stderr
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM oncely_relay_parked"))
+
+    insert_rows(engine, outbox_rows(2, topics=[topic], keys=2))  # no relay runs now
+    with pytest.raises(RepublishError, match=r"2 row\(s\) of the window are not published yet"):
+        plan_republish(engine, since=since, until=None, event_type=None)
+    until = datetime.now(UTC) + timedelta(hours=1)
+    with pytest.raises(RepublishError, match="--since must be earlier than --until"):
+        plan_republish(engine, since=until, until=until, event_type=None)
+    assert len(read_topics(kafka_bootstrap, [topic])) == 6, "nothing was sent"
