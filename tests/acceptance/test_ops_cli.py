@@ -175,9 +175,7 @@ def test_verify_passes_on_a_healthy_pipeline_and_fails_when_an_effect_missed_an_
     rows = []
     for n in range(20):
         value, headers = codec.encode(app.model(account_id=f"acc-{n % 5}", amount=1, n=n))
-        rows.append(
-            _row(app, "pending", aggregateid=f"acc-{n % 5}", payload=value, headers=headers)
-        )
+        rows.append(_row(app, aggregateid=f"acc-{n % 5}", payload=value, headers=headers))
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox), rows)
     with (

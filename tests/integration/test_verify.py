@@ -20,8 +20,17 @@ from oncely.cli.verify import verify
 from oncely.ops.verify import Report, verify_window
 from oncely.schemas.codec import Codec
 from oncely.storage import outbox, receipts
+from oncely.storage.tables import shard_of
 from tests.apps.ledger import App, build, create_tables
-from tests.helpers import fast_settings, running_consumers, running_relay, scalar, wait_until
+from tests.helpers import (
+    count_published,
+    fast_settings,
+    read_topics,
+    running_consumers,
+    running_relay,
+    scalar,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +73,7 @@ def pipeline(app: App, engine: sa.Engine, kafka_bootstrap: str) -> list[uuid.UUI
         for row in rows:  # one statement each: seq follows n
             conn.execute(sa.insert(outbox).values(**row))
     with running_relay(engine, kafka_bootstrap, fast_settings()):
-        wait_until(lambda: _count(engine, "status = 'published'") == EVENTS, timeout=60)
+        wait_until(lambda: count_published(engine) == EVENTS, timeout=60)
     with running_consumers(app.effects, EFFECTS, engine, kafka_bootstrap):
         wait_until(
             lambda: scalar(engine, "SELECT count(*) FROM oncely_receipts") == 2 * EVENTS,
@@ -88,10 +97,10 @@ def _row(app: App, key: str, **columns: Any) -> dict[str, Any]:
     }
 
 
-def _count(engine: sa.Engine, where: str) -> int:
-    value = scalar(engine, f"SELECT count(*) FROM oncely_outbox WHERE {where}")
-    assert isinstance(value, int)
-    return value
+def _acknowledge(engine: sa.Engine) -> None:
+    """What a relay records once every row committed so far is acknowledged."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE oncely_relay_shards SET done = pg_current_snapshot()"))
 
 
 def _verify(app: App, engine: sa.Engine, bootstrap: str, since: datetime, **kw: Any) -> Report:
@@ -141,11 +150,10 @@ def test_a_clean_window_verifies_and_the_command_exits_0(
     assert document["outbox"] == {
         "committed": EVENTS,
         "published": EVENTS,
-        "pending": 0,
+        "unpublished": 0,
         "dead": 0,
-        "skipped": 0,
+        "held": 0,
         "stuck": 0,
-        "unlocated": 0,
         "oldest_unpublished_seconds": None,
     }
     assert document["kafka"] == {"checked": EVENTS, "lost": 0}
@@ -190,7 +198,7 @@ def test_receipts_of_one_event_under_other_effect_names_are_not_duplicates(
     assert [e.applied for e in report.effects] == [EVENTS, EVENTS]
 
 
-def test_deleted_and_misplaced_kafka_records_are_lost(
+def test_published_rows_missing_from_their_topic_are_lost(
     app: App,
     engine: sa.Engine,
     kafka_admin: AdminClient,
@@ -198,43 +206,37 @@ def test_deleted_and_misplaced_kafka_records_are_lost(
     since: datetime,
     pipeline: list[uuid.UUID],
 ) -> None:
-    with engine.connect() as conn:
-        placed = conn.execute(
-            sa.text(
-                "SELECT id, kafka_partition, kafka_offset FROM oncely_outbox"
-                " ORDER BY kafka_partition, kafka_offset"
-            )
-        ).all()
-    by_partition: dict[int, list[Any]] = {}
-    for row in placed:
-        by_partition.setdefault(row.kafka_partition, []).append(row)
-    first, second = (by_partition[p] for p in sorted(by_partition))
-    assert len(first) >= 3 and len(second) >= 2, "keys spread over both partitions"
+    records = read_topics(kafka_bootstrap, [app.topic])
+    partition = min(r.partition for r in records)
+    first = sorted((r for r in records if r.partition == partition), key=lambda r: r.offset)
+    ids = [r.headers["id"].decode() for r in records]
+    deleted = [uuid.UUID(r.headers["id"].decode()) for r in first[:2]]
+    assert all(ids.count(str(i)) == 1 for i in deleted), "no other copy of them"
     # The first two records of one partition are deleted from the log.
-    deleted = kafka_admin.delete_records([TopicPartition(app.topic, first[0].kafka_partition, 2)])
-    for future in deleted.values():
+    futures = kafka_admin.delete_records([TopicPartition(app.topic, partition, 2)])
+    for future in futures.values():
         future.result(30)
-    # One row points at its neighbour's record, another past the end of its partition.
+    # Rows the progress passed but whose records never reached Kafka: one of the app's topic,
+    # one of a topic that does not exist.
+    never_sent = _row(app, "acc-5")
+    no_topic = _row(app, "acc-6", topic=f"{app.topic}.missing")
     with engine.begin() as conn:
-        conn.execute(
-            sa.text("UPDATE oncely_outbox SET kafka_offset = :o WHERE id = :id"),
-            [
-                {"id": second[0].id, "o": second[1].kafka_offset},
-                {"id": first[2].id, "o": 1000},
-            ],
-        )
+        for row in (never_sent, no_topic):
+            conn.execute(sa.insert(outbox).values(**row))
+    _acknowledge(engine)
 
     report = _verify(app, engine, kafka_bootstrap, since)
 
-    lost = {(r.id, r.reason, r.found_id) for r in report.lost_records}
+    lost = {(r.id, r.topic, r.reason) for r in report.lost_records}
     assert lost == {
-        (first[0].id, "deleted", None),
-        (first[1].id, "deleted", None),
-        (first[2].id, "missing", None),
-        (second[0].id, "id_mismatch", str(second[1].id)),
+        (deleted[0], app.topic, "missing"),
+        (deleted[1], app.topic, "missing"),
+        (never_sent["id"], app.topic, "missing"),
+        (no_topic["id"], no_topic["topic"], "topic_missing"),
     }
-    assert (report.checked, report.lost) == (EVENTS, 4)
-    assert report.problems == {"lost": 4, "not_applied": 0, "out_of_order": 0, "stuck": 0}
+    assert (report.checked, report.lost, report.outbox.published) == (EVENTS + 2, 4, EVENTS + 2)
+    assert report.problems["lost"] == 4
+    assert len(_verify(app, engine, kafka_bootstrap, since, limit=1).lost_records) == 1
 
 
 def test_an_effect_applied_out_of_order_or_not_at_all_is_reported(
@@ -287,31 +289,59 @@ def test_an_effect_applied_out_of_order_or_not_at_all_is_reported(
     )
 
 
-def test_an_unpublished_row_older_than_the_threshold_is_stuck(
+def test_rows_not_passed_yet_are_unpublished_and_stuck_only_past_the_threshold(
     app: App, engine: sa.Engine, kafka_bootstrap: str, since: datetime, pipeline: list[uuid.UUID]
 ) -> None:
-    later = sa.text("now() + interval '1 hour'")
-    old = _row(app, "acc-9", created_at=sa.text("now() - interval '5 minutes'"), available_at=later)
-    fresh = _row(app, "acc-8", available_at=later)
-    dead = _row(app, "acc-7", status="dead", last_error="broker said no")
+    five_minutes_ago = sa.text("now() - interval '5 minutes'")
+    due = {"created_at": five_minutes_ago, "available_at": five_minutes_ago}
+    dead = _row(app, "acc-7", **due)
     with engine.begin() as conn:
-        for row in (old, fresh, dead):
+        conn.execute(sa.insert(outbox).values(**dead))
+    _acknowledge(engine)
+    with engine.begin() as conn:  # the relay parked the key of a row that failed for good
+        conn.execute(
+            sa.text(
+                "INSERT INTO oncely_relay_parked (topic, aggregateid, shard, event_id, reason, "
+                "error) VALUES (:t, 'acc-7', :s, :e, 'dead', 'broker said no')"
+            ),
+            {"t": app.topic, "s": shard_of(app.topic, "acc-7", 32), "e": dead["id"]},
+        )
+    old = _row(app, "acc-9", **due)
+    fresh = _row(app, "acc-8")
+    delayed = _row(
+        app, "acc-6", created_at=five_minutes_ago, available_at=sa.text("now() + interval '1 hour'")
+    )
+    with engine.begin() as conn:  # no relay runs: not passed by the progress
+        for row in (old, fresh, delayed):
             conn.execute(sa.insert(outbox).values(**row))
 
     report = _verify(app, engine, kafka_bootstrap, since, max_pending_age_seconds=60)
 
-    assert (report.outbox.pending, report.outbox.dead, report.outbox.stuck) == (2, 1, 1)
-    assert [(s.id, s.status) for s in report.stuck_rows] == [(old["id"], "pending")]
+    o = report.outbox
+    assert (o.committed, o.published, o.unpublished, o.dead, o.held) == (
+        EVENTS + 4,
+        EVENTS,
+        3,
+        1,
+        0,
+    )
+    assert o.stuck == 2, "the old unpublished row and the dead one; not the fresh or the delayed"
+    assert [(s.id, s.state, s.error) for s in report.stuck_rows] == [
+        (dead["id"], "dead", "broker said no"),
+        (old["id"], "unpublished", None),
+    ]
     assert report.stuck_rows[0].age_seconds == pytest.approx(300, abs=60)
-    assert report.outbox.oldest_unpublished_seconds == pytest.approx(300, abs=60)
-    assert report.problems == {"lost": 0, "not_applied": 0, "out_of_order": 0, "stuck": 1}
+    assert o.oldest_unpublished_seconds == pytest.approx(300, abs=60)
+    assert (report.checked, report.lost) == (EVENTS, 0), "unpublished rows are not lost"
+    assert report.problems == {"lost": 0, "not_applied": 0, "out_of_order": 0, "stuck": 2}
     assert not report.ok
-    # With a window that ends before it, the old row is out of scope.
+    assert any("3 row(s) of the window are not published yet" in n for n in report.notes)
+    # With a window that ends before them, the five-minute-old rows are out of scope.
     assert (
         _verify(
             app, engine, kafka_bootstrap, since, until=datetime.now(UTC) - timedelta(minutes=4)
         ).outbox.committed
-        == 1
+        == 3
     )
 
 
@@ -326,42 +356,37 @@ class _CountingConsumer(Consumer):
         return messages
 
 
-def test_records_far_apart_in_a_partition_are_found_by_seeking(
+def test_records_older_than_the_window_are_not_read(
     app: App,
     engine: sa.Engine,
     kafka_bootstrap: str,
     since: datetime,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Rows at offsets 0, 1 and past a 10,000-record gap: verified without reading the gap."""
+    """10,000 records stamped before --since, then the window's: only the window's are read."""
     monkeypatch.setattr("oncely.ops.verify.Consumer", _CountingConsumer)
     monkeypatch.setattr(_CountingConsumer, "received", 0)
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
-    ids = [uuid.uuid4() for _ in range(12_000)]
-    placed: list[tuple[int, int]] = []
-    for event_id in ids:
+    before = int((since - timedelta(hours=1)).timestamp() * 1000)
+    for _ in range(10_000):
         producer.produce(
             app.topic,
             key=b"acc-0",
             value=b"{}",
             partition=0,
-            headers=[("id", str(event_id))],
-            on_delivery=lambda _e, m: placed.append((m.partition() or 0, m.offset() or 0)),
+            timestamp=before,
+            headers=[("id", str(uuid.uuid4()))],
+        )
+    rows = [_row(app, "acc-0") for _ in range(4)]
+    with engine.begin() as conn:
+        for row in rows:
+            conn.execute(sa.insert(outbox).values(**row))
+    _acknowledge(engine)
+    for row in rows:  # as the relay sends them: timestamp = created_at (now)
+        producer.produce(
+            app.topic, key=b"acc-0", value=b"{}", partition=0, headers=[("id", str(row["id"]))]
         )
     assert producer.flush(30) == 0
-    assert [offset for _, offset in placed] == list(range(12_000))
-    chosen = [0, 1, 11_998, 11_999]
-    with engine.begin() as conn:
-        for n in chosen:
-            conn.execute(
-                sa.insert(outbox).values(
-                    **_row(app, "acc-0", id=ids[n], event_key=str(ids[n])),
-                    status="published",
-                    published_at=sa.text("now()"),
-                    kafka_partition=0,
-                    kafka_offset=n,
-                )
-            )
 
     report = verify_window(
         engine,
@@ -372,4 +397,4 @@ def test_records_far_apart_in_a_partition_are_found_by_seeking(
     )
 
     assert (report.checked, report.lost, report.outbox.published) == (4, 0, 4)
-    assert _CountingConsumer.received < 5000, "the consumer sought over the gap"
+    assert _CountingConsumer.received < 5000, "the read started at --since"

@@ -28,11 +28,8 @@ _PROBLEM = 1
 _BAD_ARGUMENTS = 2
 
 _REASONS = {
-    "topic_missing": "topic does not exist",
-    "partition_missing": "partition does not exist",
-    "deleted": "below the log start offset (deleted or past retention)",
-    "missing": "no record at this offset",
-    "id_mismatch": "another event's record",
+    "topic_missing": "the topic does not exist",
+    "missing": "no record of the topic since --since carries its id",
 }
 
 
@@ -61,17 +58,20 @@ def verify(
         typer.Option(help="Check only this effect (repeatable; default: all of the app)."),
     ] = None,
     max_pending_age: Annotated[
-        str, typer.Option(help="An unpublished row older than this is stuck (90s, 15m).")
+        str,
+        typer.Option(help="A row not published this long after it was due is stuck (90s, 15m)."),
     ] = "60s",
     show: Annotated[int, typer.Option(help="List at most this many ids per problem.", min=0)] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
 ) -> None:
     """Reconcile a window of outbox rows with Kafka and the effects' receipts (read-only).
 
-    Problems (exit 1): stuck (unpublished longer than --max-pending-age); lost (no record with
-    the row's id at its stored partition and offset); not applied (published, no receipt of
-    the effect); out of order (a key's event applied before the previous one). Rows already
-    purged from the outbox cannot be checked.
+    A row is published once the relay's recorded progress has passed it (and it is not dead or
+    held); rows not passed yet are reported as unpublished, which is no problem by itself.
+    Problems (exit 1): stuck (not published longer than --max-pending-age after it was due);
+    lost (a published row whose id is on no record of its topic, read from --since to the end);
+    not applied (published, no receipt of the effect); out of order (a key's event applied
+    before the previous one). Rows already purged from the outbox cannot be checked.
     """
     start = parse_moment(since)
     end = None if until is None else parse_moment(until)
@@ -85,7 +85,7 @@ def verify(
     kafka = KafkaSettings(bootstrap_servers=bootstrap_servers).client_config()
     engine = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
     progress = Progress(
-        TextColumn("verifying: Kafka records"),
+        TextColumn("verifying: published rows found in Kafka"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeRemainingColumn(),
@@ -134,11 +134,11 @@ def _print(report: Report) -> None:
     rows: list[tuple[str, int, bool]] = [
         ("committed events", o.committed, True),
         ("published", o.published, True),
-        ("pending", o.pending, True),
+        ("unpublished (not passed by the relay yet)", o.unpublished, True),
         ("dead", o.dead, True),
-        ("skipped", o.skipped, True),
-        (f"stuck (unpublished > {report.max_pending_age_seconds:g}s)", o.stuck, o.stuck == 0),
-        (f"lost (of {report.checked} records checked)", report.lost, report.lost == 0),
+        ("held (delayed, or behind a parked key)", o.held, True),
+        (f"stuck (not published > {report.max_pending_age_seconds:g}s)", o.stuck, o.stuck == 0),
+        (f"lost (of {report.checked} published rows checked)", report.lost, report.lost == 0),
     ]
     for e in report.effects:
         rows.append(
@@ -149,14 +149,13 @@ def _print(report: Report) -> None:
         summary.add_row(escape(label), str(count), "[green]ok[/]" if good else "[red]FAIL[/]")
     out.print(summary)
     for s in report.stuck_rows:
-        error = f" last error: {escape(s.last_error)}" if s.last_error else ""
-        out.print(f"stuck {s.id} {s.status} for {s.age_seconds:.0f}s in {escape(s.topic)}{error}")
-    for r in report.lost_records:
-        where = f"{escape(r.topic)}[{r.partition}]@{r.offset}"
-        found = (
-            f" (found {escape(r.found_id or 'no id header')})" if r.reason == "id_mismatch" else ""
+        error = f" error: {escape(s.error)}" if s.error else ""
+        out.print(
+            f"stuck {s.id} {s.state} for {s.age_seconds:.0f}s in {escape(s.topic)} "
+            f"key={escape(s.aggregateid)}{error}"
         )
-        out.print(f"lost {r.id} at {where}: {_REASONS[r.reason]}{found}")
+    for r in report.lost_records:
+        out.print(f"lost {r.id} in {escape(r.topic)}: {_REASONS[r.reason]}")
     for e in report.effects:
         for event_id in e.not_applied_ids:
             out.print(f"not applied by {escape(e.effect)}: {event_id}")

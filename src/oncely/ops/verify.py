@@ -3,11 +3,18 @@
 For the outbox rows created in ``[since, until)`` (committed rows only: the check reads one
 REPEATABLE READ, READ ONLY snapshot, on the database clock), :func:`verify_window` reports:
 
-- **stuck**: rows still pending or dead longer than ``max_pending_age`` after their creation;
-- **lost**: published rows whose Kafka record is not at the stored partition and offset, or
-  carries another ``id`` header. Rows are streamed in (topic, partition, offset) order from a
-  server-side cursor against one consumer reading each partition forward (seeking over gaps),
-  so memory stays bounded whatever the window's size;
+- the window's rows by state: **published** (its shard's recorded progress has passed it: the
+  relay had every record of its page acknowledged, and it is not parked or held),
+  **unpublished** (the progress has not passed it yet: not a problem by itself), **dead** (it
+  parks its key) and **held** (a delayed row, or a row waiting behind a parked key);
+- **stuck**: rows not published although due (created, and available) longer than
+  ``max_pending_age`` ago;
+- **lost**: published rows whose ``id`` is on no record of their topic. Each topic's
+  partitions are read from the first record whose timestamp is at or after ``since`` (a
+  record's timestamp is its row's ``created_at``, so no record of the window comes earlier) up
+  to the high watermarks read after the database snapshot (every row the snapshot shows as
+  published was acknowledged before). Memory: the ids of one topic's published rows of the
+  window at a time;
 - **not applied**, per effect: published rows of the event types the effect consumes without
   its receipt. The receipts' primary key ``(event_id, effect)`` makes a second receipt
   impossible, and a receipt of an event outside the window is no concern of this check;
@@ -16,16 +23,15 @@ REPEATABLE READ, READ ONLY snapshot, on the database clock), :func:`verify_windo
   keys are compared within a topic.
 
 The receipt and order checks run in SQL. Limits: only rows still in ``oncely_outbox`` can be
-checked (the relay purges published rows after its retention, or deletes them at once with
-retention 0); a published record below its partition's log start offset (deleted, or past the
-topic's retention) counts as lost; and the window should end a little in the past so that
-consumers have applied what was just published.
+checked (the relay purges rows its progress passed once they are older than its retention); a
+record deleted from its topic (past the topic's retention) counts as lost; a dead row given up
+with ``oncely dead skip`` was never published and counts as lost too; and the window should
+end a little in the past so that consumers have applied what was just published.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -44,14 +50,12 @@ from oncely.storage.queries import query
 _CURSOR_ROWS = 2000
 #: Records fetched per consume() call.
 _FETCH = 2000
-#: Re-position the consumer instead of reading through a gap wider than this many offsets.
-_SEEK_GAP = 5000
-#: Report progress every this many checked rows.
+#: Report progress every this many records read.
 _PROGRESS_EVERY = 1000
 
 PURGED_NOTE = (
-    "only rows still in oncely_outbox are checked: rows the relay purged after publishing "
-    "(retention, or deleted at once with retention 0) cannot be verified"
+    "only rows still in oncely_outbox are checked: rows the relay purged after its retention "
+    "(ONCELY_RELAY_RETENTION_SECONDS) cannot be verified"
 )
 
 
@@ -61,44 +65,39 @@ class VerifyError(OncelyError):
 
 @dataclass(frozen=True, slots=True)
 class OutboxSummary:
-    """The window's rows by state; ``unlocated``: published rows without a stored offset."""
+    """The window's rows by state (see the module's documentation)."""
 
     committed: int
     published: int
-    pending: int
+    unpublished: int
     dead: int
-    skipped: int
+    held: int
     stuck: int
-    unlocated: int
     oldest_unpublished_seconds: float | None
 
 
 @dataclass(frozen=True, slots=True)
 class StuckRow:
+    """A row due but not published; ``state``: ``unpublished``, ``dead`` or ``held``."""
+
     id: UUID
     topic: str
     aggregateid: str
-    status: str
-    attempts: int
+    state: str
     age_seconds: float
-    last_error: str | None
+    error: str | None
 
 
 @dataclass(frozen=True, slots=True)
 class LostRecord:
-    """A published row whose record is not in Kafka as stored.
+    """A published row whose id is on no record of its topic read for the window.
 
-    ``reason``: ``topic_missing``, ``partition_missing``, ``deleted`` (below the partition's log
-    start offset), ``missing`` (no record at that offset) or ``id_mismatch`` (``found_id`` is
-    the record's ``id`` header, ``None`` when it has none).
+    ``reason``: ``topic_missing`` (no such topic) or ``missing``.
     """
 
     id: UUID
     topic: str
-    partition: int
-    offset: int
     reason: str
-    found_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,24 +229,23 @@ def verify_window(
         ]
         verdicts = [_check_effect(conn, effect, window, limit) for effect in effects]
         rows = conn.execute(
-            query("verify_published_located"), window, execution_options={"yield_per": _CURSOR_ROWS}
+            query("verify_published"), window, execution_options={"yield_per": _CURSOR_ROWS}
         )
-        to_check = summary.published - summary.unlocated
 
         def checked(done: int) -> None:
             if progress is not None:
-                progress(done, to_check)
+                progress(done, summary.published)
 
-        checker = _RecordChecker(kafka_config, limit=limit, timeout=timeout)
+        checker = _RecordChecker(kafka_config, since=since, limit=limit, timeout=timeout)
         try:
             checker.check(rows, checked)
         finally:
             checker.close()
     notes = [PURGED_NOTE]
-    if summary.unlocated:
+    if summary.unpublished:
         notes.append(
-            f"{summary.unlocated} published row(s) have no stored partition/offset: "
-            "their records were not checked"
+            f"{summary.unpublished} row(s) of the window are not published yet (the relay's "
+            "progress has not passed them): not checked in Kafka"
         )
     return Report(
         database=engine.url.render_as_string(hide_password=True),
@@ -286,10 +284,15 @@ def _check_effect(
 
 
 class _RecordChecker:
-    """Checks published rows, in (topic, partition, offset) order, against their records."""
+    """Finds published rows' ids on their topics, one topic at a time."""
 
     def __init__(
-        self, config: dict[str, str | int | float | bool], *, limit: int, timeout: float
+        self,
+        config: dict[str, str | int | float | bool],
+        *,
+        since: datetime,
+        limit: int,
+        timeout: float,
     ) -> None:
         self._consumer = Consumer(
             {
@@ -299,12 +302,10 @@ class _RecordChecker:
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
                 "auto.offset.reset": "earliest",
-                # Bound librdkafka's prefetch: the check reads one partition at a time.
                 "queued.max.messages.kbytes": 16384,
-                "queued.min.messages": 10000,
-                "fetch.queue.backoff.ms": 5,
             }
         )
+        self._since_ms = int(since.timestamp() * 1000)
         self._limit = limit
         self._timeout = timeout
         self.checked = 0
@@ -315,91 +316,76 @@ class _RecordChecker:
         self._consumer.close()
 
     def check(self, rows: Iterable[sa.Row[Any]], progress: Callable[[int], None]) -> None:
-        """Check every row (``id, topic, kafka_partition, kafka_offset``); count the lost."""
+        """Check every row (``id, topic``, grouped by topic); count the lost."""
         topics = self._consumer.list_topics(timeout=self._timeout).topics
-        for (topic, partition), group in groupby(
-            rows, key=lambda row: (row.topic, row.kafka_partition)
-        ):
-            reader: _PartitionReader | None = None
-            missing = "topic_missing"
-            if topic in topics and partition in topics[topic].partitions:
-                reader = _PartitionReader(self._consumer, topic, partition, self._timeout)
-            elif topic in topics:
-                missing = "partition_missing"
-            for row in group:
-                outcome: tuple[str, str | None] | None = (missing, None)
-                if reader is not None:
-                    outcome = reader.check(row.kafka_offset, str(row.id))
-                self.checked += 1
-                if outcome is not None:
-                    self.lost += 1
-                    if len(self.lost_records) < self._limit:
-                        self.lost_records.append(
-                            LostRecord(row.id, topic, partition, row.kafka_offset, *outcome)
-                        )
-                if self.checked % _PROGRESS_EVERY == 0:
-                    progress(self.checked)
-        progress(self.checked)
+        for topic, group in groupby(rows, key=lambda row: row.topic):
+            wanted = {str(row.id): row.id for row in group}
+            total = len(wanted)
+            reason = "topic_missing"
+            if topic in topics:
+                reason = "missing"
+                partitions = sorted(topics[topic].partitions)
+                self._read(topic, partitions, wanted, lambda found: progress(self.checked + found))
+            self.checked += total
+            self.lost += len(wanted)
+            for event_id in list(wanted.values())[: max(0, self._limit - len(self.lost_records))]:
+                self.lost_records.append(LostRecord(event_id, topic, reason))
+            progress(self.checked)
 
-
-class _PartitionReader:
-    """Reads one partition forward for ascending offsets; seeks over gaps wider than _SEEK_GAP."""
-
-    def __init__(self, consumer: Consumer, topic: str, partition: int, timeout: float) -> None:
-        self._consumer = consumer
-        self._topic = topic
-        self._partition = partition
-        self._timeout = timeout
-        self._low, self._high = consumer.get_watermark_offsets(
-            TopicPartition(topic, partition), timeout=timeout
+    def _read(
+        self,
+        topic: str,
+        partitions: Sequence[int],
+        wanted: dict[str, UUID],
+        progress: Callable[[int], None],
+    ) -> None:
+        """Read ``topic`` from ``since`` to its high watermarks; drop each id found."""
+        total = len(wanted)
+        starts = self._consumer.offsets_for_times(
+            [TopicPartition(topic, p, self._since_ms) for p in partitions], timeout=self._timeout
         )
-        self._buffer: deque[Message] = deque()
-        self._next: int | None = None  # the offset after the last record received
-        self._end = False  # the partition's end was reached: nothing more to come
-
-    def check(self, offset: int, event_id: str) -> tuple[str, str | None] | None:
-        """``None`` when the record at ``offset`` carries ``event_id``, else (reason, found id)."""
-        if offset < self._low:
-            return ("deleted", None)
-        if offset >= self._high:
-            return ("missing", None)
-        record = self._record_at(offset)
-        if record is None:
-            return ("missing", None)
-        found = _id_header(record)
-        return None if found == event_id else ("id_mismatch", found)
-
-    def _record_at(self, offset: int) -> Message | None:
-        while True:
-            while self._buffer and _offset(self._buffer[0]) < offset:
-                self._buffer.popleft()
-            if self._buffer:
-                head = self._buffer[0]
-                return head if _offset(head) == offset else None
-            if self._next is None or offset - self._next > _SEEK_GAP:
-                self._consumer.assign([TopicPartition(self._topic, self._partition, offset)])
-                self._next, self._end = offset, False
-            elif self._end:
-                return None
-            self._fill()
-
-    def _fill(self) -> None:
+        ends: dict[int, int] = {}
+        assignment = []
+        for start in starts:
+            _, high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, start.partition), timeout=self._timeout
+            )
+            if 0 <= start.offset < high:
+                ends[start.partition] = high
+                assignment.append(TopicPartition(topic, start.partition, start.offset))
+        if not assignment:
+            return
+        self._consumer.assign(assignment)
         deadline = time.monotonic() + self._timeout
-        while not self._buffer and not self._end:
-            for message in self._consumer.consume(_FETCH, timeout=0.5):
-                error = message.error()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        raise KafkaException(error)
-                    if (message.topic(), message.partition()) == (self._topic, self._partition):
-                        self._end = True
-                elif (message.topic(), message.partition()) == (self._topic, self._partition):
-                    self._buffer.append(message)
-                    self._next = _offset(message) + 1
-            if time.monotonic() > deadline:
-                raise VerifyError(
-                    f"no record from {self._topic}[{self._partition}] within {self._timeout} s"
-                )
+        read = 0
+        try:
+            while ends and wanted:
+                messages = self._consumer.consume(_FETCH, timeout=0.5)
+                if messages:
+                    deadline = time.monotonic() + self._timeout
+                elif time.monotonic() > deadline:
+                    raise VerifyError(
+                        f"no record from {topic} within {self._timeout} s (partitions "
+                        f"{sorted(ends)} not read to their end)"
+                    )
+                for message in messages:
+                    partition = message.partition()
+                    error = message.error()
+                    if error is not None:
+                        if error.code() != KafkaError._PARTITION_EOF:
+                            raise KafkaException(error)
+                        ends.pop(partition if partition is not None else -1, None)
+                        continue
+                    found = _id_header(message)
+                    if found is not None:
+                        wanted.pop(found, None)
+                    read += 1
+                    if read % _PROGRESS_EVERY == 0:
+                        progress(total - len(wanted))
+                    if partition in ends and _offset(message) + 1 >= ends[partition]:
+                        del ends[partition]
+        finally:
+            self._consumer.unassign()
 
 
 def _id_header(message: Message) -> str | None:

@@ -38,58 +38,107 @@ GROUP BY status
 SELECT now()
 
 -- name: verify_outbox_summary
--- The window's rows by state. "stuck": pending or dead for longer than :max_pending_age.
--- "unlocated": published rows without a stored partition/offset (their record cannot be
--- looked up).
+-- The window's rows by state. A row is "published" once its shard's recorded progress has
+-- passed it (every record of its page was acknowledged) and it is neither a parked key's own
+-- row (dead or delayed) nor held behind one; "unpublished": the progress has not passed it yet.
+-- "stuck": not published and due (created, and available) longer than :max_pending_age ago.
+WITH w AS (
+    SELECT o.created_at, o.available_at,
+           pg_visible_in_snapshot(o.txid, s.done)
+            OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
+                AND pg_visible_in_snapshot(o.txid, s.reading)) AS passed,
+           p.reason AS parked,
+           EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id) AS held
+    FROM oncely_outbox AS o
+    JOIN oncely_relay_shards AS s ON s.shard = o.shard
+    LEFT JOIN oncely_relay_parked AS p ON p.event_id = o.id
+    WHERE o.created_at >= :since AND o.created_at < :until
+), states AS (
+    SELECT created_at, available_at,
+           CASE WHEN NOT passed THEN 'unpublished'
+                WHEN parked = 'dead' THEN 'dead'
+                WHEN parked IS NOT NULL OR held THEN 'held'
+                ELSE 'published' END AS state
+    FROM w
+)
 SELECT count(*) AS committed,
-       count(*) FILTER (WHERE status = 'published') AS published,
-       count(*) FILTER (WHERE status = 'pending') AS pending,
-       count(*) FILTER (WHERE status = 'dead') AS dead,
-       count(*) FILTER (WHERE status = 'skipped') AS skipped,
-       count(*) FILTER (WHERE status = ANY (ARRAY['pending'::text, 'dead'::text])
-                          AND created_at < now() - make_interval(secs => :max_pending_age))
-           AS stuck,
-       count(*) FILTER (WHERE status = 'published' AND kafka_offset IS NULL) AS unlocated,
-       EXTRACT(EPOCH FROM now() - min(created_at) FILTER (
-           WHERE status = ANY (ARRAY['pending'::text, 'dead'::text]))) AS oldest_unpublished_seconds
-FROM oncely_outbox
-WHERE created_at >= :since AND created_at < :until
+       count(*) FILTER (WHERE state = 'published') AS published,
+       count(*) FILTER (WHERE state = 'unpublished') AS unpublished,
+       count(*) FILTER (WHERE state = 'dead') AS dead,
+       count(*) FILTER (WHERE state = 'held') AS held,
+       count(*) FILTER (WHERE state <> 'published'
+                          AND greatest(created_at, available_at)
+                              < now() - make_interval(secs => :max_pending_age)) AS stuck,
+       CAST(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE state <> 'published'))
+            AS double precision) AS oldest_unpublished_seconds
+FROM states
 
 -- name: verify_stuck
--- The first :limit stuck rows of the window (see verify_outbox_summary), oldest first.
-SELECT id, topic, aggregateid, status, attempts, last_error,
-       EXTRACT(EPOCH FROM now() - created_at) AS age_seconds
-FROM oncely_outbox
-WHERE created_at >= :since AND created_at < :until
-  AND status = ANY (ARRAY['pending'::text, 'dead'::text])
-  AND created_at < now() - make_interval(secs => :max_pending_age)
+-- The first :limit stuck rows of the window (see verify_outbox_summary), oldest first, with
+-- the error of a dead row.
+SELECT id, topic, aggregateid, state, error, age_seconds
+FROM (
+    SELECT o.id, o.seq, o.topic, o.aggregateid, o.created_at, o.available_at, p.error,
+           CAST(EXTRACT(EPOCH FROM now() - o.created_at) AS double precision) AS age_seconds,
+           CASE WHEN NOT (pg_visible_in_snapshot(o.txid, s.done)
+            OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
+                AND pg_visible_in_snapshot(o.txid, s.reading))) THEN 'unpublished'
+                WHEN p.reason = 'dead' THEN 'dead'
+                WHEN p.reason IS NOT NULL
+                     OR EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id)
+                     THEN 'held'
+                ELSE 'published' END AS state
+    FROM oncely_outbox AS o
+    JOIN oncely_relay_shards AS s ON s.shard = o.shard
+    LEFT JOIN oncely_relay_parked AS p ON p.event_id = o.id
+    WHERE o.created_at >= :since AND o.created_at < :until
+      AND greatest(o.created_at, o.available_at) < now() - make_interval(secs => :max_pending_age)
+) AS rows
+WHERE state <> 'published'
 ORDER BY seq
 LIMIT :limit
 
--- name: verify_published_located
--- The window's published rows in (topic, partition, offset) order: the order in which a
--- consumer reads them back. Streamed through a server-side cursor.
-SELECT id, topic, kafka_partition, kafka_offset
-FROM oncely_outbox
-WHERE created_at >= :since AND created_at < :until
-  AND status = 'published' AND kafka_offset IS NOT NULL
-ORDER BY topic, kafka_partition, kafka_offset
+-- name: verify_published
+-- The window's published rows (see verify_outbox_summary) by topic: the ids to find in each
+-- topic. Streamed through a server-side cursor.
+SELECT o.id, o.topic
+FROM oncely_outbox AS o
+JOIN oncely_relay_shards AS s ON s.shard = o.shard
+WHERE o.created_at >= :since AND o.created_at < :until
+  AND (pg_visible_in_snapshot(o.txid, s.done)
+            OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
+                AND pg_visible_in_snapshot(o.txid, s.reading)))
+  AND NOT EXISTS (SELECT 1 FROM oncely_relay_parked AS p WHERE p.event_id = o.id)
+  AND NOT EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id)
+ORDER BY o.topic
 
 -- name: verify_effect_summary
 -- For one effect: the window's published rows of the types it consumes, and how many of them
 -- have its receipt. The receipts' primary key (event_id, effect) allows at most one each.
 SELECT count(*) AS expected, count(r.event_id) AS applied
 FROM oncely_outbox AS o
+JOIN oncely_relay_shards AS s ON s.shard = o.shard
 LEFT JOIN oncely_receipts AS r ON r.event_id = o.id AND r.effect = :effect
 WHERE o.created_at >= :since AND o.created_at < :until
-  AND o.status = 'published' AND o.type = ANY (CAST(:types AS text[]))
+  AND o.type = ANY (CAST(:types AS text[]))
+  AND (pg_visible_in_snapshot(o.txid, s.done)
+            OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
+                AND pg_visible_in_snapshot(o.txid, s.reading)))
+  AND NOT EXISTS (SELECT 1 FROM oncely_relay_parked AS p WHERE p.event_id = o.id)
+  AND NOT EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id)
 
 -- name: verify_not_applied
 -- The first :limit published rows of the window, of the effect's types, without its receipt.
 SELECT o.id
 FROM oncely_outbox AS o
+JOIN oncely_relay_shards AS s ON s.shard = o.shard
 WHERE o.created_at >= :since AND o.created_at < :until
-  AND o.status = 'published' AND o.type = ANY (CAST(:types AS text[]))
+  AND o.type = ANY (CAST(:types AS text[]))
+  AND (pg_visible_in_snapshot(o.txid, s.done)
+            OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
+                AND pg_visible_in_snapshot(o.txid, s.reading)))
+  AND NOT EXISTS (SELECT 1 FROM oncely_relay_parked AS p WHERE p.event_id = o.id)
+  AND NOT EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id)
   AND NOT EXISTS (
       SELECT 1 FROM oncely_receipts AS r WHERE r.event_id = o.id AND r.effect = :effect
   )
