@@ -2,7 +2,8 @@
 
 The writer stages events (sync and async sessions), enqueues a task and claims an idempotency
 key; the relay publishes; consumers apply a ledger effect and an effect that enqueues tasks.
-Each role is then refused what it should not do.
+The operator reads the status, verifies, republishes from the outbox, asks for a dead row to
+be requeued and purges. Each role is then refused what it should not do.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -22,8 +24,14 @@ from typer.testing import CliRunner
 
 from oncely.cli import app as cli
 from oncely.consumers.tasks.enqueue import enqueue_task
+from oncely.ops.republish import republish
+from oncely.ops.status import collect_status
+from oncely.ops.verify import verify_window
 from oncely.producer.idempotency import IdempotencyKeys
 from oncely.producer.staging import stage
+from oncely.relay import dead
+from oncely.relay.publisher import Publisher
+from oncely.relay.store import RelayStore
 from tests.apps.ledger import build, create_tables
 from tests.helpers import (
     count_published,
@@ -41,9 +49,14 @@ PASSWORD = "role-pw"
 
 @pytest.fixture
 def roles(database_url: str) -> Iterator[tuple[dict[str, str], Callable[[str], sa.Engine]]]:
-    """Three fresh LOGIN roles with the printed GRANTs; an engine factory per role."""
+    """Four fresh LOGIN roles with the printed GRANTs; an engine factory per role."""
     suffix = uuid.uuid4().hex[:8]
-    names = {"writer": f"w_{suffix}", "relay": f"r_{suffix}", "consumer": f"c_{suffix}"}
+    names = {
+        "writer": f"w_{suffix}",
+        "relay": f"r_{suffix}",
+        "consumer": f"c_{suffix}",
+        "operator": f"o_{suffix}",
+    }
     printed = CliRunner().invoke(
         cli,
         ["db", "sql", "--roles", *(arg for k, v in names.items() for arg in (f"--{k}", v))],
@@ -121,11 +134,8 @@ def test_pipeline_runs_under_the_printed_roles(
     keys.finish("api", "k-1", "accepted", result={"ok": True})
     assert keys.claim("api", "k-1").duplicate
 
-    with running_relay(engine_of(names["relay"]), kafka_bootstrap, fast_settings()) as relay:
+    with running_relay(engine_of(names["relay"]), kafka_bootstrap, fast_settings()):
         wait_until(lambda: count_published(owner) == 7, timeout=60)
-        # The relay also purges, parks and hands its shards back under its role.
-        relay.store.purge(older_than_seconds=0)
-    assert scalar(owner, "SELECT count(*) FROM oncely_outbox") == 0, "purged under the role"
     assert scalar(owner, "SELECT count(*) FROM oncely_relay_shards WHERE owner IS NULL") == 32
 
     consumer = engine_of(names["consumer"])
@@ -133,6 +143,32 @@ def test_pipeline_runs_under_the_printed_roles(
         wait_until(lambda: scalar(owner, "SELECT count(*) FROM oncely_receipts") == 14, timeout=90)
     assert scalar(owner, "SELECT count(*) FROM ledger") == 7
     assert scalar(owner, "SELECT count(*) FROM oncely_tasks WHERE name = 'email.send'") == 7
+
+    # The operator reads status, verifies, republishes, asks for a requeue and purges.
+    operator = engine_of(names["operator"])
+    kafka = {"bootstrap.servers": kafka_bootstrap}
+    since = datetime.now(UTC) - timedelta(hours=1)
+    status = collect_status(operator, effects=app.effects, kafka_config=kafka)
+    assert sum(t.unpublished for t in status.topics) == 0 and len(status.shards) == 32
+    assert verify_window(operator, kafka_config=kafka, effects=[], since=since).ok
+    publisher = Publisher(kafka, client=kafka)
+    assert (
+        republish(operator, publisher=publisher, since=since, until=None, event_type=None).rows == 7
+    )
+    first = scalar(owner, "SELECT id FROM oncely_outbox ORDER BY seq LIMIT 1")
+    with owner.begin() as conn:  # a dead row, as the relay parks its key
+        conn.execute(
+            sa.text(
+                "INSERT INTO oncely_relay_parked (topic, aggregateid, shard, event_id, reason) "
+                "SELECT topic, aggregateid, shard, id, 'dead' FROM oncely_outbox WHERE id = :id"
+            ),
+            {"id": first},
+        )
+    assert [row.id for row in dead.list_dead(operator)] == [first]
+    assert len(dead.requeue(operator, ids=[first])) == 1
+    purger = RelayStore(operator, owner="purge")
+    assert sum(t.rows for t in purger.purge_preview(older_than_seconds=0)) == 5
+    assert purger.purge(older_than_seconds=0) == 5, "all but the parked key a0's two rows"
 
     refusals: dict[str, list[str]] = {
         "writer": [
@@ -155,6 +191,14 @@ def test_pipeline_runs_under_the_printed_roles(
             "DELETE FROM oncely_receipts",
             "UPDATE oncely_tasks SET status = 'dead'",
             "SELECT * FROM ledger",
+        ],
+        "operator": [
+            "INSERT INTO oncely_outbox (id) VALUES (gen_random_uuid())",
+            "UPDATE oncely_outbox SET type = 'x'",
+            "UPDATE oncely_relay_shards SET owner = 'me'",
+            "DELETE FROM oncely_relay_parked",
+            "DELETE FROM oncely_relay_held",
+            "UPDATE oncely_relay_members SET asleep = true",
         ],
     }
     allowed: list[Any] = [

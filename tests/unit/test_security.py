@@ -281,6 +281,13 @@ def test_each_component_lists_exactly_the_statements_its_code_runs() -> None:
     assert set(COMPONENTS["task_worker"].statements) == (
         _statements_named_in([SRC / "consumers/tasks/store.py"]) - operator_only
     )
+    operator_modules = ["ops/status.py", "ops/verify.py", "ops/republish.py", "relay/dead.py"]
+    assert set(COMPONENTS["operator"].statements) == (
+        _statements_named_in([SRC / m for m in operator_modules])
+        | _statements_named_in([SRC / "consumers/receipts.py", SRC / "debezium.py"])
+        | operator_only
+        | {"relay_purge", "relay_purge_preview"}  # `oncely relay purge` through RelayStore
+    )
 
 
 def test_roles_match_the_documented_least_privilege() -> None:
@@ -307,3 +314,10 @@ def test_roles_match_the_documented_least_privilege() -> None:
     assert "GRANT SELECT (effect, event_id) ON public.oncely_receipts TO c;" in grants
     assert not any("oncely_outbox" in g and g.endswith(" c;") for g in grants)
     assert "GRANT SELECT, UPDATE, DELETE ON public.oncely_tasks TO t;" in grants
+    operator = grant_statements({"operator": "o"})
+    # Operators read everything they report on; they write only requests on parked keys,
+    # purges and task reclaims: never an outbox row, a shard's progress or a lease.
+    assert "GRANT SELECT, UPDATE ON public.oncely_relay_parked TO o;" in operator
+    assert "GRANT SELECT ON public.oncely_relay_shards TO o;" in operator
+    assert "GRANT SELECT ON public.oncely_relay_held TO o;" in operator
+    assert "GRANT SELECT, DELETE ON public.oncely_outbox TO o;" in operator

@@ -62,7 +62,8 @@ def sql(
         typer.Option(
             "--roles",
             help="Print least-privilege GRANTs for the writer, relay and consumer roles "
-            "(and the task worker with --task-worker) instead of the DDL.",
+            "(and the task worker with --task-worker, the operator with --operator) instead of "
+            "the DDL.",
         ),
     ] = False,
     writer: Annotated[str, _role("writer")] = "oncely_writer",
@@ -71,6 +72,13 @@ def sql(
     task_worker: Annotated[
         str | None,
         typer.Option(help="Also print the task worker's GRANTs, for this role (with --roles)."),
+    ] = None,
+    operator: Annotated[
+        str | None,
+        typer.Option(
+            help="Also print the operator's GRANTs (status, verify, dead, replay --from-outbox, "
+            "purges, tasks reclaim), for this role (with --roles)."
+        ),
     ] = None,
     schema: Annotated[
         str,
@@ -90,6 +98,8 @@ def sql(
     names = {"writer": writer, "relay": relay, "consumer": consumer}
     if task_worker is not None:
         names["task_worker"] = task_worker
+    if operator is not None:
+        names["operator"] = operator
     try:
         text = grant_statements(names, schema=schema)
     except ConfigurationError as exc:

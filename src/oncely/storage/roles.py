@@ -130,6 +130,51 @@ COMPONENTS: dict[str, Component] = {
         ),
         {},
     ),
+    "operator": Component(
+        "operator",
+        "people and jobs: `oncely status`, `verify`, `dead`, `replay --from-outbox`, "
+        "`relay purge`, `receipts purge`, `debezium purge|drop-slot`, `tasks list|reclaim`",
+        (
+            # status
+            "relay_backlog",
+            "relay_shards",
+            "ops_parked_by_topic",
+            "ops_receipts_by_effect",
+            "ops_tasks_by_status",
+            # verify
+            "verify_now",
+            "verify_outbox_summary",
+            "verify_stuck",
+            "verify_published",
+            "verify_effect_summary",
+            "verify_not_applied",
+            "verify_out_of_order",
+            # replay --from-outbox
+            "republish_summary",
+            "republish_parked_keys",
+            "republish_rows",
+            # dead list|requeue|skip
+            "dead_list",
+            "dead_request",
+            # relay purge, receipts purge, debezium purge
+            "relay_purge",
+            "relay_purge_preview",
+            "receipts_purge",
+            "receipts_purge_preview",
+            "debezium_purge_slots",
+            "debezium_purge_mark",
+            "debezium_purge_preview",
+            "debezium_purge_waiting",
+            "debezium_purge",
+            "debezium_slot_status",
+            "debezium_drop_slot",
+            # tasks list|reclaim
+            "task_list",
+            "task_get",
+            "task_reclaim",
+        ),
+        {},
+    ),
 }
 
 
