@@ -50,15 +50,23 @@ from sqlalchemy.orm import Session
 import oncely
 from oncely import debezium
 from oncely.consumers.receipts import preview_receipts, purge_receipts
-from oncely.consumers.replay import count_republishable, republish
 from oncely.consumers.tasks import TaskStore
+from oncely.ops.republish import plan_republish, republish
 from oncely.ops.status import collect_status
 from oncely.ops.verify import verify_window
 from oncely.relay import dead
-from oncely.relay.store import OutboxStore
+from oncely.relay.publisher import Publisher
+from oncely.relay.store import RelayStore
 from oncely.relay.topics import ensure_topics, planned_topics
 from oncely.settings import TopicSettings
-from tests.helpers import fast_settings, running_consumers, running_relay, scalar, wait_until
+from tests.helpers import (
+    count_published,
+    fast_settings,
+    running_consumers,
+    running_relay,
+    scalar,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -394,9 +402,8 @@ def _exercise_roles(
 
     # The relay publishes them all, then purges.
     relay = as_role("oncely_relay")
-    published = "SELECT count(*) FROM oncely_outbox WHERE status = 'published'"
     with running_relay(relay, bootstrap, fast_settings()):
-        wait_until(lambda: scalar(owner, published) == 4, timeout=60)
+        wait_until(lambda: count_published(owner) == 4, timeout=60)
 
     # The consumer inserts receipts, its effect's rows, and tasks.
     effects = oncely.Effects(registry, group_prefix=f"docs-roles-{uuid.uuid4().hex[:8]}.")
@@ -432,10 +439,15 @@ def _exercise_roles(
         operator, kafka_config=kafka, effects=[effects.get("credit")], since=since
     )
     assert report.ok, report.problems
-    with owner.begin() as conn:
+    assert plan_republish(operator, since=since, until=None, event_type=None).rows == 4
+    republish(
+        operator, publisher=Publisher(kafka, client=kafka), since=since, until=None, event_type=None
+    )
+    with owner.begin() as conn:  # two dead rows, as the relay parks their keys
         conn.exec_driver_sql(
-            "UPDATE oncely_outbox SET status = 'dead' WHERE id IN "
-            "(SELECT id FROM oncely_outbox ORDER BY seq LIMIT 2)"
+            "INSERT INTO oncely_relay_parked (topic, aggregateid, shard, event_id, reason) "
+            "SELECT topic, aggregateid, shard, id, 'dead' FROM oncely_outbox "
+            "WHERE aggregateid IN ('a', 'b')"
         )
         conn.exec_driver_sql(
             "UPDATE oncely_tasks SET status = 'dead' WHERE id IN "
@@ -445,7 +457,7 @@ def _exercise_roles(
     assert len(listed) == 2
     # The dry runs read what the commands would change.
     assert len(dead.matching_dead(operator, ids=[listed[0].id])) == 1
-    OutboxStore(operator, owner="purge").purge_preview(older_than_seconds=3600)
+    RelayStore(operator, owner="purge").purge_preview(older_than_seconds=3600)
     preview_receipts(operator, effect="credit", older_than=timedelta(0))
     slot = f"roles_{uuid.uuid4().hex[:10]}"
     with owner.begin() as conn:
@@ -459,9 +471,7 @@ def _exercise_roles(
         debezium.drop_slot(owner, slot, timeout=10)
     assert len(dead.requeue(operator, ids=[listed[0].id])) == 1
     assert len(dead.skip(operator, ids=[listed[1].id])) == 1
-    assert count_republishable(operator, since=since, until=None, event_type=None) == 2
-    assert len(republish(operator, since=since, until=None, event_type=None)) == 2
-    OutboxStore(operator, owner="purge").purge(older_than_seconds=3600)
+    RelayStore(operator, owner="purge").purge(older_than_seconds=3600)
     purge_receipts(operator, effect="credit", older_than=timedelta(0), retention=timedelta(0))
     store = TaskStore(engine=operator)
     [dead_task] = store.list_tasks(status="dead")
