@@ -110,13 +110,14 @@ def test_status_json_of_a_small_deployment(
     oldest = document["topics"][0]["oldest_unpublished_seconds"]
     assert oldest == pytest.approx(0, abs=30)
     shard = shard_of(app.topic, "acc-1", 32)
-    assert document.pop("shards") == [
+    shards = document.pop("shards")
+    assert all(s.pop("progress_age_seconds") >= 0 for s in shards)
+    assert shards == [
         {
             "shard": n,
             "owner": None,
             "epoch": 0,
             "leased": False,
-            "progress_age_seconds": pytest.approx(0, abs=60),
             "unpublished": int(n == shard),
             "oldest_unpublished_seconds": oldest if n == shard else None,
         }
