@@ -1,11 +1,21 @@
 """``python -m bench [CELL ...]``: run benchmark cells and write JSON, Markdown and a PNG plot.
 
-Cells: R1 R2 R7 (relay), R2b (pgbench claim), R3 (consumer), R4 (latency), R5 (stage cost),
-R-DBZ (the relay vs Debezium's Outbox Event Router in a Kafka Connect worker it starts: drain
-rate and commit → Kafka latency; about two minutes), and R-CLUSTER (3 consumers vs 1, 2 relays
-vs 1, on a 3-broker cluster it starts; not in the default set: it adds several minutes).
+The default set is the relay's table of issue 18 (``make bench``; about 40 minutes on 2 cores):
+
+- R-DBZ, R-DBZ-HOT, R-DBZ p99: the relay vs Debezium's Outbox Event Router in a Kafka Connect
+  worker the cell starts (drain rate over 1,000 keys and on one key; commit → Kafka p99);
+- R1, R2, R2-xmin, R-HOT, R7: relay drain vs a raw producer, vs its own SQL alone, with a
+  REPEATABLE READ transaction held open, on one key, two relay processes vs one;
+- R5: the cost of ``stage()`` in a business transaction (one statement, five, 8 writers);
+- R-QUIET: commit → Kafka p50/p99 at 200 events/s, relay vs a raw producer after each commit.
+
+Not in the default set: R3 and R4 (consumer throughput and end-to-end latency) and R-CLUSTER
+(3 consumers vs 1, 2 relays vs 1, on a 3-broker cluster it starts).
+
+Sizes scale with ``BENCH_SCALE`` (``BENCH_SCALE=0.05 python -m bench R1`` is a smoke run).
 Runs against the devstack unless ``ONCELY_DATABASE_URL`` and ``ONCELY_KAFKA_BOOTSTRAP_SERVERS``
-name other services. ``make bench`` runs them all.
+name other services. Writes ``bench/results/<date>.json``, ``.md`` (the table to paste into
+docs/performance.md) and ``.png``.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import argparse
 import contextlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,14 +34,17 @@ import sqlalchemy as sa
 
 from bench import cells, consumer_cells, stage
 from bench.cluster_cells import cluster_cells
-from bench.debezium_cells import debezium_cell
+from bench.debezium_cells import debezium_cells
 from bench.fixtures import Bench
-from bench.harness import environment
+from bench.harness import Target, environment, scaled
+from bench.quiet_cells import quiet_cells
 from oncely.devstack import DevStack
 from oncely.storage import upgrade
 
-ALL = ["R1", "R2", "R2b", "R3", "R4", "R5", "R7", "R-DBZ"]
-OPTIONAL = ["R-CLUSTER"]
+RELAY_CELLS = ["R1", "R2", "R2-xmin", "R-HOT", "R7"]
+DBZ_CELLS = ["R-DBZ", "R-DBZ-HOT", "R-DBZ-p99"]
+ALL = [*DBZ_CELLS, *RELAY_CELLS, "R5", "R-QUIET"]
+OPTIONAL = ["R3", "R4", "R-CLUSTER"]
 
 
 @contextlib.contextmanager
@@ -54,54 +68,44 @@ def _services() -> Iterator[tuple[str, str, dict[str, str]]]:
         )
 
 
+def _number(value: float) -> str:
+    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+
+def _idle(result: dict[str, Any], side: str) -> str:
+    value = result.get("cpu_idle_median", {}).get(side)
+    return "?" if value is None else f"{value:.0%}"
+
+
 def _markdown(results: list[dict[str, Any]]) -> str:
+    """The table of docs/performance.md: one line per ratio, the first one against the target."""
     lines = [
-        "| cell | numerator / denominator | ratio (median, range) | medians | target |",
-        "|---|---|---|---|---|",
+        "| cell | what it measures | ratio (median, range) | medians | CPU idle | target | met? |",
+        "|---|---|---|---|---|---|---|",
     ]
     for result in results:
-        if result["cell"] == "R4":
-            for level in result["levels"]:
-                p, r = level["pipeline_ms"], level["raw_kafka_ms"]
-                for label, ours, theirs in (
-                    (
-                        "commit→effect vs raw produce→consume",
-                        "commit_to_effect",
-                        "produce_to_consume",
-                    ),
-                    (
-                        "schedule→effect vs raw schedule→consume",
-                        "schedule_to_effect",
-                        "schedule_to_consume",
-                    ),
-                ):
-                    a, b = p[ours], r[theirs]
-                    lines.append(
-                        f"| R4 @ {level['load']:.0%} ({level['rate_per_second']}/s) "
-                        f"| {label}, p50/p95/p99 | {a['p50']}/{a['p95']}/{a['p99']} vs "
-                        f"{b['p50']}/{b['p95']}/{b['p99']} ms | | {result['target']} |"
-                    )
+        if "ratios" not in result:  # R4 reports percentiles only: see the JSON
             continue
-        for denominator, ratio in result["ratios"].items():
+        for index, (denominator, ratio) in enumerate(result["ratios"].items()):
             medians = result["medians"]
+            numerator = result["numerator"]
+            first = index == 0
+            met = Target(result["target"]).met(ratio["median"]) if first else None
+            verdict = "" if met is None else ("met" if met else "**missed**")
+            bound = [s for s in (numerator, denominator) if s in result.get("cpu_bound", [])]
+            if bound:
+                verdict += " (CPU-bound: " + "; ".join(bound) + ")"
+            what = result.get("measures") or f"{numerator} / {denominator}"
+            if not first:
+                what = f"context: {numerator} / {denominator}"
             lines.append(
-                f"| {result['cell']} | {result['numerator']} / {denominator} "
+                f"| {result['cell']} | {what} "
                 f"| {ratio['median']} ({ratio['min']} to {ratio['max']}) "
-                f"| {medians[result['numerator']]:.0f} / {medians[denominator]:.0f} "
+                f"| {_number(medians[numerator])} / {_number(medians[denominator])} "
                 f"{result['unit']} "
-                f"| {result['target']} |"
+                f"| {_idle(result, numerator)} / {_idle(result, denominator)} "
+                f"| {result['target'] if first else ''} | {verdict.strip()} |"
             )
-        latency = result.get("latency")
-        if latency:
-            relay = latency["sides"][result["numerator"]]["commit_to_kafka_ms"]
-            for denominator, ratio in latency["p99_ratios"].items():
-                other = latency["sides"][denominator]["commit_to_kafka_ms"]
-                lines.append(
-                    f"| {result['cell']} @ {latency['load']:.0%} ({latency['rate_per_second']}/s) "
-                    f"| commit→Kafka p50/p95/p99, {result['numerator']} / {denominator} "
-                    f"| p99 {ratio} | {relay['p50']}/{relay['p95']}/{relay['p99']} vs "
-                    f"{other['p50']}/{other['p95']}/{other['p99']} ms | {latency['target']} |"
-                )
     return "\n".join(lines) + "\n"
 
 
@@ -111,18 +115,31 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels, values, errors = [], [], []
+    labels, values, errors, colours, targets = [], [], [], [], []
     for result in results:
-        for denominator, ratio in result.get("ratios", {}).items():
-            labels.append(f"{result['cell']}: vs {denominator[:28]}")
+        for index, (denominator, ratio) in enumerate(result.get("ratios", {}).items()):
+            first = index == 0
+            met = Target(result["target"]).met(ratio["median"]) if first else None
+            labels.append(result["cell"] if first else f"{result['cell']} (vs {denominator[:30]})")
             values.append(ratio["median"])
             errors.append([ratio["median"] - ratio["min"], ratio["max"] - ratio["median"]])
-    figure, axes = plt.subplots(figsize=(10, 0.5 * len(labels) + 1.5))
+            colours.append({True: "#55a868", False: "#c44e52", None: "#8c8c8c"}[met])
+            number = result["target"].split()[1] if first and met is not None else None
+            targets.append(float(number) if number else None)
+    figure, axes = plt.subplots(figsize=(10, 0.45 * len(labels) + 1.8))
     axes.barh(
-        labels, values, xerr=list(zip(*errors, strict=True)) if errors else None, color="#4c72b0"
+        labels, values, xerr=list(zip(*errors, strict=True)) if errors else None, color=colours
     )
+    for y, target in enumerate(targets):
+        if target is not None:
+            axes.plot([target, target], [y - 0.4, y + 0.4], color="black", linewidth=2)
     axes.axvline(1.0, color="grey", linestyle="--", linewidth=1)
-    axes.set_xlabel("ratio (median of repetitions; bars show the range)")
+    axes.set_xscale("log")
+    axes.set_xlabel(
+        "ratio (median of 3 interleaved repetitions, range as error bar; black tick: target; "
+        "green met, red missed, grey context)",
+        fontsize=8,
+    )
     axes.invert_yaxis()
     figure.tight_layout()
     figure.savefig(path, dpi=100)
@@ -135,58 +152,64 @@ def main() -> None:
         "cells", nargs="*", default=ALL, help=f"cells to run (default: {' '.join(ALL)})"
     )
     parser.add_argument(
-        "--rows", type=int, default=50_000, help="pre-staged rows for R1/R2/R7 (R-DBZ: a fifth)"
+        "--rows",
+        type=int,
+        default=None,
+        help="rows per relay drain (default 50,000 x BENCH_SCALE; R-DBZ: 40%% of it)",
     )
     parser.add_argument("--keys", type=int, default=1000)
-    parser.add_argument("--batch-size", type=int, default=500)
-    parser.add_argument("--records", type=int, default=20_000, help="records for R3")
-    parser.add_argument(
-        "--latency-seconds", type=float, default=10.0, help="per load level (R4) or side (R-DBZ)"
-    )
+    parser.add_argument("--batch-size", type=int, default=None, help="relay page size")
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     unknown = set(args.cells) - set(ALL) - set(OPTIONAL)
     if unknown:
         parser.error(f"unknown cells {sorted(unknown)}; choose from {ALL + OPTIONAL}")
+    rows = args.rows or int(scaled(50_000, minimum=500))
+    latency_seconds = scaled(10.0, minimum=3.0)
+    quiet_seconds = scaled(20.0, minimum=4.0)
+    transactions = int(scaled(2000, minimum=100))
     results: list[dict[str, Any]] = []
+    extra: dict[str, Any] = {}
+    started = time.monotonic()
     with _services() as (url, kafka, services):
         engine = sa.create_engine(url, pool_size=8)
         upgrade(engine)
-        bench = Bench(
-            engine=engine,
-            database_url=url,
-            bootstrap=kafka,
-            rows=args.rows,
-            keys=args.keys,
-            batch_size=args.batch_size,
-        )
-        if {"R1", "R2", "R7"} & set(args.cells):
-            relay_results = cells.relay_cells(bench, repetitions=args.repetitions)
-            results += [c.to_json() for c in relay_results if c.name in args.cells]
-        if "R2b" in args.cells:
-            results.append(cells.pgbench_claim(bench, repetitions=args.repetitions).to_json())
+        bench = Bench(engine=engine, database_url=url, bootstrap=kafka, rows=rows, keys=args.keys)
+        if args.batch_size:
+            bench.batch_size = args.batch_size
+        if set(DBZ_CELLS) & set(args.cells):
+            made, details, versions = debezium_cells(
+                bench,
+                repetitions=args.repetitions,
+                rows=max(500, rows * 2 // 5),
+                seconds=latency_seconds,
+            )
+            names = {"R-DBZ": "R-DBZ", "R-DBZ-HOT": "R-DBZ-HOT", "R-DBZ p99": "R-DBZ-p99"}
+            results += [c.to_json() for c in made if names[c.name] in args.cells]
+            extra["R-DBZ latency"] = details
+            services.update(versions)
+        relay_wanted = [c for c in RELAY_CELLS if c in args.cells]
+        if relay_wanted:
+            made = cells.relay_cells(bench, repetitions=args.repetitions, cells=relay_wanted)
+            results += [c.to_json() for c in made]
+        if "R5" in args.cells:
+            made = stage.measure(url, transactions=transactions, repetitions=args.repetitions)
+            results += [c.to_json() for c in made]
+        if "R-QUIET" in args.cells:
+            made, runs = quiet_cells(bench, repetitions=args.repetitions, seconds=quiet_seconds)
+            results += [c.to_json() for c in made]
+            extra["R-QUIET runs"] = runs
         if "R3" in args.cells:
             results.append(
                 consumer_cells.consumer_cell(
-                    bench, repetitions=args.repetitions, count=args.records
+                    bench, repetitions=args.repetitions, count=int(scaled(20_000, minimum=1000))
                 ).to_json()
             )
         if "R4" in args.cells:
-            results.append(consumer_cells.latency_cell(bench, seconds=args.latency_seconds))
+            results.append(consumer_cells.latency_cell(bench, seconds=latency_seconds))
         if "R-CLUSTER" in args.cells:
             results += [c.to_json() for c in cluster_cells(repetitions=args.repetitions)]
-        if "R-DBZ" in args.cells:
-            dbz = debezium_cell(
-                bench,
-                repetitions=args.repetitions,
-                rows=max(1000, args.rows // 5),
-                seconds=args.latency_seconds,
-            )
-            results.append(dbz)
-            services.update(dbz["environment"])
-        if "R5" in args.cells:
-            results.append(stage.measure(url, transactions=2000, repetitions=args.repetitions))
         with engine.connect() as conn:
             synchronous_commit = conn.execute(sa.text("SHOW synchronous_commit")).scalar_one()
         engine.dispose()
@@ -194,20 +217,24 @@ def main() -> None:
         {
             **services,
             "synchronous_commit": synchronous_commit,
-            "rows": args.rows,
+            "rows": rows,
             "keys": args.keys,
-            "batch_size": args.batch_size,
+            "batch_size": bench.batch_size,
             "repetitions": args.repetitions,
+            "seconds": round(time.monotonic() - started),
         }
     )
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d")
     (args.out / f"{stamp}.json").write_text(
-        json.dumps({"environment": env, "cells": results}, indent=2) + "\n"
+        json.dumps({"environment": env, "cells": results, "details": extra}, indent=2) + "\n"
     )
     table = _markdown(results)
+    notes = "\n".join(f"- {r['cell']}: {note}" for r in results for note in r.get("notes", []))
     (args.out / f"{stamp}.md").write_text(
-        f"# Benchmark {stamp}\n\n`python -m bench {' '.join(args.cells)}`\n\n{table}"
+        f"# Benchmark {stamp}\n\n`python -m bench {' '.join(args.cells)}` "
+        f"(BENCH_SCALE={env['bench_scale']}, {env['cpus']} CPUs, {env['seconds']} s)\n\n"
+        f"{table}\n{notes}\n"
     )
     _plot(results, args.out / f"{stamp}.png")
     print(table)

@@ -1,181 +1,265 @@
-"""The benchmark cells (see ``bench/README.md`` for what each compares and why)."""
+"""The relay's cells, measured in one interleaved run over the same backlog:
+
+- **R1** relay / a raw producer (the relay's producer settings) sending the same records a page
+  at a time, waiting for each page (batch and wait);
+- **R2** relay / its own read + progress SQL alone (``RelayStore.snapshot/read/record`` in the
+  relay's page loop, no Kafka);
+- **R2-xmin** relay drain with a REPEATABLE READ transaction held open (it has run a query and
+  has a transaction id, so every snapshot's ``xmin`` stays at it) / without;
+- **R-HOT** relay drain with every row on one key / over ``keys`` keys;
+- **R7** two relay processes / one, the CPU idle of each run reported.
+
+Every relay side is ``oncely relay run`` processes (the bench's relay settings), started, ready
+and sharing the shards evenly before the rows are committed in one transaction; the rate is
+from that commit to the last record's broker append time (``LogAppendTime`` topics).
+"""
 
 from __future__ import annotations
 
-import subprocess
-import tempfile
+import contextlib
+import functools
 import time
+import uuid
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
+import psycopg
 from confluent_kafka import Producer
 
-from bench.fixtures import PAYLOAD, Bench, relays, restage, staged_rows, wait_published
-from bench.harness import Cell, alternate
-from oncely.devstack.postgres import postgres_bin_dir
-from oncely.relay.records import ClaimedRow
-from oncely.relay.store import OutboxStore, Published
-from oncely.storage.queries import _load as load_queries
+from bench.fixtures import (
+    PAYLOAD,
+    Bench,
+    Side,
+    Topics,
+    commit_at_once,
+    drain_rate,
+    relay_processes,
+    restage,
+    staged_rows,
+)
+from bench.harness import Cell, cpu_window, interleave
+from oncely.relay.publisher import REQUIRED
+from oncely.relay.records import OutboxRow
+from oncely.relay.service import producer_config
+from oncely.relay.snapshots import Snapshot
+from oncely.relay.store import Progress, RelayStore, ShardProgress
+from oncely.settings import KafkaSettings
+from oncely.testing.services import libpq_dsn
 
+RELAY = "relay"
+RAW = "raw producer, batch and wait"
+SQL = "read + progress SQL alone"
+XMIN = "relay, REPEATABLE READ transaction held open"
+HOT = "relay, every row on one key"
+TWO = "2 relay processes"
 
-def _relay_drain(bench: Bench, rows: list[dict[str, object]], *, count: int = 1) -> float:
-    restage(bench, rows)
-    started = time.perf_counter()
-    with relays(bench, count):
-        wait_published(bench, len(rows))
-    return len(rows) / (time.perf_counter() - started)
-
-
-def _sql_alone(bench: Bench, rows: list[dict[str, object]]) -> float:
-    """The relay's own claim + settle statements, with a fake broker that confirms at once."""
-    restage(bench, rows)
-    store = OutboxStore(bench.engine, owner="bench-sql")
-    started = time.perf_counter()
-    done, offset = 0, 0
-    while done < len(rows):
-        claimed = store.claim(batch_size=bench.batch_size, lease_seconds=60)
-        result = store.mark_published(
-            [Published(row, 0, offset + i) for i, row in enumerate(claimed)], delete=False
-        )
-        offset += len(claimed)
-        done += result.settled
-    return len(rows) / (time.perf_counter() - started)
-
+#: Which sides each cell needs (the relay side is shared).
+NEEDS = {"R1": [RAW], "R2": [SQL], "R2-xmin": [XMIN], "R-HOT": [HOT], "R7": [TWO]}
 
 Record = tuple[str, bytes, bytes, list[tuple[str, str | bytes | None]]]
 
 
-def _records(rows: list[dict[str, object]]) -> list[Record]:
+def _records(rows: list[dict[str, object]], topic: str) -> list[Record]:
     """The Kafka records the relay would send for ``rows``, built before any timing."""
     records = []
-    for row in rows:
-        claimed = ClaimedRow(
-            id=row["id"],  # type: ignore[arg-type]
-            seq=0,
-            topic=str(row["topic"]),
+    now = datetime.now(UTC)
+    for seq, row in enumerate(rows, 1):
+        outbox_row = OutboxRow(
+            id=uuid.uuid4(),
+            seq=seq,
+            shard=0,
+            topic=topic,
             aggregateid=str(row["aggregateid"]),
             type=str(row["type"]),
             payload=PAYLOAD,
             headers=row["headers"],  # type: ignore[arg-type]
-            attempts=1,
-            created_at=datetime.now(UTC),
+            created_at=now,
+            available_at=now,
         )
-        records.append((claimed.topic, claimed.key, claimed.payload, claimed.kafka_headers()))
+        records.append((topic, outbox_row.key, outbox_row.payload, outbox_row.kafka_headers()))
     return records
 
 
-def _raw_producer(bench: Bench, records: list[Record], *, batch: int | None) -> float:
-    producer = Producer(
-        {
-            "bootstrap.servers": bench.bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "partitioner": "murmur2_random",
-            "linger.ms": 5,
-            "compression.type": "lz4",
+def raw_producer(bench: Bench) -> Producer:
+    """A producer with exactly the relay's settings (linger, compression, acks, idempotence)."""
+    settings = bench.relay_settings()
+    return Producer(
+        {**producer_config(KafkaSettings(bootstrap_servers=bench.bootstrap), settings), **REQUIRED}
+    )
+
+
+def _raw_batches(bench: Bench, topics: Topics, rows: list[dict[str, object]]) -> float:
+    """Rows/s of a raw producer sending a page of records, then waiting for all of it."""
+    topic = topics.new()
+    records = _records(rows, topic)
+    producer = raw_producer(bench)
+    producer.list_topics(topic, timeout=30)
+    with cpu_window():
+        started = time.perf_counter()
+        for start in range(0, len(records), bench.batch_size):
+            for name, key, value, headers in records[start : start + bench.batch_size]:
+                while True:
+                    try:
+                        producer.produce(name, key=key, value=value, headers=headers)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+            producer.flush(60)
+        elapsed = time.perf_counter() - started
+    return len(records) / elapsed
+
+
+def _sql_alone(bench: Bench, topics: Topics, rows: list[dict[str, object]]) -> float:
+    """Rows/s of the relay's own statements over the same backlog, no Kafka: lease every shard,
+    then per turn of the loop one snapshot, one page read per group of shards at the same
+    position, and one progress write, as the relay's loop does."""
+    topic = topics.new()
+    restage(bench, [])
+    store = RelayStore(bench.engine, owner=f"bench-sql-{uuid.uuid4().hex[:6]}")
+    leases = store.acquire(wanted=10_000, lease_seconds=600)
+    try:
+        if len(leases) < len(store.shards()):
+            raise RuntimeError("the SQL-alone side needs every shard free (a relay still runs?)")
+        cursors = {lease.shard: lease.progress for lease in leases}
+        epochs = {lease.shard: lease.epoch for lease in leases}
+        with cpu_window():
+            committed = commit_at_once(bench, rows, topic)
+            read = 0
+            while read < len(rows):
+                groups: dict[Progress, list[int]] = {}
+                for shard, cursor in cursors.items():
+                    groups.setdefault(cursor, []).append(shard)
+                fresh: Snapshot | None = None
+                progress: list[ShardProgress] = []
+                for cursor, members in groups.items():
+                    if cursor.reading is None and fresh is None:
+                        fresh, _ = store.snapshot()
+                    reading = cursor.reading or fresh
+                    assert reading is not None
+                    page = store.read(
+                        members,
+                        done=cursor.done,
+                        reading=reading,
+                        after_seq=cursor.after_seq,
+                        page_size=bench.batch_size,
+                    )
+                    if len(page) < bench.batch_size:
+                        ends = Progress(reading)
+                    else:
+                        ends = Progress(cursor.done, reading, page[-1].seq)
+                    read += len(page)
+                    for shard in members:
+                        cursors[shard] = ends
+                    progress += [ShardProgress(s, epochs[s], ends) for s in members]
+                store.record(progress)
+            elapsed = time.time() - committed
+    finally:
+        store.release([(lease.shard, lease.epoch) for lease in leases])
+    return len(rows) / elapsed
+
+
+@contextlib.contextmanager
+def _snapshot_held(bench: Bench) -> Iterator[None]:
+    """A REPEATABLE READ transaction open for the block: it has run a query (so it holds a
+    snapshot) and has a transaction id (so it is in every snapshot's in-progress list and
+    holds ``xmin``). It touches no table, so the outbox can still be truncated."""
+    with psycopg.connect(libpq_dsn(bench.database_url)) as conn:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        conn.execute("SELECT pg_current_xact_id()")
+        try:
+            yield
+        finally:
+            conn.rollback()
+
+
+def _relay_side(bench: Bench, count: int = 1, *, hold: bool = False) -> Side:
+    @contextlib.contextmanager
+    def side() -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            if hold:
+                stack.enter_context(_snapshot_held(bench))
+            stack.enter_context(relay_processes(bench, count))
+            yield
+
+    return side
+
+
+def relay_cells(bench: Bench, *, repetitions: int, cells: list[str]) -> list[Cell]:
+    """The requested cells among R1, R2, R2-xmin, R-HOT and R7, measured in one interleaved run."""
+    topics = Topics(bench)
+    try:
+        rows = staged_rows(bench.rows, topic="(set per turn)", keys=bench.keys)
+        hot = staged_rows(bench.rows, topic="(set per turn)", keys=1)
+        available: dict[str, Callable[[], float]] = {
+            RELAY: functools.partial(drain_rate, bench, topics, _relay_side(bench), rows),
+            RAW: functools.partial(_raw_batches, bench, topics, rows),
+            SQL: functools.partial(_sql_alone, bench, topics, rows),
+            XMIN: functools.partial(drain_rate, bench, topics, _relay_side(bench, hold=True), rows),
+            HOT: functools.partial(drain_rate, bench, topics, _relay_side(bench), hot),
+            TWO: functools.partial(drain_rate, bench, topics, _relay_side(bench, 2), rows),
         }
-    )
-    started = time.perf_counter()
-    step = batch or len(records)
-    for start in range(0, len(records), step):
-        for topic, key, value, headers in records[start : start + step]:
-            while True:
-                try:
-                    producer.produce(topic, key=key, value=value, headers=headers)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-        producer.flush(60)
-    return len(records) / (time.perf_counter() - started)
-
-
-def relay_cells(bench: Bench, *, repetitions: int) -> list[Cell]:
-    """R1 (relay vs raw producer), R2 (relay vs its SQL alone) and R7 (two relays vs one)."""
-    topic = bench.new_topic()
-    rows = staged_rows(bench.rows, topic=topic, keys=bench.keys)
-    records = _records(rows)
-    rates = alternate(
-        {
-            "relay": lambda: _relay_drain(bench, rows),
-            "raw producer, fire then flush": lambda: _raw_producer(bench, records, batch=None),
-            "raw producer, batch and wait": lambda: _raw_producer(
-                bench, records, batch=bench.batch_size
-            ),
-            "claim + settle SQL alone": lambda: _sql_alone(bench, rows),
-            "2 relays": lambda: _relay_drain(bench, rows, count=2),
-        },
-        repetitions=repetitions,
-        warmup=False,
-    )
-    note = f"{bench.rows} rows of 200 B over {bench.keys} keys, batch {bench.batch_size}"
-    r1 = Cell(
-        "R1",
-        "relay",
-        ["raw producer, fire then flush", "raw producer, batch and wait"],
-        "rows/s",
-        target="(context: the broker's limit)",
-        notes=[note],
-    )
-    r2 = Cell("R2", "relay", ["claim + settle SQL alone"], "rows/s", target=">= 0.9", notes=[note])
-    r7 = Cell("R7", "2 relays", ["relay"], "rows/s", target=">= 1.2", notes=[note])
-    for cell in (r1, r2, r7):
-        cell.rates = {side: rates[side] for side in (cell.numerator, *cell.denominators)}
-    return [r1, r2, r7]
-
-
-def pgbench_claim(bench: Bench, *, repetitions: int) -> Cell:
-    """R2b: the claim statement alone from pgbench (a C client), to separate driver cost."""
-    topic = bench.new_topic()
-    rows = staged_rows(bench.rows, topic=topic, keys=bench.keys)
-    claim = load_queries()["outbox_claim"]
-    script = (
-        claim.replace(":owner", "'pgbench'")
-        .replace(":batch_size", str(bench.batch_size))
-        .replace(":lease_seconds", "3600")
-    )
-    # pgbench runs each line as a statement: one line, ending with a semicolon.
-    script_file = Path(tempfile.mkdtemp()) / "claim.sql"
-    script_file.write_text(" ".join(line.split("--")[0] for line in script.splitlines()) + ";\n")
-    url = bench.engine.url
-    transactions = bench.rows // bench.batch_size
-
-    def python_claim() -> float:
-        restage(bench, rows)
-        store = OutboxStore(bench.engine, owner="bench-claim")
-        started = time.perf_counter()
-        for _ in range(transactions):
-            store.claim(batch_size=bench.batch_size, lease_seconds=3600)
-        return transactions * bench.batch_size / (time.perf_counter() - started)
-
-    def c_claim() -> float:
-        restage(bench, rows)
-        started = time.perf_counter()
-        subprocess.run(
-            [
-                str(postgres_bin_dir() / "pgbench"),
-                "-n",
-                "-f",
-                str(script_file),
-                "-t",
-                str(transactions),
-                "-h",
-                str(url.host),
-                "-p",
-                str(url.port),
-                "-U",
-                str(url.username),
-                str(url.database),
-            ],
-            check=True,
-            capture_output=True,
+        wanted = [RELAY] + [side for cell in cells for side in NEEDS[cell]]
+        rates, idle = interleave(
+            {side: available[side] for side in available if side in wanted},
+            repetitions=repetitions,
         )
-        return transactions * bench.batch_size / (time.perf_counter() - started)
-
-    cell = Cell("R2b", "claim from Python (psycopg)", ["claim from pgbench (C)"], "rows/s")
-    cell.rates = alternate(
-        {"claim from Python (psycopg)": python_claim, "claim from pgbench (C)": c_claim},
-        repetitions=repetitions,
-        warmup=False,
+    finally:
+        topics.close()
+    note = (
+        f"{bench.rows} rows of 200 B over {bench.keys} keys committed in one transaction while "
+        f"the side runs; relay page {bench.batch_size}; rate from the commit to the last "
+        "record's LogAppendTime"
     )
-    cell.notes.append("pgbench time includes its process start (a few ms)")
-    return cell
+    made = {
+        "R1": Cell(
+            "R1",
+            RELAY,
+            [RAW],
+            "rows/s",
+            target=">= 0.5",
+            measures="drain rate, relay / a raw producer sending the same records a page at a "
+            "time and waiting for each page (the relay's producer settings)",
+        ),
+        "R2": Cell(
+            "R2",
+            RELAY,
+            [SQL],
+            "rows/s",
+            target=">= 0.9",
+            measures="drain rate, relay / its own read + progress statements alone "
+            "(RelayStore.snapshot/read/record in the relay's page loop, no Kafka)",
+        ),
+        "R2-xmin": Cell(
+            "R2-xmin",
+            XMIN,
+            [RELAY],
+            "rows/s",
+            target=">= 0.8",
+            measures="drain rate with a REPEATABLE READ transaction (with a snapshot and a "
+            "txid) held open from before the rows were committed / without",
+        ),
+        "R-HOT": Cell(
+            "R-HOT",
+            HOT,
+            [RELAY],
+            "rows/s",
+            target=">= 0.8",
+            measures=f"relay drain rate, every row on one key / over {bench.keys} keys",
+        ),
+        "R7": Cell(
+            "R7",
+            TWO,
+            [RELAY],
+            "rows/s",
+            target=">= 1.0",
+            measures="drain rate, 2 `oncely relay run` processes / 1 (CPU idle of each run "
+            "beside it)",
+        ),
+    }
+    result = []
+    for name in cells:
+        cell = made[name]
+        cell.notes.append(note)
+        cell.take(rates, idle)
+        result.append(cell)
+    return result

@@ -22,14 +22,10 @@ import argparse
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -37,11 +33,19 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 from pydantic import BaseModel
 
-from bench.fixtures import Bench, insert_fresh, restage, staged_rows
+from bench.fixtures import (
+    Bench,
+    Running,
+    Topics,
+    drain_rate,
+    processes,
+    relay_processes,
+    staged_rows,
+    wait_ready,
+)
 from bench.harness import Cell, alternate
 from oncely.consumers.effects import EffectContext, Effects
 from oncely.devstack import KafkaCluster, PostgresNode
-from oncely.devstack._process import free_port
 from oncely.events import Registry
 from oncely.schemas.codec import Codec
 from oncely.storage import upgrade
@@ -80,75 +84,6 @@ effects = build_effects(
 )
 
 
-@dataclass
-class _Running:
-    """One ``oncely`` process of a side: its metrics port, process and (JSON) log."""
-
-    port: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-
-@contextlib.contextmanager
-def processes(argv: list[str], count: int, env: dict[str, str]) -> Iterator[list[_Running]]:
-    """``count`` ``oncely`` processes, each with its own metrics port; SIGTERMed afterwards.
-
-    Their output goes to ``$ONCELY_BENCH_LOG_DIR`` (default: ``oncely-bench`` in the temporary
-    folder; each log is named after the command and its port).
-    """
-    logs = Path(
-        os.environ.get("ONCELY_BENCH_LOG_DIR") or Path(tempfile.gettempdir(), "oncely-bench")
-    )
-    logs.mkdir(parents=True, exist_ok=True)
-    ports = [free_port() for _ in range(count)]
-    running = []
-    for port in ports:
-        path = logs / f"{argv[0]}-{port}.log"
-        with path.open("ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "oncely", *argv, "--metrics-port", str(port)],
-                env={**os.environ, **env},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        running.append(_Running(port, proc, path))
-    try:
-        yield running
-    finally:
-        for each in running:
-            each.proc.terminate()
-        for each in running:
-            try:
-                each.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                each.proc.kill()
-                each.proc.wait()
-
-
-def wait_ready(running: list[_Running], *, timeout: float = 120) -> None:
-    """Wait until every process answers ``/readyz`` with 200."""
-    deadline = time.monotonic() + timeout
-    for each in running:
-        port, proc = each.port, each.proc
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"the process with metrics port {port} exited with {proc.returncode} "
-                    f"(see its log {each.log})"
-                )
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"the process with metrics port {port} never got ready (see its log {each.log})"
-                )
-            time.sleep(0.2)
-
-
 def _owned(log: Path) -> set[str]:
     """The partitions a consumer holds now, replayed from its assign/revoke log records."""
     owned: set[str] = set()
@@ -164,7 +99,7 @@ def _owned(log: Path) -> set[str]:
     return owned
 
 
-def _wait_balanced(running: list[_Running], *, settle: float = 2.0, timeout: float = 120) -> None:
+def _wait_balanced(running: list[Running], *, settle: float = 2.0, timeout: float = 120) -> None:
     """Wait until the group's partitions are spread evenly and stayed so for ``settle`` s."""
     deadline = time.monotonic() + timeout
     stable_since, last = time.monotonic(), None
@@ -250,26 +185,16 @@ def _consumer_group(bench: Bench, instances: int, count: int) -> float:
     return rate
 
 
-def _stage_at_once(bench: Bench, rows: list[dict[str, object]]) -> None:
-    """Stage ``rows`` (fresh ids) in one transaction, so every relay sees them at once."""
-    with bench.engine.begin() as conn:
-        insert_fresh(conn, rows)
-    with bench.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(sa.text("ANALYZE oncely_outbox"))
+def _relays(bench: Bench, topics: Topics, relays: int, rows: list[dict[str, object]]) -> float:
+    """Rows/s of ``relays`` relay processes draining ``rows``, committed once all share the
+    shards (from the commit to the last record's append time)."""
 
+    @contextlib.contextmanager
+    def side() -> Iterator[None]:
+        with relay_processes(bench, relays):
+            yield
 
-def _relays(bench: Bench, relays: int, rows: list[dict[str, object]]) -> float:
-    """Rows/s of ``relays`` relay processes draining ``rows``, staged once all are ready."""
-    restage(bench, [])  # an empty, vacuumed outbox
-    with processes(["relay", "run"], relays, bench.relay_env()) as running:
-        wait_ready(running)
-        _stage_at_once(bench, rows)
-        return _rate(
-            bench,
-            "SELECT count(*), min(published_at), max(published_at) FROM oncely_outbox"
-            " WHERE status = 'published'",
-            len(rows),
-        )
+    return drain_rate(bench, topics, side, rows)
 
 
 def cluster_cells(
@@ -334,8 +259,9 @@ def cluster_cells(
             repetitions=repetitions,
             warmup=False,
         )
-        topic = bench.new_topic()
-        staged = staged_rows(rows, topic=topic, keys=keys)
+        topics = Topics(bench)
+        stack.callback(topics.close)
+        staged = staged_rows(rows, topic="(set per turn)", keys=keys)
         relay = Cell(
             "R-CLUSTER relays",
             RELAY_NUMERATOR,
@@ -346,8 +272,8 @@ def cluster_cells(
         )
         relay.rates = alternate(
             {
-                RELAY_NUMERATOR: lambda: _relays(bench, 2, staged),
-                RELAY_DENOMINATOR: lambda: _relays(bench, 1, staged),
+                RELAY_NUMERATOR: lambda: _relays(bench, topics, 2, staged),
+                RELAY_DENOMINATOR: lambda: _relays(bench, topics, 1, staged),
             },
             repetitions=repetitions,
             warmup=False,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 import struct
 import threading
 import time
@@ -16,7 +15,7 @@ from confluent_kafka.admin import NewTopic
 from pydantic import BaseModel
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from bench.fixtures import Bench, outbox_writers, relays, restage
+from bench.fixtures import Bench, outbox_writers, percentiles, relays, restage
 from bench.harness import Cell, alternate, open_loop
 from oncely.consumers.effects import EffectContext, Effects
 from oncely.consumers.runner import EffectConsumer
@@ -191,13 +190,6 @@ def consumer_cell(bench: Bench, *, repetitions: int, count: int) -> Cell:
         warmup=False,
     )
     return cell
-
-
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"p50": float("nan"), "p95": float("nan"), "p99": float("nan")}
-    q = statistics.quantiles(values, n=100, method="inclusive")
-    return {"p50": round(q[49], 1), "p95": round(q[94], 1), "p99": round(q[98], 1)}
 
 
 def _since(due: list[float], ends: dict[int, float], starts: dict[int, float]) -> list[float]:

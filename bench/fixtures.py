@@ -1,20 +1,32 @@
-"""What the benchmark cells run on: a database with oncely's tables, topics, and staged rows."""
+"""What the benchmark cells run on: a database with oncely's tables, topics, staged rows, and
+the sides under test (relay processes), with the drain and latency measurements they share."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import sqlalchemy as sa
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg.types.json import Jsonb
 
+from bench.harness import cpu_window, open_loop
+from oncely.devstack._process import free_port
 from oncely.ops.metrics import RelayMetrics
 from oncely.relay import build_relay
 from oncely.settings import KafkaSettings, RelaySettings
@@ -22,6 +34,9 @@ from oncely.storage import outbox
 from oncely.testing.services import libpq_dsn
 
 PAYLOAD = b"x" * 200
+
+#: A side: a context manager that runs the thing under test (a relay, a connector) for a block.
+Side = Callable[[], contextlib.AbstractContextManager[None]]
 
 
 @dataclass
@@ -33,7 +48,7 @@ class Bench:
     bootstrap: str
     rows: int
     keys: int
-    batch_size: int
+    batch_size: int = RelaySettings().batch_size
     partitions: int = 6
 
     def admin(self) -> AdminClient:
@@ -46,12 +61,8 @@ class Bench:
         return name
 
     def relay_settings(self) -> RelaySettings:
-        return RelaySettings(
-            batch_size=self.batch_size,
-            max_in_flight=max(2000, 4 * self.batch_size),
-            poll_interval_seconds=0.2,
-            purge_interval_seconds=3600,
-        )
+        """The relay's defaults, with the bench's page size and no purge during a run."""
+        return RelaySettings(batch_size=self.batch_size, purge_interval_seconds=3600)
 
     def relay_env(self) -> dict[str, str]:
         """The environment of an ``oncely relay run`` process with :meth:`relay_settings`."""
@@ -60,8 +71,6 @@ class Bench:
             "ONCELY_DATABASE_URL": self.database_url,
             "ONCELY_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
             "ONCELY_RELAY_BATCH_SIZE": str(settings.batch_size),
-            "ONCELY_RELAY_MAX_IN_FLIGHT": str(settings.max_in_flight),
-            "ONCELY_RELAY_POLL_INTERVAL_SECONDS": str(settings.poll_interval_seconds),
             "ONCELY_RELAY_PURGE_INTERVAL_SECONDS": str(settings.purge_interval_seconds),
         }
 
@@ -83,11 +92,15 @@ def staged_rows(count: int, *, topic: str, keys: int) -> list[dict[str, object]]
     ]
 
 
-def insert_fresh(conn: sa.Connection, rows: list[dict[str, object]]) -> None:
-    """Insert ``rows`` into the outbox with fresh ids and event keys, 5,000 per statement."""
+def insert_fresh(
+    conn: sa.Connection, rows: list[dict[str, object]], *, topic: str | None = None
+) -> None:
+    """Insert ``rows`` into the outbox with fresh ids and event keys (and ``topic`` when given),
+    5,000 per statement."""
+    extra: dict[str, object] = {"topic": topic} if topic is not None else {}
     for start in range(0, len(rows), 5000):
         chunk = [
-            {**row, "id": uuid.uuid4(), "event_key": uuid.uuid4().hex}
+            {**row, "id": uuid.uuid4(), "event_key": uuid.uuid4().hex, **extra}
             for row in rows[start : start + 5000]
         ]
         conn.execute(sa.insert(outbox), chunk)
@@ -102,18 +115,121 @@ def restage(bench: Bench, rows: list[dict[str, object]]) -> None:
         conn.execute(sa.text("VACUUM ANALYZE oncely_outbox"))
 
 
-def published(bench: Bench) -> int:
-    with bench.engine.connect() as conn:
-        return int(
-            conn.execute(
-                sa.text("SELECT count(*) FROM oncely_outbox WHERE status = 'published'")
-            ).scalar_one()
-        )
+def commit_at_once(bench: Bench, rows: list[dict[str, object]], topic: str) -> float:
+    """Stage ``rows`` (fresh ids, ``topic``) in one transaction; return when it committed."""
+    with bench.engine.begin() as conn:
+        insert_fresh(conn, rows, topic=topic)
+    return time.time()
+
+
+# -- processes -------------------------------------------------------------------------------
+
+
+@dataclass
+class Running:
+    """One ``oncely`` process of a side: its metrics port, process and (JSON) log."""
+
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+@contextlib.contextmanager
+def processes(argv: list[str], count: int, env: dict[str, str]) -> Iterator[list[Running]]:
+    """``count`` ``oncely`` processes, each with its own metrics port; SIGTERMed afterwards.
+
+    Their output goes to ``$ONCELY_BENCH_LOG_DIR`` (default: ``oncely-bench`` in the temporary
+    folder; each log is named after the command and its port).
+    """
+    logs = Path(
+        os.environ.get("ONCELY_BENCH_LOG_DIR") or Path(tempfile.gettempdir(), "oncely-bench")
+    )
+    logs.mkdir(parents=True, exist_ok=True)
+    ports = [free_port() for _ in range(count)]
+    running = []
+    for port in ports:
+        path = logs / f"{argv[0]}-{port}.log"
+        with path.open("ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "oncely", *argv, "--metrics-port", str(port)],
+                env={**os.environ, **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        running.append(Running(port, proc, path))
+    try:
+        yield running
+    finally:
+        for each in running:
+            each.proc.terminate()
+        for each in running:
+            try:
+                each.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                each.proc.kill()
+                each.proc.wait()
+
+
+def wait_ready(running: list[Running], *, timeout: float = 120) -> None:
+    """Wait until every process answers ``/readyz`` with 200."""
+    deadline = time.monotonic() + timeout
+    for each in running:
+        port, proc = each.port, each.proc
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"the process with metrics port {port} exited with {proc.returncode} "
+                    f"(see its log {each.log})"
+                )
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the process with metrics port {port} never got ready (see its log {each.log})"
+                )
+            time.sleep(0.2)
+
+
+def wait_shards_shared(bench: Bench, owners: int, *, timeout: float = 120) -> None:
+    """Wait until ``owners`` relays hold every shard between them, evenly (one apart at most)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with bench.engine.connect() as conn:
+            total = int(
+                conn.execute(sa.text("SELECT count(*) FROM oncely_relay_shards")).scalar_one()
+            )
+            held = [
+                int(n)
+                for n in conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM oncely_relay_shards"
+                        " WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner"
+                    )
+                ).scalars()
+            ]
+        if len(held) == owners and sum(held) == total and max(held) - min(held) <= 1:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{owners} relay(s) never shared the {total} shards: {held}")
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def relay_processes(bench: Bench, count: int = 1) -> Iterator[list[Running]]:
+    """``count`` ``oncely relay run`` processes, ready and sharing the shards evenly."""
+    with processes(["relay", "run"], count, bench.relay_env()) as running:
+        wait_ready(running)
+        wait_shards_shared(bench, count)
+        yield running
 
 
 @contextmanager
 def relays(bench: Bench, count: int = 1) -> Iterator[list[object]]:
-    """``count`` relays on threads for the duration of the block."""
+    """``count`` relays on threads for the duration of the block (the consumer cells' pipeline)."""
     stop = threading.Event()
     running = [
         build_relay(
@@ -136,12 +252,105 @@ def relays(bench: Bench, count: int = 1) -> Iterator[list[object]]:
             thread.join(60)
 
 
-def wait_published(bench: Bench, total: int, *, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while published(bench) < total:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"only {published(bench)} of {total} rows published")
-        time.sleep(0.1)
+# -- topics and measurements -----------------------------------------------------------------
+
+
+class Topics:
+    """Fresh ``LogAppendTime`` topics for a cell's turns, and how many records they hold.
+
+    Every record's timestamp is the broker's append time, so times from every side are on one
+    clock (the host's: writers take ``time.time()`` on the same machine).
+    """
+
+    def __init__(self, bench: Bench) -> None:
+        self.bench = bench
+        self.admin = bench.admin()
+        self.created: list[str] = []
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bench.bootstrap,
+                "group.id": f"bench-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+            }
+        )
+
+    def new(self) -> str:
+        name = f"bench-{uuid.uuid4().hex[:12]}"
+        topic = NewTopic(
+            name,
+            num_partitions=self.bench.partitions,
+            config={"message.timestamp.type": "LogAppendTime"},
+        )
+        self.admin.create_topics([topic])[name].result(30)
+        self.created.append(name)
+        return name
+
+    def count(self, topic: str) -> int:
+        return sum(
+            self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(self.bench.partitions)
+        )
+
+    def wait(self, topic: str, total: int, *, timeout: float) -> bool:
+        """Wait until ``topic`` holds ``total`` records; whether it did within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while self.count(topic) < total:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def append_times(self, topic: str) -> dict[str, float]:
+        """Every record's broker append time (epoch ms) by its ``id`` header (the first copy)."""
+        total = self.count(topic)
+        self.consumer.assign(
+            [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(self.bench.partitions)]
+        )
+        times: dict[str, float] = {}
+        seen, deadline = 0, time.monotonic() + 120
+        while seen < total and time.monotonic() < deadline:
+            for message in self.consumer.consume(1000, 0.5):
+                if message.error() is not None:
+                    continue
+                seen += 1
+                kind, stamp = message.timestamp()
+                assert kind == TIMESTAMP_LOG_APPEND_TIME, f"{topic} is not LogAppendTime"
+                event_id = dict(message.headers() or []).get("id")
+                if isinstance(event_id, bytes):
+                    times.setdefault(event_id.decode(), float(stamp))
+        self.consumer.unassign()
+        return times
+
+    def close(self) -> None:
+        self.consumer.close()
+        if self.created:
+            for future in self.admin.delete_topics(self.created).values():
+                with contextlib.suppress(Exception):
+                    future.result(30)
+
+
+def sentinel(bench: Bench, topics: Topics, topic: str) -> None:
+    """One row through the running side, so it is reading (or streaming) before any timing."""
+    [row] = staged_rows(1, topic=topic, keys=1)
+    with bench.engine.begin() as conn:
+        conn.execute(sa.insert(outbox), {**row, "aggregateid": "sentinel"})
+    if not topics.wait(topic, 1, timeout=120):
+        raise TimeoutError(f"the sentinel row never reached {topic}")
+
+
+def drain_rate(bench: Bench, topics: Topics, side: Side, rows: list[dict[str, object]]) -> float:
+    """Rows/s from the commit of ``rows`` (one transaction) to the append of the last of them,
+    with ``side`` already running (steady state, not start-up)."""
+    topic = topics.new()
+    restage(bench, [])
+    with side():
+        sentinel(bench, topics, topic)
+        with cpu_window():
+            committed = commit_at_once(bench, rows, topic)
+            if not topics.wait(topic, len(rows) + 1, timeout=600):
+                raise TimeoutError(f"only {topics.count(topic) - 1} of {len(rows)} rows published")
+    last = max(topics.append_times(topic).values())
+    return len(rows) / (last / 1000 - committed)
 
 
 @dataclass
@@ -157,9 +366,15 @@ class Writes:
 
 
 @contextmanager
-def outbox_writers(bench: Bench, rows: list[dict[str, Any]], *, count: int) -> Iterator[Writes]:
+def outbox_writers(
+    bench: Bench,
+    rows: list[dict[str, Any]],
+    *,
+    count: int,
+    after_commit: Callable[[int], None] | None = None,
+) -> Iterator[Writes]:
     """``count`` writers for :func:`bench.harness.open_loop`: ``writer(i, due)`` commits
-    ``rows[i]`` as a one-row transaction.
+    ``rows[i]`` as a one-row transaction, then calls ``after_commit(i)`` when given.
 
     Each writer has its own autocommit connection and one prepared INSERT (one round trip per
     transaction), so that the writers limit the offered load as little as Python can.
@@ -180,6 +395,8 @@ def outbox_writers(bench: Bench, rows: list[dict[str, Any]], *, count: int) -> I
             values = [Jsonb(v) if c == "headers" else v for c, v in rows[i].items()]
             conn.execute(insert, values, prepare=True)
             writes.committed[i] = time.time()
+            if after_commit is not None:
+                after_commit(i)
 
         return write
 
@@ -189,3 +406,69 @@ def outbox_writers(bench: Bench, rows: list[dict[str, Any]], *, count: int) -> I
     finally:
         for conn in connections:
             conn.close()
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """p50/p95/p99 of ``values`` (ms), inclusive quantiles, and the largest."""
+    if len(values) < 2:
+        return {"p50": float("nan"), "p95": float("nan"), "p99": float("nan"), "max": float("nan")}
+    q = statistics.quantiles(values, n=100, method="inclusive")
+    return {
+        "p50": round(q[49], 1),
+        "p95": round(q[94], 1),
+        "p99": round(q[98], 1),
+        "max": round(max(values), 1),
+    }
+
+
+def commit_latency(
+    bench: Bench,
+    topics: Topics,
+    side: Side,
+    rate: float,
+    seconds: float,
+    *,
+    writers: int,
+    warmup_seconds: float,
+    produce: Callable[[str], Callable[[dict[str, Any]], None]] | None = None,
+) -> dict[str, Any]:
+    """commit → Kafka (and schedule → Kafka) percentiles of open-loop single-row transactions
+    at ``rate`` for ``seconds``, with ``side`` running.
+
+    With ``produce`` (given the topic, it returns a function of a row), each writer also sends
+    its row itself right after its commit (a raw producer beside the outbox). Events due in the
+    first ``warmup_seconds`` are left out.
+    """
+    topic = topics.new()
+    rows = staged_rows(int(rate * seconds), topic=topic, keys=bench.keys)
+    restage(bench, [])
+    send = produce(topic) if produce is not None else None
+    after = (lambda i: send(rows[i])) if send is not None else None
+    with outbox_writers(bench, rows, count=writers, after_commit=after) as writes, side():
+        if send is None:
+            sentinel(bench, topics, topic)
+        with cpu_window():
+            open_loop(rate, seconds, writes.writers)
+            topics.wait(topic, len(rows) + (1 if send is None else 0), timeout=120)
+    due, committed = writes.due, writes.committed
+    appended = topics.append_times(topic)
+    measured_from = due[0] + warmup_seconds
+    commit_ms, schedule_ms, lag_ms, missing = [], [], [], 0
+    for row, due_at, committed_at in zip(rows, due, committed, strict=True):
+        if due_at < measured_from:
+            continue
+        stamp = appended.get(str(row["id"]))
+        if stamp is None:
+            missing += 1
+            continue
+        commit_ms.append(stamp - committed_at * 1000)
+        schedule_ms.append(stamp - due_at * 1000)
+        lag_ms.append((committed_at - due_at) * 1000)
+    return {
+        "commit_to_kafka_ms": percentiles(commit_ms),
+        "schedule_to_kafka_ms": percentiles(schedule_ms),
+        "writer_lag_ms": percentiles(lag_ms),
+        "achieved_rate_per_second": round(writes.achieved_rate(), 1),
+        "events_measured": len(commit_ms),
+        "missing": missing,
+    }

@@ -1,34 +1,137 @@
-"""How every benchmark cell is measured: sides alternated A/B/A/B, repeated, ratios reported.
+"""How every benchmark cell is measured: sides interleaved A/B/A/B, repeated, ratios reported.
 
 This machine is small (2 cores) and shared, so no absolute number is trusted alone: each cell
 measures its numerator and denominator in the same run, interleaved, ``repetitions`` times, and
-reports the median ratio with its range.
+reports the median of the per-repetition ratios with their range, next to its target (met or
+missed). Every turn also records the machine's CPU idle share (``/proc/stat``) over its measured
+window: a side with under :data:`CPU_BOUND_IDLE` idle was limited by the cores that the broker,
+PostgreSQL and the code under test share, and the cell says so.
+
+Sizes scale with ``BENCH_SCALE`` (default 1: the full run, about 40 minutes on 2 cores);
+``BENCH_SCALE=0.05`` is a smoke run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import operator
 import os
 import platform
+import re
 import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+#: A side whose median CPU idle share is below this was CPU-bound.
+CPU_BOUND_IDLE = 0.10
+
+_TARGET = re.compile(r"^\s*(>=|<=)\s*([0-9.]+)")
+
+
+def scale() -> float:
+    """``BENCH_SCALE`` (default 1.0): every size of the run is multiplied by it.
+
+    Raises ``SystemExit`` with a one-line message when it is not a positive number.
+    """
+    text = os.environ.get("BENCH_SCALE", "1")
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise SystemExit(f"BENCH_SCALE={text!r}: give a positive number (1 = the full run)")
+    return value
+
+
+def scaled(full: float, *, minimum: float) -> float:
+    """``full`` times :func:`scale`, at least ``minimum``."""
+    return max(minimum, full * scale())
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(idle + iowait, total) jiffies of the whole machine, from the first line of /proc/stat."""
+    with Path("/proc/stat").open() as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    return fields[3] + fields[4], sum(fields[:8])
+
+
+class _Idle(threading.local):
+    last: float | None = None
+
+
+_idle = _Idle()
+
+
+@contextlib.contextmanager
+def cpu_window() -> Iterator[None]:
+    """Mark the measured part of a side: the machine's CPU idle share over it is recorded."""
+    idle0, total0 = _cpu_times()
+    try:
+        yield
+    finally:
+        idle1, total1 = _cpu_times()
+        _idle.last = (idle1 - idle0) / max(1, total1 - total0)
+
+
+def _take_idle() -> float | None:
+    value, _idle.last = _idle.last, None
+    return value
+
+
+@dataclass(frozen=True)
+class Target:
+    """A cell's target: ``>= x`` (higher is better) or ``<= x``; any other text is context."""
+
+    text: str
+
+    def met(self, ratio: float) -> bool | None:
+        match = _TARGET.match(self.text)
+        if match is None:
+            return None
+        compare = operator.ge if match.group(1) == ">=" else operator.le
+        return bool(compare(ratio, float(match.group(2))))
 
 
 @dataclass
 class Cell:
-    """One benchmark cell: rates per side, and the ratios of the numerator to each denominator."""
+    """One benchmark cell: values per side, and the ratios of the numerator to each denominator.
+
+    ``rates`` hold one value per repetition for each side (rows/s, tx/s, or ms for latency
+    cells); ``idle`` the CPU idle share of each of those turns.
+    """
 
     name: str
     numerator: str
     denominators: list[str]
     unit: str
     rates: dict[str, list[float]] = field(default_factory=dict)
+    idle: dict[str, list[float]] = field(default_factory=dict)
     target: str = ""
+    measures: str = ""
     notes: list[str] = field(default_factory=list)
+
+    def measure(
+        self,
+        sides: Mapping[str, Callable[[], float]],
+        *,
+        repetitions: int,
+        warmup: bool = True,
+    ) -> None:
+        """Run the sides interleaved (see :func:`interleave`) and keep this cell's sides."""
+        rates, idle = interleave(sides, repetitions=repetitions, warmup=warmup)
+        self.take(rates, idle)
+
+    def take(self, rates: Mapping[str, list[float]], idle: Mapping[str, list[float]]) -> None:
+        """Keep the values of this cell's sides from a run of more sides."""
+        for side in (self.numerator, *self.denominators):
+            self.rates[side] = list(rates[side])
+            if side in idle:
+                self.idle[side] = list(idle[side])
 
     def ratios(self) -> dict[str, dict[str, float]]:
         result = {}
@@ -42,32 +145,70 @@ class Cell:
             }
         return result
 
+    def cpu_bound(self) -> list[str]:
+        """The sides whose median CPU idle share was under :data:`CPU_BOUND_IDLE`."""
+        return [
+            side
+            for side, values in self.idle.items()
+            if values and statistics.median(values) < CPU_BOUND_IDLE
+        ]
+
     def to_json(self) -> dict[str, Any]:
+        ratios = self.ratios()
+        target = Target(self.target)
         return {
             "cell": self.name,
+            "measures": self.measures,
             "unit": self.unit,
             "numerator": self.numerator,
             "denominators": self.denominators,
             "rates": {side: [round(r, 1) for r in values] for side, values in self.rates.items()},
             "medians": {side: round(statistics.median(v), 1) for side, v in self.rates.items()},
-            "ratios": self.ratios(),
+            "cpu_idle": {side: [round(x, 3) for x in v] for side, v in self.idle.items()},
+            "cpu_idle_median": {
+                side: round(statistics.median(v), 3) for side, v in self.idle.items() if v
+            },
+            "cpu_bound": self.cpu_bound(),
+            "ratios": ratios,
             "target": self.target,
+            # The target applies to the first denominator; the others are context.
+            "met": target.met(ratios[self.denominators[0]]["median"]) if ratios else None,
             "notes": self.notes,
         }
+
+
+def interleave(
+    sides: Mapping[str, Callable[[], float]], *, repetitions: int, warmup: bool = True
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Run each side once per repetition, in the same order (A/B/A/B...), after a warm-up turn
+    of each; return the values and the CPU idle share of every turn.
+
+    The idle share is the one over the side's :func:`cpu_window` when it marked one, else over
+    the whole turn.
+    """
+    if warmup:
+        for side in sides.values():
+            side()
+    rates: dict[str, list[float]] = {name: [] for name in sides}
+    idle: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(repetitions):
+        for name, side in sides.items():
+            _take_idle()
+            idle0, total0 = _cpu_times()
+            rates[name].append(side())
+            idle1, total1 = _cpu_times()
+            window = _take_idle()
+            idle[name].append(
+                window if window is not None else (idle1 - idle0) / max(1, total1 - total0)
+            )
+    return rates, idle
 
 
 def alternate(
     sides: Mapping[str, Callable[[], float]], *, repetitions: int, warmup: bool = True
 ) -> dict[str, list[float]]:
-    """Run each side once per repetition, in the same order (A/B/A/B...), after a warm-up."""
-    if warmup:
-        for side in sides.values():
-            side()
-    rates: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(repetitions):
-        for name, side in sides.items():
-            rates[name].append(side())
-    return rates
+    """:func:`interleave` without the CPU idle shares."""
+    return interleave(sides, repetitions=repetitions, warmup=warmup)[0]
 
 
 def environment(extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -87,6 +228,7 @@ def environment(extra: Mapping[str, Any]) -> dict[str, Any]:
         "sqlalchemy": sqlalchemy.__version__,
         "psycopg": psycopg.__version__,
         "java": (java.stderr or java.stdout).splitlines()[0] if java.returncode == 0 else None,
+        "bench_scale": scale(),
         **extra,
     }
 
