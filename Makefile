@@ -39,6 +39,8 @@ demo: install
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache
 
+# Every benchmark cell of docs/performance.md, about 40 minutes on 2 cores; BENCH_SCALE=0.05 for
+# a smoke run. Writes bench/results/<date>.json, .md (the table) and .png.
 bench: install
 	$(BIN)/pip install --quiet matplotlib
 	$(BIN)/python -m bench

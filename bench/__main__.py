@@ -120,7 +120,7 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
         for index, (denominator, ratio) in enumerate(result.get("ratios", {}).items()):
             first = index == 0
             met = Target(result["target"]).met(ratio["median"]) if first else None
-            labels.append(result["cell"] if first else f"{result['cell']} (vs {denominator[:30]})")
+            labels.append(result["cell"] if first else f"{result['cell']} (vs {denominator[:48]})")
             values.append(ratio["median"])
             errors.append([ratio["median"] - ratio["min"], ratio["max"] - ratio["median"]])
             colours.append({True: "#55a868", False: "#c44e52", None: "#8c8c8c"}[met])
@@ -128,15 +128,20 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
             targets.append(float(number) if number else None)
     figure, axes = plt.subplots(figsize=(10, 0.45 * len(labels) + 1.8))
     axes.barh(
-        labels, values, xerr=list(zip(*errors, strict=True)) if errors else None, color=colours
+        labels,
+        values,
+        xerr=list(zip(*errors, strict=True)) if errors else None,
+        color=colours,
+        ecolor="#555555",
+        capsize=3,
     )
     for y, target in enumerate(targets):
         if target is not None:
-            axes.plot([target, target], [y - 0.4, y + 0.4], color="black", linewidth=2)
+            axes.plot([target], [y], marker="D", color="black", markersize=7)
     axes.axvline(1.0, color="grey", linestyle="--", linewidth=1)
     axes.set_xscale("log")
     axes.set_xlabel(
-        "ratio (median of 3 interleaved repetitions, range as error bar; black tick: target; "
+        "ratio (median of 3 interleaved repetitions, range as error bar; black diamond: target; "
         "green met, red missed, grey context)",
         fontsize=8,
     )
@@ -155,7 +160,7 @@ def main() -> None:
         "--rows",
         type=int,
         default=None,
-        help="rows per relay drain (default 50,000 x BENCH_SCALE; R-DBZ: 40%% of it)",
+        help="rows per relay drain (default 100,000 x BENCH_SCALE; R-DBZ: 40%% of it)",
     )
     parser.add_argument("--keys", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=None, help="relay page size")
@@ -165,10 +170,10 @@ def main() -> None:
     unknown = set(args.cells) - set(ALL) - set(OPTIONAL)
     if unknown:
         parser.error(f"unknown cells {sorted(unknown)}; choose from {ALL + OPTIONAL}")
-    rows = args.rows or int(scaled(50_000, minimum=500))
-    latency_seconds = scaled(10.0, minimum=3.0)
-    quiet_seconds = scaled(20.0, minimum=4.0)
-    transactions = int(scaled(2000, minimum=100))
+    rows = args.rows or int(scaled(100_000, minimum=500))
+    latency_seconds = scaled(15.0, minimum=3.0)
+    quiet_seconds = scaled(30.0, minimum=4.0)
+    transactions = int(scaled(4000, minimum=100))
     results: list[dict[str, Any]] = []
     extra: dict[str, Any] = {}
     started = time.monotonic()

@@ -20,6 +20,7 @@ import platform
 import re
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -187,21 +188,32 @@ def interleave(
     the whole turn.
     """
     if warmup:
-        for side in sides.values():
-            side()
+        for name, side in sides.items():
+            started = time.monotonic()
+            value = side()
+            _progress(f"warm-up {name}: {value:.1f} ({time.monotonic() - started:.0f} s)")
     rates: dict[str, list[float]] = {name: [] for name in sides}
     idle: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(repetitions):
+    for repetition in range(repetitions):
         for name, side in sides.items():
             _take_idle()
             idle0, total0 = _cpu_times()
+            started = time.monotonic()
             rates[name].append(side())
             idle1, total1 = _cpu_times()
             window = _take_idle()
             idle[name].append(
                 window if window is not None else (idle1 - idle0) / max(1, total1 - total0)
             )
+            _progress(
+                f"{repetition + 1}/{repetitions} {name}: {rates[name][-1]:.1f}, CPU idle "
+                f"{idle[name][-1]:.0%} ({time.monotonic() - started:.0f} s)"
+            )
     return rates, idle
+
+
+def _progress(line: str) -> None:
+    print(f"[bench] {line}", file=sys.stderr, flush=True)
 
 
 def alternate(
