@@ -235,7 +235,15 @@ def main() -> None:
         json.dumps({"environment": env, "cells": results, "details": extra}, indent=2) + "\n"
     )
     table = _markdown(results)
-    notes = "\n".join(f"- {r['cell']}: {note}" for r in results for note in r.get("notes", []))
+    notes = "\n".join(
+        [f"- {r['cell']}: {note}" for r in results for note in r.get("notes", [])]
+        + [
+            f"- {r['cell']}: CPU cores used in the measured windows (median), {side}: "
+            + ", ".join(f"{kind} {value}" for kind, value in cores.items())
+            for r in results
+            for side, cores in r.get("cpu_cores_median", {}).items()
+        ]
+    )
     (args.out / f"{stamp}.md").write_text(
         f"# Benchmark {stamp}\n\n`python -m bench {' '.join(args.cells)}` "
         f"(BENCH_SCALE={env['bench_scale']}, {env['cpus']} CPUs, {env['seconds']} s)\n\n"

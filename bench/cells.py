@@ -122,10 +122,14 @@ def _sql_alone(bench: Bench, topics: Topics, rows: list[dict[str, object]]) -> f
             raise RuntimeError("the SQL-alone side needs every shard free (a relay still runs?)")
         cursors = {lease.shard: lease.progress for lease in leases}
         epochs = {lease.shard: lease.epoch for lease in leases}
+        committed = commit_at_once(bench, rows, topic)
+        deadline = time.monotonic() + 600
+        pages: list[list[OutboxRow]] = []
         with cpu_window():
-            committed = commit_at_once(bench, rows, topic)
             read = 0
             while read < len(rows):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the SQL-alone loop read {read} of {len(rows)} rows")
                 groups: dict[Progress, list[int]] = {}
                 for shard, cursor in cursors.items():
                     groups.setdefault(cursor, []).append(shard)
@@ -148,11 +152,15 @@ def _sql_alone(bench: Bench, topics: Topics, rows: list[dict[str, object]]) -> f
                     else:
                         ends = Progress(cursor.done, reading, page[-1].seq)
                     read += len(page)
+                    pages.append(page)
                     for shard in members:
                         cursors[shard] = ends
                     progress += [ShardProgress(s, epochs[s], ends) for s in members]
                 store.record(progress)
             elapsed = time.time() - committed
+        distinct = len({row.id for page in pages for row in page})
+        if distinct != len(rows):  # the denominator must read each row exactly once
+            raise RuntimeError(f"the SQL-alone loop read {read} rows, {distinct} distinct")
     finally:
         store.release([(lease.shard, lease.epoch) for lease in leases])
     return len(rows) / elapsed
@@ -199,7 +207,7 @@ def relay_cells(bench: Bench, *, repetitions: int, cells: list[str]) -> list[Cel
             TWO: functools.partial(drain_rate, bench, topics, _relay_side(bench, 2), rows),
         }
         wanted = [RELAY] + [side for cell in cells for side in NEEDS[cell]]
-        rates, idle = interleave(
+        run = interleave(
             {side: available[side] for side in available if side in wanted},
             repetitions=repetitions,
         )
@@ -260,6 +268,6 @@ def relay_cells(bench: Bench, *, repetitions: int, cells: list[str]) -> list[Cel
     for name in cells:
         cell = made[name]
         cell.notes.append(note)
-        cell.take(rates, idle)
+        cell.take(run)
         result.append(cell)
     return result

@@ -156,7 +156,7 @@ def debezium_cells(
             RELAY_HOT: functools.partial(drain_rate, bench, topics, relay, hot),
             DEBEZIUM_HOT: functools.partial(drain_rate, bench, topics, tuned, hot),
         }
-        rates, idle = interleave(drains, repetitions=repetitions)
+        run = interleave(drains, repetitions=repetitions)
         note = (
             f"{rows} rows of 200 B committed in one transaction while the side runs; relay page "
             f"{bench.batch_size}; rate from the commit to the last record's LogAppendTime"
@@ -171,7 +171,7 @@ def debezium_cells(
             f"{bench.keys} keys",
             notes=[note],
         )
-        drain.take(rates, idle)
+        drain.take(run)
         drain_hot = Cell(
             "R-DBZ-HOT",
             RELAY_HOT,
@@ -182,9 +182,9 @@ def debezium_cells(
             "row on one key",
             notes=[note],
         )
-        drain_hot.take(rates, idle)
+        drain_hot.take(run)
 
-        medians = {name: statistics.median(rates[name]) for name in (RELAY, DEBEZIUM_TUNED)}
+        medians = {name: statistics.median(run.rates[name]) for name in (RELAY, DEBEZIUM_TUNED)}
         rate = LOAD * min(medians.values())
         runs: dict[str, list[dict[str, Any]]] = {RELAY: [], DEBEZIUM_TUNED: []}
 
@@ -202,7 +202,7 @@ def debezium_cells(
             runs[name].append(result)
             return float(result["commit_to_kafka_ms"]["p99"])
 
-        p99s, latency_idle = interleave(
+        latency_run = interleave(
             {
                 RELAY: functools.partial(latency, RELAY, relay),
                 DEBEZIUM_TUNED: functools.partial(latency, DEBEZIUM_TUNED, tuned),
@@ -224,7 +224,7 @@ def debezium_cells(
                 "excluded; append time (LogAppendTime) minus the writer's clock after its commit"
             ],
         )
-        p99.take(p99s, latency_idle)
+        p99.take(latency_run)
         behind = [
             name
             for name, results in runs.items()

@@ -345,8 +345,8 @@ def drain_rate(bench: Bench, topics: Topics, side: Side, rows: list[dict[str, ob
     restage(bench, [])
     with side():
         sentinel(bench, topics, topic)
-        with cpu_window():
-            committed = commit_at_once(bench, rows, topic)
+        committed = commit_at_once(bench, rows, topic)
+        with cpu_window():  # from the commit to the last record: the drain alone
             if not topics.wait(topic, len(rows) + 1, timeout=600):
                 raise TimeoutError(f"only {topics.count(topic) - 1} of {len(rows)} rows published")
     last = max(topics.append_times(topic).values())

@@ -61,8 +61,58 @@ def _cpu_times() -> tuple[int, int]:
     return fields[3] + fields[4], sum(fields[:8])
 
 
+#: What a process is, by its command line: (class, substring), first match wins.
+_CLASSES = (
+    ("relay", "oncely relay run"),
+    ("relay", "-m oncely relay"),
+    ("kafka connect", "ConnectStandalone"),
+    ("broker", "kafka.Kafka"),
+    ("postgres", "postgres"),
+)
+
+
+def _process_times() -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of this process and its descendants, by pid, with each one's class
+    (relay, broker, kafka connect, postgres, bench: this process, other)."""
+    parents: dict[int, int] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parents[int(entry.name)], stats[int(entry.name)] = int(fields[1]), fields
+    mine, frontier = {os.getpid()}, [os.getpid()]
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    while frontier:
+        for child in children.get(frontier.pop(), []):
+            if child not in mine:
+                mine.add(child)
+                frontier.append(child)
+    tick = os.sysconf("SC_CLK_TCK")
+    result = {}
+    for pid in mine:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        kind = "bench" if pid == os.getpid() else "other"
+        for name, needle in _CLASSES:
+            if needle in command:
+                kind = name
+                break
+        fields = stats[pid]
+        result[pid] = (kind, (int(fields[11]) + int(fields[12])) / tick)
+    return result
+
+
 class _Idle(threading.local):
     last: float | None = None
+    cores: dict[str, float] | None = None
 
 
 _idle = _Idle()
@@ -72,16 +122,24 @@ _idle = _Idle()
 def cpu_window() -> Iterator[None]:
     """Mark the measured part of a side: the machine's CPU idle share over it is recorded."""
     idle0, total0 = _cpu_times()
+    before, started = _process_times(), time.monotonic()
     try:
         yield
     finally:
         idle1, total1 = _cpu_times()
+        after, wall = _process_times(), max(1e-3, time.monotonic() - started)
         _idle.last = (idle1 - idle0) / max(1, total1 - total0)
+        cores: dict[str, float] = {}
+        for pid, (kind, seconds) in after.items():
+            used = seconds - before.get(pid, (kind, 0.0))[1]
+            cores[kind] = cores.get(kind, 0.0) + used / wall
+        _idle.cores = {kind: round(value, 2) for kind, value in sorted(cores.items())}
 
 
-def _take_idle() -> float | None:
-    value, _idle.last = _idle.last, None
-    return value
+def _take_idle() -> tuple[float | None, dict[str, float] | None]:
+    value, cores = _idle.last, _idle.cores
+    _idle.last = _idle.cores = None
+    return value, cores
 
 
 @dataclass(frozen=True)
@@ -112,6 +170,8 @@ class Cell:
     unit: str
     rates: dict[str, list[float]] = field(default_factory=dict)
     idle: dict[str, list[float]] = field(default_factory=dict)
+    #: Cores used in each turn's measured window, by process class (relay, broker, ...).
+    cores: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     target: str = ""
     measures: str = ""
     notes: list[str] = field(default_factory=list)
@@ -124,15 +184,14 @@ class Cell:
         warmup: bool = True,
     ) -> None:
         """Run the sides interleaved (see :func:`interleave`) and keep this cell's sides."""
-        rates, idle = interleave(sides, repetitions=repetitions, warmup=warmup)
-        self.take(rates, idle)
+        self.take(interleave(sides, repetitions=repetitions, warmup=warmup))
 
-    def take(self, rates: Mapping[str, list[float]], idle: Mapping[str, list[float]]) -> None:
-        """Keep the values of this cell's sides from a run of more sides."""
+    def take(self, run: Run, *, values: Mapping[str, list[float]] | None = None) -> None:
+        """Keep this cell's sides from a run of more sides (``values`` instead of the run's)."""
         for side in (self.numerator, *self.denominators):
-            self.rates[side] = list(rates[side])
-            if side in idle:
-                self.idle[side] = list(idle[side])
+            self.rates[side] = list((values or run.rates)[side])
+            self.idle[side] = list(run.idle.get(side, []))
+            self.cores[side] = list(run.cores.get(side, []))
 
     def ratios(self) -> dict[str, dict[str, float]]:
         result = {}
@@ -170,6 +229,8 @@ class Cell:
                 side: round(statistics.median(v), 3) for side, v in self.idle.items() if v
             },
             "cpu_bound": self.cpu_bound(),
+            "cpu_cores": {side: v for side, v in self.cores.items() if v},
+            "cpu_cores_median": {side: _median_cores(v) for side, v in self.cores.items() if v},
             "ratios": ratios,
             "target": self.target,
             # The target applies to the first denominator; the others are context.
@@ -178,14 +239,29 @@ class Cell:
         }
 
 
+def _median_cores(turns: list[dict[str, float]]) -> dict[str, float]:
+    kinds = sorted({kind for turn in turns for kind in turn})
+    return {k: round(statistics.median(t.get(k, 0.0) for t in turns), 2) for k in kinds}
+
+
+@dataclass
+class Run:
+    """What :func:`interleave` measured: per side, one value, one CPU idle share and one
+    cores-by-process-class reading per repetition."""
+
+    rates: dict[str, list[float]]
+    idle: dict[str, list[float]]
+    cores: dict[str, list[dict[str, float]]]
+
+
 def interleave(
     sides: Mapping[str, Callable[[], float]], *, repetitions: int, warmup: bool = True
-) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+) -> Run:
     """Run each side once per repetition, in the same order (A/B/A/B...), after a warm-up turn
-    of each; return the values and the CPU idle share of every turn.
+    of each; return the values and the CPU use of every turn.
 
     The idle share is the one over the side's :func:`cpu_window` when it marked one, else over
-    the whole turn.
+    the whole turn; cores by process class only come from a :func:`cpu_window`.
     """
     if warmup:
         for name, side in sides.items():
@@ -194,6 +270,7 @@ def interleave(
             _progress(f"warm-up {name}: {value:.1f} ({time.monotonic() - started:.0f} s)")
     rates: dict[str, list[float]] = {name: [] for name in sides}
     idle: dict[str, list[float]] = {name: [] for name in sides}
+    cores: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
     for repetition in range(repetitions):
         for name, side in sides.items():
             _take_idle()
@@ -201,15 +278,16 @@ def interleave(
             started = time.monotonic()
             rates[name].append(side())
             idle1, total1 = _cpu_times()
-            window = _take_idle()
+            window, used = _take_idle()
             idle[name].append(
                 window if window is not None else (idle1 - idle0) / max(1, total1 - total0)
             )
+            cores[name].append(used or {})
             _progress(
                 f"{repetition + 1}/{repetitions} {name}: {rates[name][-1]:.1f}, CPU idle "
                 f"{idle[name][-1]:.0%} ({time.monotonic() - started:.0f} s)"
             )
-    return rates, idle
+    return Run(rates, idle, cores)
 
 
 def _progress(line: str) -> None:
@@ -219,8 +297,8 @@ def _progress(line: str) -> None:
 def alternate(
     sides: Mapping[str, Callable[[], float]], *, repetitions: int, warmup: bool = True
 ) -> dict[str, list[float]]:
-    """:func:`interleave` without the CPU idle shares."""
-    return interleave(sides, repetitions=repetitions, warmup=warmup)[0]
+    """:func:`interleave`'s values alone."""
+    return interleave(sides, repetitions=repetitions, warmup=warmup).rates
 
 
 def environment(extra: Mapping[str, Any]) -> dict[str, Any]:

@@ -67,7 +67,7 @@ def quiet_cells(bench: Bench, *, repetitions: int, seconds: float) -> tuple[list
 
         return send
 
-    def run(name: str, side: Side, raw: bool) -> tuple[float, float]:
+    def measure(name: str, side: Side, raw: bool) -> tuple[float, float]:
         result = commit_latency(
             bench,
             topics,
@@ -88,11 +88,11 @@ def quiet_cells(bench: Bench, *, repetitions: int, seconds: float) -> tuple[list
     values: dict[str, list[tuple[float, float]]] = {RELAY: [], RAW: []}
 
     def turn(name: str, side: Side, raw: bool) -> float:
-        values[name].append(run(name, side, raw))
+        values[name].append(measure(name, side, raw))
         return values[name][-1][1]
 
     try:
-        _, idle = interleave(
+        run = interleave(
             {
                 RELAY: functools.partial(turn, RELAY, relay, False),
                 RAW: functools.partial(turn, RAW, contextlib.nullcontext, True),
@@ -118,6 +118,8 @@ def quiet_cells(bench: Bench, *, repetitions: int, seconds: float) -> tuple[list
         )
         # The warm-up turn of each side is not reported.
         measured = {name: v[-repetitions:] for name, v in values.items()}
-        cell.take({name: [pair[index] for pair in pairs] for name, pairs in measured.items()}, idle)
+        cell.take(
+            run, values={name: [pair[index] for pair in pairs] for name, pairs in measured.items()}
+        )
         cells.append(cell)
     return cells, {name: r[-repetitions:] for name, r in runs.items()}

@@ -191,7 +191,7 @@ def measure(database_url: str, *, transactions: int, repetitions: int) -> list[C
         f"{NOTIFY} + stage()": side(_one, with_stage=True, writers=WRITERS, notify=True),
     }
     try:
-        rates, idle = interleave(sides, repetitions=repetitions)
+        run = interleave(sides, repetitions=repetitions)
     finally:
         _reset(engine)
         engine.dispose()
@@ -211,7 +211,7 @@ def measure(database_url: str, *, transactions: int, repetitions: int) -> list[C
             measures=f"business transaction ({shape}) + stage() / without",
             notes=[note],
         )
-        cell.take(rates, idle)
+        cell.take(run)
         cells.append(cell)
     notify_cell = Cell(
         "R5 NOTIFY (context)",
@@ -223,7 +223,7 @@ def measure(database_url: str, *, transactions: int, repetitions: int) -> list[C
         "with relays awake (no NOTIFY)",
         notes=[note],
     )
-    notify_cell.take(rates, idle)
+    notify_cell.take(run)
     cells.append(notify_cell)
     return cells
 

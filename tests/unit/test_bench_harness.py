@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from bench.__main__ import _markdown
-from bench.harness import Cell, Target, interleave, scale, scaled
+from bench.harness import Cell, Target, _take_idle, cpu_window, interleave, scale, scaled
 
 
 def test_target_met_in_its_direction() -> None:
@@ -51,12 +53,10 @@ def test_interleave_alternates_after_a_warm_up() -> None:
         calls.append(name)
         return 1.0
 
-    rates, idle = interleave(
-        {"a": lambda: side("a"), "b": lambda: side("b")}, repetitions=2, warmup=True
-    )
+    run = interleave({"a": lambda: side("a"), "b": lambda: side("b")}, repetitions=2, warmup=True)
     assert calls == ["a", "b", "a", "b", "a", "b"]
-    assert rates == {"a": [1.0, 1.0], "b": [1.0, 1.0]}
-    assert all(0.0 <= x <= 1.0 for values in idle.values() for x in values)
+    assert run.rates == {"a": [1.0, 1.0], "b": [1.0, 1.0]}
+    assert all(0.0 <= x <= 1.0 for values in run.idle.values() for x in values)
 
 
 def test_scale_multiplies_sizes_and_refuses_nonsense(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,3 +66,13 @@ def test_scale_multiplies_sizes_and_refuses_nonsense(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("BENCH_SCALE", "fast")
     with pytest.raises(SystemExit, match="BENCH_SCALE='fast': give a positive number"):
         scale()
+
+
+def test_cpu_window_counts_this_process_cores() -> None:
+    with cpu_window():
+        deadline = time.process_time() + 0.3
+        while time.process_time() < deadline:
+            pass
+    idle, cores = _take_idle()
+    assert idle is not None and 0.0 <= idle <= 1.0
+    assert cores is not None and cores["bench"] >= 0.5, cores
