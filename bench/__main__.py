@@ -84,7 +84,8 @@ def _markdown(results: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for result in results:
-        if "ratios" not in result:  # R4 reports percentiles only: see the JSON
+        if result["cell"] == "R4":
+            lines += _r4_lines(result)
             continue
         for index, (denominator, ratio) in enumerate(result["ratios"].items()):
             medians = result["medians"]
@@ -107,6 +108,28 @@ def _markdown(results: list[dict[str, Any]]) -> str:
                 f"| {result['target'] if first else ''} | {verdict.strip()} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _r4_lines(result: dict[str, Any]) -> list[str]:
+    """R4 (optional) reports percentiles per load level, not a ratio."""
+    lines = []
+    for level in result["levels"]:
+        p, r = level["pipeline_ms"], level["raw_kafka_ms"]
+        for label, ours, theirs in (
+            ("commit→effect vs raw produce→consume", "commit_to_effect", "produce_to_consume"),
+            (
+                "schedule→effect vs raw schedule→consume",
+                "schedule_to_effect",
+                "schedule_to_consume",
+            ),
+        ):
+            a, b = p[ours], r[theirs]
+            lines.append(
+                f"| R4 @ {level['load']:.0%} ({level['rate_per_second']}/s) | {label}, "
+                f"p50/p95/p99 | | {a['p50']}/{a['p95']}/{a['p99']} vs "
+                f"{b['p50']}/{b['p95']}/{b['p99']} ms | | {result['target']} | |"
+            )
+    return lines
 
 
 def _plot(results: list[dict[str, Any]], path: Path) -> None:
