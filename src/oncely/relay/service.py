@@ -86,7 +86,9 @@ def run_relay(*, database_url: str, kafka: KafkaSettings, settings: RelaySetting
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    engine = sa.create_engine(database_url, pool_pre_ping=True, pool_size=2)
+    # No pre-ping: every database error is handled by the loop, and a broken connection is
+    # replaced on the next call.
+    engine = sa.create_engine(database_url, pool_size=2)
     relay = build_relay(engine=engine, kafka=kafka, settings=settings, stop=stop)
     server = None
     if settings.metrics_port is not None:
