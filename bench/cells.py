@@ -163,6 +163,7 @@ def _sql_alone(bench: Bench, topics: Topics, rows: list[dict[str, object]]) -> f
             raise RuntimeError(f"the SQL-alone loop read {read} rows, {distinct} distinct")
     finally:
         store.release([(lease.shard, lease.epoch) for lease in leases])
+        store.close()
     return len(rows) / elapsed
 
 

@@ -191,6 +191,7 @@ def test_progress_of_a_shard_taken_over_is_refused(engine: sa.Engine) -> None:
     assert late == set(), "a zombie cannot move progress"
     assert zombie.renew([(lease.shard, lease.epoch) for lease in leases], lease_seconds=5) == set()
     assert taker.record([ShardProgress(0, taken[0].epoch, Progress(snapshot))]) == {0}
+    zombie.close()
 
 
 def _parked(engine: sa.Engine) -> list[tuple[str, str, str | None]]:

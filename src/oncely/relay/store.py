@@ -8,7 +8,8 @@ relay took over is reported back as lost and nothing of it changes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
@@ -121,12 +122,42 @@ class RelayStore:
     def __init__(self, engine: sa.Engine, *, owner: str) -> None:
         self.engine = engine
         self.owner = owner
+        self._reader: sa.Connection | None = None
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[sa.Connection]:
+        """The relay's read connection: kept open, autocommit (one round trip per statement).
+
+        A failed statement closes it; the next read reconnects.
+        """
+        if self._reader is None:
+            self._reader = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            yield self._reader
+        except sa.exc.DBAPIError:
+            self.close()
+            raise
+
+    @contextlib.contextmanager
+    def _progress_transaction(self) -> Iterator[sa.Connection]:
+        """A write transaction whose commit does not wait for the WAL flush: losing it in a
+        database crash only replays what it recorded (duplicates, never loss)."""
+        with self.engine.begin() as conn:
+            conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+            yield conn
+
+    def close(self) -> None:
+        """Close the read connection (the next read opens another)."""
+        if self._reader is not None:
+            with contextlib.suppress(sa.exc.SQLAlchemyError):
+                self._reader.close()
+            self._reader = None
 
     # -- reads ---------------------------------------------------------------------------------
 
     def snapshot(self) -> tuple[Snapshot, datetime]:
         """The current snapshot and the database clock."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             row = conn.execute(query("relay_snapshot")).one()
         return Snapshot.parse(row.snapshot), row.now
 
@@ -143,7 +174,7 @@ class RelayStore:
         difference = Difference.between(done, reading)
         if difference.empty:
             return []
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             rows = conn.execute(
                 query("relay_read"),
                 {
@@ -152,17 +183,17 @@ class RelayStore:
                     "page_size": page_size,
                     **difference.params(),
                 },
-            ).mappings()
-            return [OutboxRow.from_mapping(dict(row)) for row in rows]
+            )
+            return [OutboxRow(*row) for row in rows]
 
     def rows(self, ids: Sequence[UUID]) -> dict[UUID, OutboxRow]:
         """The outbox rows with these ids (rows purged since are missing)."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(query("relay_rows"), {"ids": list(ids)}).mappings()
-            return {row["id"]: OutboxRow.from_mapping(dict(row)) for row in rows}
+        with self._reading() as conn:
+            rows = conn.execute(query("relay_rows"), {"ids": list(ids)})
+            return {row[0]: OutboxRow(*row) for row in rows}
 
     def parked(self, shards: Sequence[int]) -> list[Parking]:
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             rows = conn.execute(query("relay_parked"), {"shards": list(shards)}).all()
         return [
             Parking(
@@ -204,7 +235,7 @@ class RelayStore:
         """
         if not progress:
             return set()
-        with self.engine.begin() as conn:
+        with self._progress_transaction() as conn:
             recorded = set(
                 conn.execute(
                     query("relay_record"),
