@@ -11,8 +11,8 @@ from rich.markup import escape
 from oncely.cli._options import DatabaseUrl
 from oncely.cli._output import err, out
 from oncely.errors import ConfigurationError
+from oncely.storage.migrations import UpgradeRefusedError, upgrade_sql, validate_shards
 from oncely.storage.migrations import upgrade as apply_migrations
-from oncely.storage.migrations import upgrade_sql
 from oncely.storage.roles import grant_statements
 from oncely.storage.tables import validate_schema_name
 
@@ -24,20 +24,38 @@ Schema = Annotated[
 ]
 
 
+Shards = Annotated[
+    int | None,
+    typer.Option(
+        help="Number of key shards the relay reads by (1-1024, default 32). Only meaningful on "
+        "the upgrade that applies migration 0003 (a new installation, or the upgrade to the "
+        "log-reading relay): the count is fixed then. At most one relay reads a shard at a "
+        "time, so choose at least as many shards as relays you will run.",
+    ),
+]
+
+
 @app.command()
-def upgrade(database_url: DatabaseUrl, schema: Schema = None) -> None:
-    """Apply the migrations the database lacks (safe to run twice, and concurrently)."""
+def upgrade(database_url: DatabaseUrl, schema: Schema = None, shards: Shards = None) -> None:
+    """Apply the migrations the database lacks (safe to run twice, and concurrently).
+
+    Upgrading a database from before migration 0003: stop every relay first (the upgrade
+    refuses while their row leases are live); rows pending then are published once by the new
+    relay, and dead rows keep their keys parked (`oncely dead list`).
+    """
     try:
         if schema is not None:
             validate_schema_name(schema)  # before connecting: a bad name fails at once
+        if shards is not None:
+            validate_shards(shards)
     except ConfigurationError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     engine = sa.create_engine(database_url)
     try:
-        applied = apply_migrations(engine, schema=schema)
-    except ConfigurationError as exc:
-        err.print(f"[red]error:[/] {exc}")
+        applied = apply_migrations(engine, schema=schema, shards=shards)
+    except (ConfigurationError, UpgradeRefusedError) as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     except sa.exc.OperationalError as exc:
         err.print(f"[red]error:[/] cannot reach the database: {exc.orig}")

@@ -3,6 +3,9 @@
 Migrations are the packaged ``migrations/NNNN_name.sql`` files, applied in order, each recorded
 in ``oncely_migrations``. The whole upgrade is one transaction holding an advisory lock, so
 concurrent upgrades serialise and a failed one leaves nothing half-applied.
+
+Migration 0003 (the relay as a log reader) fixes the number of key shards (``shards``,
+default 32) and refuses to run while relays of the earlier model hold row leases.
 """
 
 from __future__ import annotations
@@ -12,13 +15,25 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
+import psycopg.errors
 import sqlalchemy as sa
 
-from oncely.storage.tables import validate_schema_name
+from oncely.errors import ConfigurationError, OncelyError
+from oncely.storage.tables import MAX_SHARDS, validate_schema_name
 
 #: pg_advisory_xact_lock key of ``oncely db upgrade`` ("oncely" in ASCII).
 _LOCK_KEY = 0x6F6E63656C79
 _FILE_NAME = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
+
+
+#: The version whose migration creates the shards (``oncely_relay_shards``).
+SHARDS_VERSION = 3
+#: Messages a migration raises on purpose start with this (see 0003's lease check).
+_REFUSAL = "oncely db upgrade: "
+
+
+class UpgradeRefusedError(OncelyError):
+    """The upgrade was refused: the database is not in a state it can migrate from now."""
 
 
 @dataclass(frozen=True)
@@ -44,13 +59,37 @@ def upgrade_sql() -> str:
     return "\n".join(f"-- migration {m.version:04d}_{m.name}\n{m.sql}" for m in migrations())
 
 
-def upgrade(engine: sa.Engine, *, schema: str | None = None) -> list[Migration]:
+def validate_shards(shards: int) -> int:
+    """Return ``shards`` if it is a valid shard count (1-1024), else raise ConfigurationError."""
+    if not 1 <= shards <= MAX_SHARDS:
+        raise ConfigurationError(
+            f"--shards {shards}: choose between 1 and {MAX_SHARDS} shards (at most one relay "
+            "reads a shard at a time, so more shards allow more relays)"
+        )
+    return shards
+
+
+def upgrade(
+    engine: sa.Engine,
+    *,
+    schema: str | None = None,
+    shards: int | None = None,
+    to_version: int | None = None,
+) -> list[Migration]:
     """Apply the migrations ``engine``'s database lacks; return those applied (empty: no-op).
 
-    With ``schema``, the tables live in that schema (created if missing). Raises
-    :class:`~oncely.errors.ConfigurationError` for an invalid schema name; database errors
-    propagate and roll the whole upgrade back.
+    With ``schema``, the tables live in that schema (created if missing). ``shards`` is the
+    number of key shards the relay reads by (default 32): it is fixed by the upgrade that
+    applies migration 0003 and cannot change later; given to a later upgrade it must equal the
+    database's count. ``to_version`` stops after that migration (tests of older schemas).
+
+    Raises :class:`~oncely.errors.ConfigurationError` for an invalid schema name or shard count
+    (or one that differs from the database's), :class:`UpgradeRefusedError` when a migration
+    refuses the database's state (e.g. rows leased by a running relay of the earlier model);
+    other database errors propagate. Any error rolls the whole upgrade back.
     """
+    if shards is not None:
+        validate_shards(shards)
     applied: list[Migration] = []
     with engine.begin() as conn:
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _LOCK_KEY})
@@ -58,6 +97,11 @@ def upgrade(engine: sa.Engine, *, schema: str | None = None) -> list[Migration]:
             quoted = conn.dialect.identifier_preparer.quote_identifier(validate_schema_name(schema))
             conn.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {quoted}")
             conn.exec_driver_sql(f"SET LOCAL search_path TO {quoted}")
+        if shards is not None:
+            conn.execute(
+                sa.text("SELECT set_config('oncely.shards', :shards, true)"),
+                {"shards": str(shards)},
+            )
         conn.exec_driver_sql(
             "CREATE TABLE IF NOT EXISTS oncely_migrations ("
             " version integer PRIMARY KEY,"
@@ -65,10 +109,26 @@ def upgrade(engine: sa.Engine, *, schema: str | None = None) -> list[Migration]:
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
         done = set(conn.execute(sa.text("SELECT version FROM oncely_migrations")).scalars())
+        if shards is not None and SHARDS_VERSION in done:
+            existing = conn.execute(sa.text("SELECT count(*) FROM oncely_relay_shards")).scalar()
+            if existing != shards:
+                raise ConfigurationError(
+                    f"--shards {shards}: this database has {existing} shards, fixed when "
+                    "migration 0003 was applied; drop --shards (it cannot change later)"
+                )
         for migration in migrations():
             if migration.version in done:
                 continue
-            conn.exec_driver_sql(migration.sql)
+            if to_version is not None and migration.version > to_version:
+                break
+            try:
+                conn.exec_driver_sql(migration.sql)
+            except sa.exc.DBAPIError as exc:
+                if isinstance(exc.orig, psycopg.errors.RaiseException) and str(
+                    exc.orig.diag.message_primary or ""
+                ).startswith(_REFUSAL):
+                    raise UpgradeRefusedError(str(exc.orig.diag.message_primary)) from exc
+                raise
             conn.execute(
                 sa.text("INSERT INTO oncely_migrations (version, name) VALUES (:v, :n)"),
                 {"v": migration.version, "n": migration.name},

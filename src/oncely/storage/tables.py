@@ -19,6 +19,8 @@ from oncely.errors import ConfigurationError
 
 #: Shards of a new installation (``oncely db upgrade --shards`` chooses another count).
 DEFAULT_SHARDS = 32
+#: The most shards an installation can have.
+MAX_SHARDS = 1024
 #: Why a key is parked: its next row failed for good, or is not due yet.
 PARK_REASONS = ("dead", "delayed")
 #: What an operator asked for a parked key: publish its dead row again, or give up on it.
