@@ -198,7 +198,8 @@ def build_metadata(schema: str | None = None) -> sa.MetaData:
     shards = sa.Table(
         "oncely_relay_shards",
         md,
-        sa.Column("shard", sa.SmallInteger, nullable=False),
+        # Not a serial: the shards are numbered 0..S-1 when the table is created.
+        sa.Column("shard", sa.SmallInteger, nullable=False, autoincrement=False),
         sa.Column("done", PG_SNAPSHOT, nullable=False),
         sa.Column("reading", PG_SNAPSHOT),
         sa.Column("after_seq", sa.BigInteger, nullable=False, server_default=sa.text("0")),
