@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from oncely.producer.staging import DuplicateInTransactionError, stage, stage_many
 from oncely.schemas.codec import Codec
 from oncely.storage import DuplicateEventKeyError
+from oncely.storage.tables import DEFAULT_SHARDS, NOTIFY_CHANNEL, shard_of
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +63,7 @@ def test_session_commit_keeps_the_row_with_the_codec_bytes(engine: sa.Engine) ->
             sa.text("INSERT INTO transfers VALUES (:id, 'x')"), {"id": event.transfer_id}
         )
         staged = stage(session, event, headers={"x-origin": "test"})
+        txid = session.execute(sa.text("SELECT pg_current_xact_id()::text")).scalar_one()
     [row] = _outbox(engine)
     assert row.id == staged.id
     assert staged.id.version == 7
@@ -73,7 +75,9 @@ def test_session_commit_keeps_the_row_with_the_codec_bytes(engine: sa.Engine) ->
     assert CODEC.decode(bytes(row.payload), row.headers) == event
     assert row.headers["x-origin"] == "test"
     assert row.headers["content-type"] == "application/vnd.oncely.avro"
-    assert row.status == "pending"
+    # Written once: the relay reads it by the writing transaction and the key's shard.
+    assert str(row.txid) == txid
+    assert row.shard == shard_of(row.topic, row.aggregateid, DEFAULT_SHARDS)
 
 
 def test_session_rollback_leaves_no_trace(engine: sa.Engine) -> None:
@@ -174,14 +178,38 @@ def test_an_event_key_from_an_earlier_transaction_is_refused_naming_it(engine: s
     assert len(_outbox(engine)) == 1
 
 
-def test_a_committed_stage_notifies_listening_relays(engine: sa.Engine, database_url: str) -> None:
+def _member(engine: sa.Engine, relay_id: str, *, asleep: bool) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO oncely_relay_members (relay_id, heartbeat_until, asleep)"
+                " VALUES (:relay_id, now() + interval '1 minute', :asleep)"
+                " ON CONFLICT (relay_id) DO UPDATE SET asleep = EXCLUDED.asleep"
+            ),
+            {"relay_id": relay_id, "asleep": asleep},
+        )
+
+
+def test_staging_notifies_only_while_a_relay_is_asleep(
+    engine: sa.Engine, database_url: str
+) -> None:
+    """No NOTIFY (and its commit-time lock) while relays are awake; one while one sleeps."""
     import psycopg
 
     from oncely.testing.services import libpq_dsn
 
-    with psycopg.connect(libpq_dsn(database_url), autocommit=True) as listener:
-        listener.execute("LISTEN oncely_outbox")
-        with Session(engine) as session, session.begin():
-            stage(session, _event())
-        notes = list(listener.notifies(timeout=5, stop_after=1))
-    assert [note.channel for note in notes] == ["oncely_outbox"]
+    def notifications() -> list[str]:
+        with psycopg.connect(libpq_dsn(database_url), autocommit=True) as listener:
+            listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            with Session(engine) as session, session.begin():
+                stage(session, _event())
+                stage(session, _event())
+            return [note.channel for note in listener.notifies(timeout=1.5)]
+
+    assert notifications() == []  # no relay at all
+    _member(engine, "relay-a", asleep=False)
+    assert notifications() == []  # a relay polling: it needs no wake-up
+    _member(engine, "relay-b", asleep=True)
+    assert notifications() == [NOTIFY_CHANNEL]  # one: a transaction's identical NOTIFYs fold
+    _member(engine, "relay-b", asleep=False)
+    assert notifications() == []

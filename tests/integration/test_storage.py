@@ -12,14 +12,18 @@ import pytest
 import sqlalchemy as sa
 
 from oncely.storage import DuplicateEventKeyError, metadata, migrations, outbox, upgrade
-from oncely.storage.tables import build_metadata
+from oncely.storage.tables import DEFAULT_SHARDS, NOTIFY_CHANNEL, build_metadata
+from oncely.testing.services import libpq_dsn
 
 pytestmark = pytest.mark.integration
 
 _CATALOG = {
+    # Column order, not ordinal_position: a migration's dropped columns leave gaps in attnum.
     "columns": """
-        SELECT table_name, column_name, ordinal_position, data_type, is_nullable,
-               column_default, is_identity, identity_generation
+        SELECT table_name, column_name,
+               row_number() OVER (PARTITION BY table_name ORDER BY ordinal_position),
+               data_type, is_nullable, column_default, is_identity, identity_generation,
+               is_generated, generation_expression
         FROM information_schema.columns WHERE table_schema = 'public'
         ORDER BY table_name, ordinal_position""",
     "constraints": """
@@ -35,6 +39,10 @@ _CATALOG = {
     "functions": """
         SELECT proname, pg_get_functiondef(oid) FROM pg_proc
         WHERE pronamespace = 'public'::regnamespace ORDER BY 1""",
+    # The shards are created with the schema, both ways.
+    "shards": """
+        SELECT 'oncely_relay_shards', shard, reading, after_seq, owner, epoch, lease_until
+        FROM oncely_relay_shards ORDER BY shard""",
 }
 
 
@@ -66,10 +74,12 @@ def test_migrations_and_metadata_build_the_same_database(
 
     migrated, created = _catalog(from_migrations), _catalog(from_metadata)
     assert len(migrated["columns"]) > 40
-    assert {row[1] for row in migrated["triggers"]} == {
-        "oncely_outbox_notify",
+    assert {row[1] for row in migrated["triggers"]} == {"oncely_outbox_wake", "oncely_tasks_notify"}
+    assert {row[0] for row in migrated["functions"]} == {
+        "oncely_outbox_wake",
         "oncely_tasks_notify",
     }
+    assert [row[1] for row in migrated["shards"]] == list(range(DEFAULT_SHARDS))
     for part in _CATALOG:
         assert migrated[part] == created[part], part
 
@@ -101,28 +111,69 @@ def test_upgrade_twice_is_a_no_op_and_concurrent_upgrades_serialise(
     engine.dispose()
 
 
-def test_upgrade_into_a_named_schema(new_database: Callable[..., str]) -> None:
-    engine = sa.create_engine(new_database(empty=True))
-    assert upgrade(engine, schema="events") == list(migrations())
-    assert upgrade(engine, schema="events") == []
-    in_schema = build_metadata("events").tables["events.oncely_outbox"]
+def _wakes_a_sleeping_relay(url: str, schema: str) -> None:
+    """Inserting into ``schema``'s outbox notifies only while a relay there is asleep.
+
+    The inserting connection's search_path does not include ``schema``: the wake trigger finds
+    ``oncely_relay_members`` through its own search_path.
+    """
+    in_schema = build_metadata(schema).tables[f"{schema}.oncely_outbox"]
+    engine = sa.create_engine(url)
+
+    def notified() -> list[str]:
+        with psycopg.connect(libpq_dsn(url), autocommit=True) as listener:
+            listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.insert(in_schema),
+                    {
+                        "id": uuid.uuid4(),
+                        "aggregatetype": "a",
+                        "aggregateid": "1",
+                        "type": "t",
+                        "topic": "t",
+                        "payload": b"x",
+                        "event_key": str(uuid.uuid4()),
+                    },
+                )
+            return [note.channel for note in listener.notifies(timeout=1.5)]
+
+    assert notified() == []
     with engine.begin() as conn:
         conn.execute(
-            sa.insert(in_schema),
-            {
-                "id": uuid.uuid4(),
-                "aggregatetype": "a",
-                "aggregateid": "1",
-                "type": "t",
-                "topic": "t",
-                "payload": b"x",
-                "event_key": "k",
-            },
+            sa.text(
+                f"INSERT INTO {schema}.oncely_relay_members (relay_id, heartbeat_until, asleep)"
+                " VALUES ('sleeper', now() + interval '1 minute', true)"
+            )
         )
-        assert conn.execute(sa.text("SELECT count(*) FROM events.oncely_outbox")).scalar() == 1
+    assert notified() == [NOTIFY_CHANNEL]
+    with engine.connect() as conn:
+        assert conn.execute(sa.text(f"SELECT count(*) FROM {schema}.oncely_outbox")).scalar() == 2
+        assert conn.execute(
+            sa.text(f"SELECT count(*) FROM {schema}.oncely_relay_shards")
+        ).scalar() == (DEFAULT_SHARDS)
         public = conn.execute(sa.text("SELECT to_regclass('public.oncely_outbox')")).scalar()
     assert public is None
     engine.dispose()
+
+
+def test_upgrade_into_a_named_schema(new_database: Callable[..., str]) -> None:
+    url = new_database(empty=True)
+    engine = sa.create_engine(url)
+    assert upgrade(engine, schema="events") == list(migrations())
+    assert upgrade(engine, schema="events") == []
+    engine.dispose()
+    _wakes_a_sleeping_relay(url, "events")
+
+
+def test_metadata_in_a_named_schema(new_database: Callable[..., str]) -> None:
+    url = new_database(empty=True)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE SCHEMA events"))
+    build_metadata("events").create_all(engine)
+    engine.dispose()
+    _wakes_a_sleeping_relay(url, "events")
 
 
 def test_a_duplicate_event_key_is_translated_by_constraint_name(database_url: str) -> None:
