@@ -16,17 +16,21 @@ What the router cannot reproduce is listed in ``docs/how-to/debezium.md``: the r
 one ``jsonb`` value, which the router could only place whole, as a single JSON header, never as
 one Kafka header per entry. oncely's consumers need neither.
 
-UPDATEs (settles, requeues) and DELETEs (purges) are skipped by the connector
-(``skipped.operations=u,d,t``; Debezium then creates the publication with
-``publish = 'insert'``), so nothing is emitted for them, not even a tombstone
-(``tombstones.on.delete=false`` as well). The router would drop them anyway, UPDATEs with a
-warning per row.
+Only INSERTs are events: the relay never updates an outbox row, and DELETEs (purges) are
+skipped by the connector (``skipped.operations=u,d,t``; Debezium then creates the publication
+with ``publish = 'insert'``), so nothing is emitted for them, not even a tombstone
+(``tombstones.on.delete=false`` as well). The extra columns (``seq``, ``event_key``, ``txid``,
+``shard``, ``created_at``, ``available_at``) are in the change events but the router reads only
+the columns it is configured with. oncely's relay tables (shard progress, parked keys, held
+rows) are not captured (``table.include.list``).
 
-The snapshot taken when the connector first starts reads only rows still ``pending``, in
-``seq`` order, so switching from oncely's relay to Debezium publishes the backlog once and in
-per-key order. In Debezium mode nothing settles a row: rows stay ``pending`` and are removed by
-:func:`purge` (``oncely debezium purge``), not by the relay's purge of published rows. That
-purge deletes only rows the connector's replication slot has confirmed (see :func:`purge`).
+The snapshot taken when the connector first starts reads only the rows oncely's relay has not
+published (:func:`snapshot_statement`: not yet covered by their shard's progress, or held
+behind a parked key; never a dead row), in ``seq`` order, so switching from oncely's relay to
+Debezium publishes the backlog once and in per-key order. In Debezium mode nothing records
+progress: every row counts as unpublished and is removed by :func:`purge`
+(``oncely debezium purge``), not by the relay's purge. That purge deletes only rows the
+connector's replication slot has confirmed (see :func:`purge`).
 """
 
 from __future__ import annotations
@@ -171,6 +175,29 @@ class ConnectorOptions:
         return replace(database, **options)
 
 
+def snapshot_statement(schema: str) -> str:
+    """The connector's first snapshot: the outbox rows oncely's relay has not published.
+
+    Those of transactions their shard's progress does not cover (neither the snapshot whose
+    rows are all acknowledged, nor the acknowledged part of the one being read), and those held
+    behind a parked key or parked as delayed; not a dead row (``oncely dead`` still lists it).
+    In ``seq`` order, so each key's backlog is published in order. The connector's user needs
+    ``SELECT`` on ``oncely_relay_shards``, ``oncely_relay_held`` and ``oncely_relay_parked``.
+    """
+    validate_schema_name(schema)
+    return (
+        f"SELECT * FROM {schema}.{OUTBOX_TABLE} AS o "
+        f"WHERE EXISTS (SELECT 1 FROM {schema}.oncely_relay_shards AS s "
+        "WHERE s.shard = o.shard AND NOT pg_visible_in_snapshot(o.txid, s.done) "
+        "AND NOT (s.reading IS NOT NULL AND o.seq <= s.after_seq "
+        "AND pg_visible_in_snapshot(o.txid, s.reading))) "
+        f"OR o.id IN (SELECT h.event_id FROM {schema}.oncely_relay_held AS h) "
+        f"OR o.id IN (SELECT p.event_id FROM {schema}.oncely_relay_parked AS p "
+        "WHERE p.reason = 'delayed') "
+        "ORDER BY o.seq"
+    )
+
+
 def connector_config(options: ConnectorOptions) -> dict[str, str]:
     """The Debezium PostgreSQL connector configuration for ``oncely_outbox``.
 
@@ -195,13 +222,11 @@ def connector_config(options: ConnectorOptions) -> dict[str, str]:
         "publication.name": options.publication_name,
         "publication.autocreate.mode": "filtered",
         "table.include.list": table,
-        # First start: publish the rows not yet published, in per-key (seq) order.
+        # First start: publish the rows oncely's relay has not, in per-key (seq) order.
         "snapshot.mode": "initial",
         "snapshot.select.statement.overrides": table,
-        f"snapshot.select.statement.overrides.{table}": (
-            f"SELECT * FROM {table} WHERE status = 'pending' ORDER BY seq"
-        ),
-        # Only INSERTs are events; settles, requeues and purges emit nothing.
+        f"snapshot.select.statement.overrides.{table}": snapshot_statement(options.schema),
+        # Only INSERTs are events; purges (DELETEs) emit nothing.
         "skipped.operations": "u,d,t",
         "tombstones.on.delete": "false",
         "binary.handling.mode": "bytes",
@@ -280,9 +305,10 @@ def drop_slot(engine: sa.Engine, slot_name: str, *, timeout: float = 30.0) -> bo
     """Drop the connector's replication slot once no walsender holds it.
 
     An idle slot keeps every WAL segment from its position on, so drop it when the connector is
-    removed for good (the next connector then snapshots the pending rows again). Waits up to
-    ``timeout`` seconds for a stopping connector to let go of the slot. Returns whether a slot
-    was dropped (``False``: there was none).
+    removed for good (the next connector snapshots the rows again: every retained row oncely's
+    relay has not published, as nothing records Debezium's progress in the database). Waits up
+    to ``timeout`` seconds for a stopping connector to let go of the slot. Returns whether a
+    slot was dropped (``False``: there was none).
 
     Raises:
         SlotInUseError: the slot is still active after ``timeout`` seconds: stop the connector
@@ -515,7 +541,7 @@ def purge(
 ) -> PurgeResult:
     """Delete the outbox rows older than the horizon that the connector has read.
 
-    For Debezium mode, where rows are never marked published. An outbox row stores no WAL
+    For Debezium mode, where nothing records which rows were published. A row stores no WAL
     position, so the purge proves "read" with a mark (:class:`PurgeMark`): the ``xmin`` of a
     fresh snapshot, and the WAL insert position ``L`` read right after it. A row whose version
     was written by a transaction older than ``xmin`` was committed before the snapshot, so its
@@ -523,8 +549,8 @@ def purge(
     (``confirmed_flush_lsn >= L``), the connector has received every such row: streamed from
     the WAL, or read by the snapshot it took when its slot was created (a slot created after
     the row committed starts past it; that snapshot holds the rows it reads, so a delete does not
-    hide them from it). The purge then deletes those rows created before the horizon, whatever
-    their status; rows written later, or by transactions still running at the mark, stay.
+    hide them from it). The purge then deletes those rows created before the horizon; rows
+    written later, or by transactions still running at the mark, stay.
 
     Waits up to ``wait_seconds`` for the slot to confirm ``L``. Returns the plan (what the mark
     covered per topic when it was taken), the slot once it confirmed the mark, and how many

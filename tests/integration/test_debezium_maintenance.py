@@ -21,7 +21,16 @@ from oncely import debezium
 from oncely.cli.debezium import app
 from oncely.storage import outbox
 from oncely.testing.services import libpq_dsn
-from tests.helpers import SlotReader, insert_rows, outbox_rows, scalar
+from tests.helpers import (
+    SlotReader,
+    count_published,
+    fast_settings,
+    insert_rows,
+    outbox_rows,
+    running_relay,
+    scalar,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -191,22 +200,73 @@ def test_purge_is_a_dry_run_without_execute(
     assert len(_ids(engine)) == 5
 
 
-def test_purge_deletes_old_rows_whatever_their_status(
-    database_url: str, engine: sa.Engine, slots: Callable[[], str], publication: str
+def test_purge_deletes_old_rows_whether_or_not_the_relay_published_them(
+    database_url: str,
+    engine: sa.Engine,
+    slots: Callable[[], str],
+    publication: str,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
 ) -> None:
     slot = slots()
-    rows = outbox_rows(5, topics=["t"], keys=2)
-    insert_rows(engine, rows)
+    topic = new_topic()
+    insert_rows(engine, outbox_rows(3, topics=[topic], keys=2))
+    with running_relay(engine, kafka_bootstrap, fast_settings()):
+        wait_until(lambda: count_published(engine) == 3, timeout=30)
+    insert_rows(engine, outbox_rows(2, topics=[topic], keys=2))  # never published
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE oncely_outbox SET created_at = now() - interval '2 days'"))
-        conn.execute(sa.text("UPDATE oncely_outbox SET status = 'published' WHERE seq = 1"))
-    insert_rows(engine, outbox_rows(2, topics=["t"], keys=2))
+    insert_rows(engine, outbox_rows(2, topics=[topic], keys=2))
     with SlotReader(libpq_dsn(database_url), slot, publication):
         result = _purge(database_url, "--execute", "--wait", "30")
     assert result.exit_code == 0, result.output
     assert "deleted 5 outbox row(s)" in result.stdout
     assert f"confirmed by slot {slot}" in result.stdout
     assert scalar(engine, "SELECT count(*) FROM oncely_outbox") == 2
+
+
+def test_the_first_snapshot_reads_exactly_the_rows_the_relay_has_not_published(
+    engine: sa.Engine, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    """The connector's snapshot statement, run as Debezium runs it: unpublished and held rows,
+    in seq order; not the rows the relay acknowledged, nor a dead row parking its key."""
+    topic = new_topic()
+    rows = outbox_rows(12, topics=[topic], keys=4)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    delayed = {**outbox_rows(1, topics=[topic], keys=1)[0], "aggregateid": "later"}
+    delayed["available_at"] = later
+    behind_delayed = {**outbox_rows(1, topics=[topic], keys=1)[0], "aggregateid": "later"}
+    behind_delayed["available_at"] = datetime.now(UTC)
+    insert_rows(engine, rows)
+    insert_rows(engine, [delayed, behind_delayed])
+    # key-0's first row failed for good: it parks the key (as the relay's dead-lettering does).
+    dead_row = rows[0]
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO oncely_relay_parked (topic, aggregateid, shard, event_id, reason,"
+                " error) SELECT topic, aggregateid, shard, id, 'dead', 'too large'"
+                " FROM oncely_outbox WHERE id = :id"
+            ),
+            {"id": dead_row["id"]},
+        )
+    with running_relay(engine, kafka_bootstrap, fast_settings()):
+        # 12 rows: key-0's 3 (one dead, two held) and 9 published; "later": parked and held.
+        wait_until(lambda: count_published(engine) == 9, timeout=30)
+        wait_until(
+            lambda: scalar(engine, "SELECT count(*) FROM oncely_relay_held") == 3, timeout=30
+        )
+    unpublished = outbox_rows(3, topics=[topic], keys=3)
+    insert_rows(engine, unpublished)
+
+    statement = debezium.snapshot_statement("public")
+    with engine.connect() as conn:
+        read = [row.id for row in conn.execute(sa.text(statement))]
+        seqs = dict(conn.execute(sa.text("SELECT id, seq FROM oncely_outbox")).all())
+    held = [row["id"] for row in rows if row["aggregateid"] == "key-0"][1:]
+    expected = [*held, delayed["id"], behind_delayed["id"], *(row["id"] for row in unpublished)]
+    assert read == sorted(expected, key=seqs.__getitem__)
+    assert len(read) == 7
 
 
 def _refused(result: Result, exit_code: int, reason: str) -> None:

@@ -58,7 +58,10 @@ def test_the_database_and_replication_settings_come_from_the_url_and_options() -
     # The first snapshot publishes only the unpublished rows, in per-key (seq) order.
     assert config["snapshot.select.statement.overrides"] == "events.oncely_outbox"
     statement = config["snapshot.select.statement.overrides.events.oncely_outbox"]
-    assert statement.endswith("WHERE status = 'pending' ORDER BY seq")
+    assert statement.startswith("SELECT * FROM events.oncely_outbox AS o WHERE ")
+    for table in ("oncely_relay_shards", "oncely_relay_held", "oncely_relay_parked"):
+        assert f"events.{table} " in statement
+    assert statement.endswith("ORDER BY o.seq")
 
 
 def test_a_url_without_password_writes_none() -> None:

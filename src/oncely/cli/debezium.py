@@ -155,9 +155,9 @@ def purge(
     """Delete outbox rows created before --older-than that the connector has read (Debezium mode).
 
     A dry run unless --execute: it prints the rows it would delete (count per topic, oldest
-    row) and the slot's position, and deletes nothing. Debezium never marks rows published, so
-    `oncely relay purge` would keep them forever; this purge deletes them whatever their
-    status, but only those the connector's replication slot has confirmed: it records a mark
+    row) and the slot's position, and deletes nothing. Debezium records no progress in the
+    database, so `oncely relay purge` would keep its rows forever; this purge deletes them,
+    but only those the connector's replication slot has confirmed: it records a mark
     (a snapshot's xmin, and the WAL insert position right after it), waits up to --wait seconds
     for the slot's confirmed_flush_lsn to reach that position, then deletes the old rows
     written before the snapshot. Rows written later stay for the next purge.
@@ -315,8 +315,8 @@ def connect(
     Resolves Kafka Connect and Debezium from Maven Central the first time (needs Java 17+ and
     Maven), starts a standalone worker whose REST API listens on 127.0.0.1, and registers the
     connector of `oncely debezium config`. On exit the worker stops and the replication slot is
-    dropped, so the next run snapshots the rows still pending again (consumers' receipts absorb
-    the repeats). Do not run `oncely relay run` at the same time.
+    dropped, so the next run snapshots again every retained row oncely's relay has not
+    published (consumers' receipts absorb the repeats). Do not run `oncely relay run` at the same time.
     """
     stack = read_state(directory)
     database_url = database_url or (stack.database_url if stack else None)
