@@ -316,7 +316,8 @@ def connect(
     Maven), starts a standalone worker whose REST API listens on 127.0.0.1, and registers the
     connector of `oncely debezium config`. On exit the worker stops and the replication slot is
     dropped, so the next run snapshots again every retained row oncely's relay has not
-    published (consumers' receipts absorb the repeats). Do not run `oncely relay run` at the same time.
+    published (consumers' receipts absorb the repeats). Do not run `oncely relay run` at the
+    same time.
     """
     stack = read_state(directory)
     database_url = database_url or (stack.database_url if stack else None)
