@@ -30,15 +30,20 @@ from oncely.producer.staging import stage
 from oncely.relay.publisher import Publisher
 from oncely.relay.relay import Relay
 from oncely.relay.service import producer_config
-from oncely.relay.store import OutboxStore
+from oncely.relay.store import RelayStore
 from oncely.schemas.codec import Codec
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import ConsumerSettings, KafkaSettings
 from tests.apps.ledger import App, build, create_tables
-from tests.helpers import fast_settings, scalar, wait_until
+from tests.helpers import count_published, fast_settings, scalar, wait_until
 from tests.integration.secure_kafka import USER, SecureKafka, start_secure_kafka
 
 pytestmark = pytest.mark.integration
+
+#: Shards some relay holds under a live lease.
+_HELD_SHARDS = (
+    "SELECT count(*) FROM oncely_relay_shards WHERE owner IS NOT NULL AND lease_until > now()"
+)
 
 APP = "tests.apps.ledger:effects"
 
@@ -148,7 +153,7 @@ def test_pipeline_over_sasl_and_tls_leaks_no_secret(
     assert replay.returncode == 0, outputs[-1]
     outputs += [log.read_text() for log in logs]
     assert codes == [0, 0], outputs[-2:]
-    assert scalar(engine, "SELECT count(*) FROM oncely_outbox WHERE status = 'published'") == 20
+    assert count_published(engine) == 20
     assert "relay started" in outputs[-2] and "consumers started" in outputs[-1]
     leaks = [text for text in outputs if secure.password in text]
     assert not leaks, f"the password appears in {len(leaks)} output(s)"
@@ -180,8 +185,9 @@ def test_wrong_password_stops_relay_and_consumer_with_a_clear_message(
     for text in texts:
         assert "ONCELY_KAFKA_SASL_PASSWORD" in text and "refused the credentials" in text, text
         assert wrong not in text
-    # Nothing was claimed and kept: the rows wait, unleased, for a relay that can log in.
-    assert scalar(engine, "SELECT count(*) FROM oncely_outbox WHERE lease_owner IS NULL") == 3
+    # Nothing was read or kept: the rows and every shard wait for a relay that can log in.
+    assert count_published(engine) == 0
+    assert scalar(engine, _HELD_SHARDS) == 0
 
 
 def test_loops_stop_when_credentials_are_refused_later(
@@ -197,9 +203,9 @@ def test_loops_stop_when_credentials_are_refused_later(
     )
     _stage(engine, app, 2)
     relay = Relay(
-        store=OutboxStore(engine, owner="revoked"),
-        publisher_factory=lambda on_result: Publisher(
-            producer_config(bad, fast_settings()), on_result=on_result
+        store=RelayStore(engine, owner="revoked"),
+        publisher_factory=lambda: Publisher(
+            producer_config(bad, fast_settings()), client=bad.client_config()
         ),
         settings=fast_settings(),
         metrics=RelayMetrics(),
@@ -224,5 +230,7 @@ def test_loops_stop_when_credentials_are_refused_later(
         finally:
             timer.cancel()
         assert not stop.is_set()
-    assert scalar(engine, "SELECT count(*) FROM oncely_outbox WHERE lease_owner IS NULL") == 2
+    # The relay gave its shards back before raising, and recorded nothing.
+    assert scalar(engine, _HELD_SHARDS) == 0
+    assert count_published(engine) == 0
     consumer.dead_letters.close()
