@@ -30,20 +30,20 @@ def run(
     database_url: DatabaseUrl,
     bootstrap_servers: BootstrapServers,
     relay_id: Annotated[
-        str | None, typer.Option(help="Lease owner id (default hostname-pid-random).")
+        str | None, typer.Option(help="Shard lease owner id (default hostname-pid-random).")
     ] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Rows claimed at once.")] = None,
-    lease_seconds: Annotated[float | None, typer.Option(help="Claim lease.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Rows read per page.")] = None,
+    lease_seconds: Annotated[float | None, typer.Option(help="Shard lease.")] = None,
     max_attempts: Annotated[int | None, typer.Option(help="Failures before dead.")] = None,
     metrics_port: Annotated[
         int | None, typer.Option(help="Serve /metrics, /healthz, /readyz on this port.")
     ] = None,
     log_format: Annotated[str, typer.Option(help="json or text.")] = "json",
 ) -> None:
-    """Run a relay until SIGTERM/SIGINT (then drain, release leases and exit 0).
+    """Run a relay until SIGTERM/SIGINT (then drain, give its shards back and exit 0).
 
-    Several relays may run against the same table: rows are claimed with leases, per-key order
-    holds, and a relay that lost its lease cannot settle another relay's rows. Kafka security
+    Several relays may run against the same table: they share the key shards under leases,
+    per-key order holds, and a relay that lost a shard cannot record progress on it. Kafka security
     settings: ONCELY_KAFKA_SECURITY_PROTOCOL, ONCELY_KAFKA_SASL_*, ONCELY_KAFKA_SSL_CA_LOCATION,
     ONCELY_KAFKA_EXTRA. Exits 2 when Kafka refuses the credentials.
     """
