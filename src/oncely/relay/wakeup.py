@@ -1,6 +1,8 @@
 """Wake the relay when rows are staged: ``LISTEN oncely_outbox``, with polling as the fallback.
 
-Staging fires ``NOTIFY oncely_outbox`` at commit (an insert trigger). When the listening
+While a relay is marked asleep (``oncely_relay_members.asleep``), staging fires
+``NOTIFY oncely_outbox`` at commit (a statement-level insert trigger); while every relay is
+awake it sends none, so writers take no commit-time NOTIFY lock under load. When the listening
 connection fails, :meth:`Wakeup.wait` falls back to a plain timed wait and reconnects on the
 next call, so a lost notification only delays a row until the next poll.
 """
