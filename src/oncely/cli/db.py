@@ -107,6 +107,9 @@ def sql(
 ) -> None:
     """Print the DDL `oncely db upgrade` runs, for DBAs who apply it themselves.
 
+    Run it in one transaction; migration 0003 takes the shard count from
+    `SET LOCAL oncely.shards = N` earlier in that transaction (default 32).
+
     With --roles: the GRANTs each component needs, derived from the SQL it runs (create the
     roles first). Exits 2 for a role or schema name that is not a plain identifier.
     """
