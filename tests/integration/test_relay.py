@@ -194,6 +194,42 @@ def test_progress_of_a_shard_taken_over_is_refused(engine: sa.Engine) -> None:
     zombie.close()
 
 
+def test_losing_one_shard_of_a_page_does_not_record_the_others_before_their_acks(
+    engine: sa.Engine, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    """A page is read from every shard at one position; when one of them is taken over while
+    the page is in flight, the shards kept still record it only once the broker acked it."""
+    topic = new_topic(partitions=3)
+    # Records wait 3 s in the producer, ticks (lease renewals) come every 0.5 s.
+    settings = fast_settings(lease_seconds=1.5, linger_ms=3000)
+    with running_relay(engine, kafka_bootstrap, settings) as relay:
+        wait_until(lambda: len(relay.shards) == 32, timeout=20)
+        time.sleep(1)  # every shard read once (nothing there): all at one position
+        insert_rows(engine, outbox_rows(20, topics=[topic], keys=20))
+        time.sleep(0.2)  # read and produced as one page, lingering
+        with engine.begin() as conn:
+            taken = conn.execute(
+                sa.text(
+                    "UPDATE oncely_relay_shards SET owner = 'taker', epoch = epoch + 1,"
+                    " lease_until = now() + interval '1 minute'"
+                    " WHERE shard = (SELECT min(shard) FROM oncely_outbox) RETURNING shard"
+                )
+            ).scalar_one()
+        wait_until(lambda: taken not in relay.shards, timeout=10)
+        wait_until(lambda: count_published(engine) > 0, timeout=30, interval=0.05)
+        published = count_published(engine)
+        on_broker = len(read_topics(kafka_bootstrap, [topic]))
+        assert on_broker >= published, (
+            f"{published} rows recorded as published, {on_broker} records on the broker"
+        )
+        with engine.connect() as conn:
+            lost = conn.execute(
+                sa.text("SELECT count(*) FROM oncely_outbox WHERE shard = :s"), {"s": taken}
+            ).scalar_one()
+        wait_until(lambda: count_published(engine) == 20 - lost, timeout=30)
+    assert _sample(relay, "oncely_relay_lease_lost_total") == 1
+
+
 def _parked(engine: sa.Engine) -> list[tuple[str, str, str | None]]:
     with engine.connect() as conn:
         rows = conn.execute(

@@ -258,9 +258,18 @@ class Relay:
             log.info("took shards %s", sorted(lease.shard for lease in leases))
 
     def _forget(self, shard: _Shard) -> None:
-        """Drop a shard without recording anything (it was lost, or has been given back)."""
+        """Drop a shard without recording anything (it was lost, or has been given back).
+
+        A page read together with other shards still held stays theirs: it must keep counting
+        its reports, or they would record it before the broker acknowledged it.
+        """
         self._shards.pop(shard.shard, None)
-        shard.pages.clear()  # their records still report (a page may be another shard's too)
+        for page in shard.pages:
+            if any(other in self._shards for other in page.shards):
+                continue
+            self._in_flight -= page.outstanding
+            page.outstanding = 0
+        shard.pages.clear()
         for key in [k for k, p in self._parked.items() if p.shard == shard.shard]:
             del self._parked[key]
         for gauge in (self.metrics.lease_epoch, self.metrics.held_keys):
