@@ -149,7 +149,8 @@ class RelaySettings(BaseSettings):
         default=6.0,
         gt=0,
         description="Shard lease, renewed every third of it; another relay takes a shard over "
-        "this long after its holder died.",
+        "this long after its holder died. A relay's transaction left idle this long (the "
+        "process paused) is ended by the server, so its locks cannot keep the shards.",
     )
     max_attempts: int = Field(
         default=10, ge=1, description="Failed deliveries before a row is dead (broker errors)."

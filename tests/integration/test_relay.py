@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from oncely.relay import Relay
+from oncely.relay.service import session_options
 from oncely.relay.store import Progress, RelayStore, ShardProgress
 from oncely.storage import outbox
 from tests.helpers import (
@@ -228,6 +229,30 @@ def test_losing_one_shard_of_a_page_does_not_record_the_others_before_their_acks
             ).scalar_one()
         wait_until(lambda: count_published(engine) == 20 - lost, timeout=30)
     assert _sample(relay, "oncely_relay_lease_lost_total") == 1
+
+
+def test_a_relay_paused_inside_a_transaction_cannot_keep_its_shards(
+    engine: sa.Engine, database_url: str
+) -> None:
+    """A relay process paused (SIGSTOP) between a statement and its commit holds its shards'
+    rows locked; the server ends that idle transaction, so a successor can take them over."""
+    settings = fast_settings(lease_seconds=1.0)
+    options = {"options": session_options(database_url, settings)}
+    paused = sa.create_engine(database_url, connect_args=options)
+    try:
+        zombie, taker = RelayStore(paused, owner="zombie"), RelayStore(engine, owner="taker")
+        assert len(zombie.acquire(wanted=32, lease_seconds=1.0)) == 32
+        with paused.connect() as conn:
+            conn.execute(
+                sa.text("UPDATE oncely_relay_shards SET updated_at = now() WHERE owner = 'zombie'")
+            )  # as relay_record does, then the process is paused before its commit
+            time.sleep(2.5)  # past the lease and the idle-transaction timeout
+            taken = taker.acquire(wanted=32, lease_seconds=30)
+            assert len(taken) == 32, f"{len(taken)} of 32 shards taken over"
+            with pytest.raises(sa.exc.DBAPIError, match="idle-in-transaction timeout"):
+                conn.execute(sa.text("SELECT 1"))  # resumed: its transaction was ended
+    finally:
+        paused.dispose()
 
 
 def _parked(engine: sa.Engine) -> list[tuple[str, str, str | None]]:

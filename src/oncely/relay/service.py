@@ -41,6 +41,21 @@ def producer_config(kafka: KafkaSettings, relay: RelaySettings) -> dict[str, obj
     }
 
 
+def session_options(database_url: str, settings: RelaySettings) -> str:
+    """libpq ``options`` of the relay's connections: the URL's own, plus a server-side end to
+    a transaction left idle for ``lease_seconds``.
+
+    Leases are taken with ``FOR UPDATE SKIP LOCKED``: a relay paused (SIGSTOP, a frozen VM)
+    inside one of its short transactions would keep its shards' rows locked, so no relay could
+    take them over until it resumed. The server ends such a transaction (and its connection)
+    instead; the paused relay finds its leases lost when it resumes.
+    """
+    timeout_ms = max(1000, round(settings.lease_seconds * 1000))
+    own = sa.make_url(database_url).query.get("options")
+    own_text = " ".join(own) if isinstance(own, tuple) else (own or "")
+    return f"{own_text} -c idle_in_transaction_session_timeout={timeout_ms}".strip()
+
+
 def build_relay(
     *,
     engine: sa.Engine,
@@ -88,7 +103,11 @@ def run_relay(*, database_url: str, kafka: KafkaSettings, settings: RelaySetting
     signal.signal(signal.SIGINT, request_stop)
     # No pre-ping: every database error is handled by the loop, and a broken connection is
     # replaced on the next call.
-    engine = sa.create_engine(database_url, pool_size=2)
+    engine = sa.create_engine(
+        database_url,
+        pool_size=2,
+        connect_args={"options": session_options(database_url, settings)},
+    )
     relay = build_relay(engine=engine, kafka=kafka, settings=settings, stop=stop)
     server = None
     if settings.metrics_port is not None:
