@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from oncely.devstack._process import free_port
 from oncely.producer.staging import stage
 from oncely.schemas.codec import Codec
 from tests.apps.ledger import App
@@ -34,6 +36,8 @@ class Proc:
     proc: subprocess.Popen[bytes] | None = None
     #: Run with ``python -m``: oncely's CLI, or a wrapper that runs it (a skewed clock, S13).
     module: str = "oncely"
+    #: Where the process serves /metrics (``ONCELY_RELAY_METRICS_PORT``), if it does.
+    metrics_port: int | None = None
 
     def start(self, **extra_env: str) -> Proc:
         with self.log.open("ab") as log:
@@ -48,15 +52,54 @@ class Proc:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def peak_rss_mb(self) -> float:
-        """The running process's peak resident memory (``VmHWM``), in MiB; 0 once it exited."""
+    def _status(self, field: str) -> str | None:
+        """A field of the running process's ``/proc/<pid>/status``; None once it exited."""
         if not self.alive():
-            return 0.0
+            return None
         assert self.proc is not None
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
+            if line.startswith(f"{field}:"):
+                return line.split(":", 1)[1].strip()
+        return None
+
+    def peak_rss_mb(self) -> float:
+        """The running process's peak resident memory (``VmHWM``), in MiB; 0 once it exited."""
+        value = self._status("VmHWM")
+        return int(value.split()[0]) / 1024 if value else 0.0
+
+    def rss_mb(self) -> float:
+        """The running process's resident memory now (``VmRSS``), in MiB; 0 once it exited."""
+        value = self._status("VmRSS")
+        return int(value.split()[0]) / 1024 if value else 0.0
+
+    def stopped(self) -> bool:
+        """The process is stopped by a signal (SIGSTOP, its own included)."""
+        value = self._status("State")
+        return value is not None and value.startswith("T")
+
+    def metrics_text(self) -> str:
+        """The process's /metrics page (raises ``OSError`` while it does not answer)."""
+        assert self.metrics_port is not None, f"{self.log.stem} serves no metrics"
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return str(answer.read().decode())
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus samples of the process's /metrics, summed over their labels."""
+        values: dict[str, float] = {}
+        for line in self.metrics_text().splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                name = name.split("{", 1)[0]
+                values[name] = values.get(name, 0.0) + float(value)
+        return values
+
+    def published(self) -> float:
+        """The relay's ``oncely_relay_published_total`` (-1 while /metrics does not answer)."""
+        try:
+            return self.metrics().get("oncely_relay_published_total", 0.0)
+        except OSError:
+            return -1.0
 
     def wait(self, timeout: float) -> int:
         assert self.proc is not None
@@ -107,15 +150,45 @@ class Pipeline:
             "ONCELY_CONSUMER_ASSIGNMENT_TIMEOUT_SECONDS": "20",
         }
 
-    def relay(self, name: str = "relay", *, module: str = "oncely") -> Proc:
+    def relay(
+        self,
+        name: str = "relay",
+        *,
+        module: str = "oncely",
+        metrics: bool = False,
+        defaults: bool = False,
+    ) -> Proc:
+        """A relay process named ``name`` (its log file and, unless set, not its relay id).
+
+        ``metrics``: serve /metrics on a free port (:meth:`Proc.metrics`). ``defaults``: the
+        relay's own default settings instead of the harness's short lease, poll and backoff.
+        """
+        env = self.env()
+        if defaults:
+            env = {k: v for k, v in env.items() if not k.startswith("ONCELY_RELAY_")}
+        port = free_port() if metrics else None
+        if port is not None:
+            env["ONCELY_RELAY_METRICS_PORT"] = str(port)
         proc = Proc(
             ["relay", "run", "--log-format", "text"],
-            self.env(),
+            env,
             self.log_dir / f"{name}.log",
             module=module,
+            metrics_port=port,
         )
         self.procs.append(proc)
         return proc
+
+    def shard_owners(self) -> dict[str, int]:
+        """How many shards each relay holds now (a live lease on the database clock)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT owner, count(*) FROM oncely_relay_shards"
+                    " WHERE owner IS NOT NULL AND lease_until > now() GROUP BY owner"
+                )
+            ).all()
+        return {str(owner): int(count) for owner, count in rows}
 
     def consumer(self, *effects: str, name: str | None = None) -> Proc:
         """An ``oncely consume`` process for ``effects`` (default: the ledger effect)."""
@@ -182,17 +255,23 @@ class Pipeline:
         return thread
 
     def write_until(
-        self, stop: threading.Event, *, keys: int = 20, rollback_every: int = 13
+        self,
+        stop: threading.Event,
+        *,
+        keys: int = 20,
+        rollback_every: int = 13,
+        pause: float = 0.25,
     ) -> threading.Thread:
         """On a thread, stage batches of ``rollback_every`` events (one rolled back in each)
-        every quarter second, about 50 a second, until ``stop`` is set."""
+        every ``pause`` seconds (a quarter second: about 50 a second; 0: as fast as one writer
+        can) until ``stop`` is set. One writer, so that commit order is ``seq`` order."""
 
         def run() -> None:
             batch = 0
             while not stop.is_set():
                 self.write(rollback_every, keys=keys, rollback_every=rollback_every, seed=batch)
                 batch += 1
-                time.sleep(0.25)
+                time.sleep(pause)
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()

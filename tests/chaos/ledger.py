@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
-from tests.helpers import read_topics
+from tests.helpers import count_published, read_topics
 
 
 @dataclass
@@ -59,7 +59,7 @@ def check(
 ) -> LedgerReport:
     with engine.connect() as conn:
         outbox = conn.execute(
-            sa.text("SELECT id, seq, topic, aggregateid, status FROM oncely_outbox")
+            sa.text("SELECT id, seq, topic, aggregateid FROM oncely_outbox")
         ).all()
         business = conn.execute(sa.text("SELECT event_id, committed FROM chaos_business")).all()
         effects_rows = conn.execute(
@@ -72,7 +72,7 @@ def check(
     report = LedgerReport(
         committed=len(committed),
         rolled_back=len(rolled_back),
-        published=sum(1 for r in outbox if r.status == "published"),
+        published=count_published(engine),
         kafka_records=len(records),
         kafka_duplicates=sum(n - 1 for n in per_id.values() if n > 1),
     )
