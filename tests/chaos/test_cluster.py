@@ -46,7 +46,7 @@ from oncely.settings import TopicSettings
 from tests.apps.ledger import build, create_tables
 from tests.chaos.harness import Pipeline, Proc, pipeline, unique_prefix
 from tests.chaos.ledger import check
-from tests.helpers import count_published
+from tests.helpers import count_published, read_topics
 
 pytestmark = pytest.mark.chaos
 
@@ -118,7 +118,8 @@ def _consumer(chaos: Pipeline, name: str) -> Proc:
 
 
 def _owned(proc: Proc) -> set[str]:
-    """The partitions a consumer holds now, replayed from its (incremental) assign/revoke logs.
+    """The partitions a consumer holds now, replayed from its (incremental) assign/revoke/lost
+    logs.
 
     (Not AdminClient.describe_consumer_groups: librdkafka can abort the whole process when a
     group call meets a moving coordinator, which this scenario causes on purpose.)
@@ -131,8 +132,10 @@ def _owned(proc: Proc) -> set[str]:
             continue
         if record.get("message") == "partitions assigned":
             owned |= set(record["partitions"])
-        elif record.get("message") == "partitions revoked":
-            owned -= set(record["partitions"])
+        elif record.get("message") == "partitions revoked" or str(
+            record.get("message", "")
+        ).startswith("partitions lost"):  # dropped by the group (session timed out)
+            owned -= set(record.get("partitions", []))
     return owned
 
 
@@ -185,6 +188,22 @@ def _longest_gap(engine: sa.Engine) -> float:
             )
         ).scalar_one()
     return float(gap)
+
+
+def _broker_order(engine: sa.Engine, bootstrap: str, topic: str) -> list[str]:
+    """Keys whose first copies on the broker are not in ``seq`` order (the ledger checker
+    checks the order effects were applied in; this tells a relay's fault from a consumer's)."""
+    with engine.connect() as conn:
+        seqs = dict(conn.execute(sa.text("SELECT CAST(id AS text), seq FROM oncely_outbox")).all())
+    by_key: dict[str, list[int]] = {}
+    for record in sorted(read_topics(bootstrap, [topic]), key=lambda r: (r.partition, r.offset)):
+        by_key.setdefault(record.key, []).append(seqs[record.headers["id"].decode()])
+    broken = []
+    for key, order in by_key.items():
+        first = list(dict.fromkeys(order))
+        if first != sorted(first):
+            broken.append(f"{key}: {first}")
+    return broken
 
 
 @pytest.fixture
@@ -278,6 +297,11 @@ def test_c1_a_broker_lost_under_load_on_a_three_node_cluster(
                 f"drain_after_load={recovery:.1f}s "
                 f"max_pending={seen.max_pending} dead={max(dead, seen.max_dead)} "
                 f"delivery_errors={errors} {ledger.summary()}"
+            )
+            broker_order = _broker_order(engine, cluster.bootstrap_servers, app.topic)
+            print(
+                f"C1 order_violations={ledger.order_violations} "
+                f"broker_first_copies_out_of_order={broker_order}"
             )
             assert dead == 0 and seen.max_dead == 0, chaos.logs()
             assert refusals > 0, "the ISR never fell below min.insync.replicas"
