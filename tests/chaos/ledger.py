@@ -12,12 +12,14 @@ receipt shows up here as a duplicate effect.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
+from confluent_kafka import KafkaException
 
-from tests.helpers import count_published, read_topics
+from tests.helpers import Record, count_published, read_topics
 
 
 @dataclass
@@ -54,6 +56,19 @@ class LedgerReport:
         )
 
 
+def _read(bootstrap: str, topics: list[str]) -> list[Record]:
+    """Every record of ``topics``; metadata right after a broker restart may not know a
+    partition yet (``_UNKNOWN_PARTITION``): ask again for up to 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return read_topics(bootstrap, topics)
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
 def check(
     engine: sa.Engine, bootstrap: str, *, topics: list[str], effects: list[str]
 ) -> LedgerReport:
@@ -67,7 +82,7 @@ def check(
         ).all()
     committed = {str(r.id) for r in outbox}
     rolled_back = {str(r.event_id) for r in business if not r.committed} - committed
-    records = read_topics(bootstrap, topics)
+    records = _read(bootstrap, topics)
     per_id = Counter(r.headers["id"].decode() for r in records)
     report = LedgerReport(
         committed=len(committed),
