@@ -166,7 +166,10 @@ class RelaySettings(BaseSettings):
     linger_ms: int = Field(default=5, ge=0, description="librdkafka linger.ms.")
     compression: str = Field(default="lz4", description="librdkafka compression.type.")
     delivery_timeout_ms: int = Field(
-        default=30_000, ge=1000, description="librdkafka message.timeout.ms: a report's deadline."
+        default=30_000,
+        ge=1000,
+        description="How long the relay waits for a page's delivery reports before it recreates "
+        "the producer and replays (librdkafka's own message.timeout.ms is infinite).",
     )
     retention_seconds: float = Field(
         default=7 * 24 * 3600.0,

@@ -71,6 +71,9 @@ class _Page:
     failure: tuple[OutboxRow, KafkaError] | None = None
     #: Produced with nothing else in flight: a refusal is the row's own fault.
     isolated: bool = False
+    #: When its reports are overdue (monotonic): the relay replays (delivery_timeout_ms).
+    deadline: float = math.inf
+    topic: str = ""
     parked: list[Parking] = field(default_factory=list)
     held: list[Held] = field(default_factory=list)
 
@@ -382,7 +385,13 @@ class Relay:
                 ends = Progress(reading)
             else:
                 ends = Progress(cursor.done, reading, rows[-1].seq)
-            page = _Page(tuple(s.shard for s in members), ends, isolated=isolated)
+            page = _Page(
+                tuple(s.shard for s in members),
+                ends,
+                isolated=isolated,
+                deadline=time.monotonic() + self.settings.delivery_timeout_ms / 1000,
+                topic=rows[0].topic if rows else "",
+            )
             if isolated:
                 self._isolating = page
             if rows:
@@ -483,6 +492,8 @@ class Relay:
         if self._publisher.fatal is not None:
             self._replay(None)
             return
+        if self._overdue():
+            return
         progress: list[ShardProgress] = []
         parked: dict[tuple[str, str], tuple[Parking, int]] = {}
         held: list[Held] = []
@@ -507,6 +518,37 @@ class Relay:
         if failed is not None:
             self._replay(failed)
         self._hand_off()
+
+    def _overdue(self) -> bool:
+        """A page unconfirmed past ``delivery_timeout_ms``: purge, recreate, replay (transient).
+
+        librdkafka never times records out itself (``message.timeout.ms`` 0): it would drop one
+        and still deliver the later records of its partition. A purge drops only records not yet
+        sent; of those in flight the broker keeps at most a gap-less prefix (idempotence), so
+        the replay puts every first copy of a key in order.
+        """
+        now = time.monotonic()
+        late = next(
+            (
+                page
+                for shard in self._shards.values()
+                for page in shard.pages
+                if page.outstanding and now >= page.deadline
+            ),
+            None,
+        )
+        if late is None:
+            return False
+        self.metrics.produce_errors.labels(late.topic, "_MSG_TIMED_OUT").inc()
+        log.warning(
+            "delivery timed out after %d ms, replaying from the recorded progress",
+            self.settings.delivery_timeout_ms,
+            extra={"topic": late.topic, "code": "_MSG_TIMED_OUT"},
+        )
+        self._isolating = None
+        self._publisher.recreate()
+        self._reset_all(backoff=True)
+        return True
 
     def _epoch_of(self, shard: int) -> int:
         return self._shards[shard].epoch if shard in self._shards else -1

@@ -37,7 +37,10 @@ def producer_config(kafka: KafkaSettings, relay: RelaySettings) -> dict[str, obj
         **kafka.client_config(),
         "linger.ms": relay.linger_ms,
         "compression.type": relay.compression,
-        "message.timeout.ms": relay.delivery_timeout_ms,
+        # Never time a record out inside librdkafka: it would drop it and go on delivering the
+        # later records of its partition (a gap: a later event of a key first on the broker).
+        # The relay times deliveries itself (delivery_timeout_ms), purging and replaying.
+        "message.timeout.ms": 0,
     }
 
 
