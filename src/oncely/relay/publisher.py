@@ -120,7 +120,11 @@ class Publisher:
                 return
 
     def max_message_bytes(self, topic: str) -> int | None:
-        """The topic's ``max.message.bytes`` (cached for a minute), or ``None`` if unknown."""
+        """The topic's ``max.message.bytes`` (cached for a minute), or ``None`` if unknown.
+
+        Asks the broker at most once a minute per topic, waiting at most about 2 s (the loop
+        waits meanwhile); an unanswered question keeps the last known value.
+        """
         cached = self._limits.get(topic)
         now = time.monotonic()
         if cached is not None and now - cached[1] < _LIMITS_TTL:
@@ -128,8 +132,8 @@ class Publisher:
         limit: int | None = None
         try:
             resource = ConfigResource(ResourceType.TOPIC, topic)
-            configs = self._admin.describe_configs([resource], request_timeout=5)[resource]
-            limit = int(configs.result(timeout=5)["max.message.bytes"].value)
+            configs = self._admin.describe_configs([resource], request_timeout=1)[resource]
+            limit = int(configs.result(timeout=2)["max.message.bytes"].value)
         except (KafkaException, KeyError, ValueError, TypeError, concurrent.futures.TimeoutError):
             limit = cached[0] if cached is not None else None
         self._limits[topic] = (limit, now)
