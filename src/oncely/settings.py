@@ -143,7 +143,11 @@ class RelaySettings(BaseSettings):
         default=None, description="This relay's lease owner id (default: hostname-pid-random)."
     )
     batch_size: int = Field(
-        default=1000, ge=1, le=10_000, description="Rows read per page (progress per page)."
+        default=1000,
+        ge=1,
+        le=10_000,
+        description="Rows read per page (progress per page); a large backlog doubles it per "
+        "full page, up to half of max_in_flight.",
     )
     lease_seconds: float = Field(
         default=6.0,

@@ -98,6 +98,8 @@ class _Shard:
     retry_at: float = 0.0
     handing_off: bool = False
     dirty: bool = False
+    #: Rows asked for by the next read; doubles while reads come back full (see _read).
+    page_size: int = 0
 
 
 class Relay:
@@ -356,7 +358,11 @@ class Relay:
                     return total
             reading = cursor.reading or fresh
             assert reading is not None
-            page_size = min(room, self.settings.batch_size)
+            # Each page of a read scans what is left of the snapshot difference: while pages
+            # come back full (a large backlog), ask for twice as many, up to half the
+            # in-flight bound, so a backlog costs a few scans rather than one per 1,000 rows.
+            grown = min(s.page_size or self.settings.batch_size for s in members)
+            page_size = min(room, grown)
             try:
                 rows = self.store.read(
                     [s.shard for s in members],
@@ -385,6 +391,9 @@ class Relay:
                 ends = Progress(reading)
             else:
                 ends = Progress(cursor.done, reading, rows[-1].seq)
+            cap = max(self.settings.batch_size, self.settings.max_in_flight // 2)
+            for shard in members:
+                shard.page_size = min(cap, grown * 2) if len(rows) == page_size else 0
             page = _Page(
                 tuple(s.shard for s in members),
                 ends,
