@@ -43,7 +43,7 @@ from oncely.relay.records import OutboxRow
 from oncely.relay.service import producer_config
 from oncely.relay.snapshots import Snapshot
 from oncely.relay.store import Progress, RelayStore, ShardProgress
-from oncely.settings import KafkaSettings
+from oncely.settings import KafkaSettings, RelaySettings
 from oncely.testing.services import libpq_dsn
 
 RELAY = "relay"
@@ -122,6 +122,8 @@ def _sql_alone(bench: Bench, topics: Topics, rows: list[dict[str, object]]) -> f
             raise RuntimeError("the SQL-alone side needs every shard free (a relay still runs?)")
         cursors = {lease.shard: lease.progress for lease in leases}
         epochs = {lease.shard: lease.epoch for lease in leases}
+        sizes = {lease.shard: bench.batch_size for lease in leases}
+        cap = max(bench.batch_size, RelaySettings().max_in_flight // 2)
         committed = commit_at_once(bench, rows, topic)
         deadline = time.monotonic() + 600
         pages: list[list[OutboxRow]] = []
@@ -140,17 +142,20 @@ def _sql_alone(bench: Bench, topics: Topics, rows: list[dict[str, object]]) -> f
                         fresh, _ = store.snapshot()
                     reading = cursor.reading or fresh
                     assert reading is not None
+                    size = min(sizes[s] for s in members)
                     page = store.read(
                         members,
                         done=cursor.done,
                         reading=reading,
                         after_seq=cursor.after_seq,
-                        page_size=bench.batch_size,
+                        page_size=size,
                     )
-                    if len(page) < bench.batch_size:
+                    if len(page) < size:
                         ends = Progress(reading)
                     else:
                         ends = Progress(cursor.done, reading, page[-1].seq)
+                    for shard in members:  # pages double while full, as in the relay's loop
+                        sizes[shard] = min(cap, size * 2) if len(page) == size else bench.batch_size
                     read += len(page)
                     pages.append(page)
                     for shard in members:
