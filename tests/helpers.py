@@ -49,6 +49,16 @@ def insert_rows(engine: sa.Engine, rows: Sequence[dict[str, object]]) -> None:
             conn.execute(sa.insert(outbox), list(rows[start : start + 1000]))
 
 
+def set_topic_config(bootstrap: str, topic: str, name: str, value: str) -> None:
+    """Change one setting of ``topic`` on the broker (e.g. raise ``max.message.bytes``)."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entry = ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource("topic", topic, incremental_configs=[entry])
+    admin.incremental_alter_configs([resource])[resource].result(30)
+
+
 def fast_settings(**overrides: object) -> RelaySettings:
     values: dict[str, object] = {
         "lease_seconds": 10.0,

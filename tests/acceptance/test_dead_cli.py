@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from oncely.storage import outbox
 from oncely.storage.tables import shard_of
@@ -27,6 +26,7 @@ from tests.helpers import (
     insert_rows,
     outbox_rows,
     read_topics,
+    set_topic_config,
     wait_until,
 )
 
@@ -212,17 +212,7 @@ def test_a_running_relay_requeues_in_order_and_skip_releases_the_key(
             "the later rows of both parked keys are held"
         )
 
-        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-        resource = ConfigResource(
-            "topic",
-            topic,
-            incremental_configs=[
-                ConfigEntry(
-                    "max.message.bytes", "200000", incremental_operation=AlterConfigOpType.SET
-                )
-            ],
-        )
-        admin.incremental_alter_configs([resource])[resource].result(30)
+        set_topic_config(kafka_bootstrap, topic, "max.message.bytes", "200000")
         requeue = _oncely("dead", "requeue", *url, str(rows[3]["id"]), "--yes")
         assert "requeue requested for 1 row(s): a running relay" in requeue.stdout
         skip = _oncely("dead", "skip", *url, str(rows[4]["id"]), "--yes")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin import AdminClient
 
 from oncely.relay import Relay
 from oncely.relay.service import session_options
@@ -27,6 +27,7 @@ from tests.helpers import (
     outbox_rows,
     read_topics,
     running_relay,
+    set_topic_config,
     wait_until,
 )
 
@@ -321,17 +322,7 @@ def test_a_record_the_broker_refuses_parks_its_key_and_requeue_publishes_in_orde
             str(rows[0]["id"])
         ], "no later row of the parked key was published"
 
-        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-        resource = ConfigResource(
-            "topic",
-            topic,
-            incremental_configs=[
-                ConfigEntry(
-                    "max.message.bytes", "200000", incremental_operation=AlterConfigOpType.SET
-                )
-            ],
-        )
-        admin.incremental_alter_configs([resource])[resource].result(30)
+        set_topic_config(kafka_bootstrap, topic, "max.message.bytes", "200000")
         _request(engine, "requeue")
         wait_until(lambda: count_published(engine) == 30, timeout=60)
     records = read_topics(kafka_bootstrap, [topic])
