@@ -65,16 +65,18 @@ def _records(rows: list[dict[str, object]], topic: str) -> list[Record]:
     now = datetime.now(UTC)
     for seq, row in enumerate(rows, 1):
         outbox_row = OutboxRow(
-            id=uuid.uuid4(),
+            event_id=str(uuid.uuid4()),
             seq=seq,
             shard=0,
             topic=topic,
             aggregateid=str(row["aggregateid"]),
             type=str(row["type"]),
             payload=PAYLOAD,
-            headers=row["headers"],  # type: ignore[arg-type]
-            created_at=now,
-            available_at=now,
+            headers=tuple(
+                (name, str(value).encode())
+                for name, value in row["headers"].items()  # type: ignore[attr-defined]
+            ),
+            timestamp_ms=int(now.timestamp() * 1000),
         )
         records.append((topic, outbox_row.key, outbox_row.payload, outbox_row.kafka_headers()))
     return records

@@ -50,15 +50,17 @@ def quiet_cells(bench: Bench, *, repetitions: int, seconds: float) -> tuple[list
         producers.append(producer)
 
         def send(row: dict[str, Any]) -> None:
-            record = OutboxRow.from_mapping(
-                {
-                    **row,
-                    "seq": 0,
-                    "shard": 0,
-                    "created_at": datetime.now(UTC),
-                    "available_at": datetime.now(UTC),
-                    "delayed": False,
-                }
+            now = datetime.now(UTC)
+            record = OutboxRow(
+                str(row["id"]),
+                0,
+                0,
+                topic,
+                row["aggregateid"],
+                row["type"],
+                row["payload"],
+                tuple((name, str(value).encode()) for name, value in row["headers"].items()),
+                int(now.timestamp() * 1000),
             )
             producer.produce(
                 topic, key=record.key, value=record.payload, headers=record.kafka_headers()

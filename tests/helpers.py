@@ -130,6 +130,8 @@ class Record:
     key: str
     value: bytes
     headers: dict[str, bytes]
+    #: The record's timestamp in ms (the producer's, on CreateTime topics).
+    timestamp: int = 0
 
 
 def read_topics(bootstrap: str, topics: Sequence[str], *, timeout: float = 30) -> list[Record]:
@@ -170,6 +172,7 @@ def read_topics(bootstrap: str, topics: Sequence[str], *, timeout: float = 30) -
                     (msg.key() or b"").decode(),
                     msg.value() or b"",
                     {k: bytes(v or b"") for k, v in msg.headers() or []},  # type: ignore[misc]
+                    msg.timestamp()[1],
                 )
             )
             if offset + 1 >= ends.get((topic, partition), 0):

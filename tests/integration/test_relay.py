@@ -78,6 +78,19 @@ def test_ten_thousand_events_are_published_once_in_per_key_order(
     seqs = _seqs(engine)
     assert set(by_id) == set(seqs)
     assert {record.headers["eventType"] for record in records} == {b"test.event"}
+    with engine.connect() as conn:
+        created = {
+            str(r.id): r.ms
+            for r in conn.execute(
+                sa.text(
+                    "SELECT id, floor(extract(epoch FROM created_at) * 1000) AS ms "
+                    "FROM oncely_outbox"
+                )
+            )
+        }
+    assert all(r.timestamp == created[r.headers["id"].decode()] for r in records), (
+        "a record's timestamp is not its row's created_at in ms"
+    )
     _first_occurrences_in_seq_order(records, seqs)
     with engine.connect() as conn:
         untouched = conn.execute(
@@ -151,6 +164,42 @@ def test_savepoints_publish_with_the_outer_commit_and_not_when_rolled_back(
         time.sleep(1)
     ids = [record.headers["id"].decode() for record in read_topics(kafka_bootstrap, [topic])]
     assert ids == [str(kept["id"])]
+
+
+def test_pages_after_a_full_one_come_from_its_cursor_and_a_replay_reads_again(
+    engine: sa.Engine,
+) -> None:
+    store = RelayStore(engine, owner="reader")
+    shards = list(range(32))
+    done, _ = store.snapshot()
+    insert_rows(engine, outbox_rows(2_500, topics=["t"], keys=7))
+    reading, _ = store.snapshot()
+    insert_rows(engine, outbox_rows(100, topics=["t"], keys=7))  # after `reading`: not in it
+
+    def page(after_seq: int, reader: RelayStore = store) -> list[int]:
+        rows = reader.read(shards, done=done, reading=reading, after_seq=after_seq, page_size=1000)
+        return [row.seq for row in rows]
+
+    def fresh(after_seq: int) -> list[int]:
+        reader = RelayStore(engine, owner="fresh")  # no cursor: a plain query
+        try:
+            return page(after_seq, reader)
+        finally:
+            reader.close()
+
+    first = page(0)
+    second = page(first[-1])  # from the cursor the first read left
+    assert first == fresh(0)
+    assert second == fresh(first[-1])
+    assert page(first[-1]) == second, "a replay from a recorded position must read it again"
+    assert page(0) == first, "a replay from the start must read the first page again"
+    assert page(first[-1]) == second
+    third = page(second[-1])
+    assert len(first) == len(second) == 1000
+    assert third == fresh(second[-1]) and len(third) == 500
+    assert first + second + third == sorted(set(first + second + third))
+    assert page(third[-1]) == []
+    store.close()
 
 
 def test_two_relays_share_the_shards_and_publish_every_row_once(

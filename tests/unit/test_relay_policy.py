@@ -58,18 +58,14 @@ def test_error_text_is_truncated_to_4000_characters() -> None:
 
 def test_the_record_follows_the_contract() -> None:
     event_id = uuid.UUID("0190f0a0-0000-7000-8000-000000000001")
-    row = OutboxRow(
-        id=event_id,
-        seq=7,
-        topic="payments.transfer.completed",
-        aggregateid="transfer-9",
-        type="transfer.completed",
-        payload=b"\xc3\x01payload",
-        headers={"traceparent": "00-abc-def-01", "content-type": "application/vnd.oncely.avro"},
-        shard=3,
-        created_at=datetime(2026, 11, 29, 9, 0, 0, 123000, tzinfo=UTC),
-        available_at=datetime(2026, 11, 29, 9, 0, 0, 123000, tzinfo=UTC),
-    )
+    available_at = datetime(2026, 11, 29, 9, 0, 0, 123000, tzinfo=UTC)
+    headers = '{"traceparent": "00-abc-def-01", "content-type": "application/vnd.oncely.avro"}'
+    columns = (str(event_id), 7, 3, "payments.transfer.completed", "transfer-9",
+               "transfer.completed", b"\xc3\x01payload", headers, 1795942800123,
+               available_at)  # fmt: skip
+    row = OutboxRow.of(columns)
+    assert row.id == event_id
+    assert row.delayed
     assert row.key == b"transfer-9"
     assert row.timestamp_ms == 1795942800123
     assert row.kafka_headers() == [
@@ -78,6 +74,8 @@ def test_the_record_follows_the_contract() -> None:
         ("traceparent", b"00-abc-def-01"),
         ("content-type", b"application/vnd.oncely.avro"),
     ]
+    assert OutboxRow.of((*columns[:7], None, *columns[8:])).kafka_headers()[2:] == []
+    assert OutboxRow.of((*columns[:7], '{"n": 1}', *columns[8:])).headers == (("n", b"1"),)
 
 
 def test_snapshot_difference_follows_pgq_rule() -> None:

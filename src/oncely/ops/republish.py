@@ -175,10 +175,12 @@ def republish(
         plan = _check(conn, window)
         rows = conn.execute(
             query("republish_rows"), window, execution_options={"yield_per": _CURSOR_ROWS}
-        ).mappings()
-        for mapping in rows:
-            row = OutboxRow.from_mapping(dict(mapping))
-            publisher.produce(row, report_of(row))
+        )
+        for columns in rows:
+            row = OutboxRow.of(columns)
+            refused = publisher.produce(row, report_of(row))
+            if refused is not None:
+                failures.append((row.id, refused))
             publisher.poll(0)
     missing = publisher.flush(timeout)
     if failures or missing:

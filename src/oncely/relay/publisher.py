@@ -89,35 +89,32 @@ class Publisher:
         else:
             log.warning("producer error: %s", error.str(), extra={"code": error.name()})
 
-    def produce(self, row: OutboxRow, report: Report) -> None:
+    def produce(self, row: OutboxRow, report: Report) -> KafkaError | None:
         """Hand ``row`` to the producer; its result comes later, to ``report``, from a poll.
 
-        A record the client refuses at once (larger than ``message.max.bytes``) is reported
-        immediately, as a failed delivery.
+        Returns the error when the client refuses the record at once (larger than
+        ``message.max.bytes``); ``report`` is then never called.
         """
-
-        def delivered(error: KafkaError | None, message: Message) -> None:
-            if error is None:
-                self.brokers_down = False
-            report(error, message)
-
         while True:
             try:
                 self._producer.produce(
                     row.topic,
-                    key=row.key,
-                    value=row.payload,
+                    row.payload,
+                    row.key,
                     headers=row.kafka_headers(),
                     timestamp=row.timestamp_ms,
-                    on_delivery=delivered,
+                    on_delivery=report,
                 )
-                return
+                return None
             except BufferError:
                 self._producer.poll(0.1)
             except KafkaException as exc:
-                # Refused before sending (e.g. larger than message.max.bytes): a failed delivery.
-                report(exc.args[0], None)
-                return
+                error: KafkaError = exc.args[0]
+                return error
+
+    def reachable(self) -> None:
+        """A record was acknowledged: the brokers are reachable (clears :attr:`brokers_down`)."""
+        self.brokers_down = False
 
     def max_message_bytes(self, topic: str) -> int | None:
         """The topic's ``max.message.bytes`` (cached for a minute), or ``None`` if unknown.

@@ -60,15 +60,30 @@ _POLL_MIN, _POLL_MAX = 0.001, 0.004
 _SLEEP_AFTER = 1.0
 
 
+class _InFlight:
+    """Records produced and not yet reported, over every page (shared by the pages)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 @dataclass(eq=False)
 class _Page:
     """Rows of one read, produced together; their shards' progress moves when all are acked."""
 
     shards: tuple[int, ...]
     ends: Progress
+    in_flight: _InFlight
     rows: int = 0
     outstanding: int = 0
+    #: The rows produced, in order (until the page is counted as published).
+    produced: list[OutboxRow] = field(default_factory=list)
+    #: Failed delivery reports not yet looked at (see Relay._take_errors).
+    errors: list[tuple[KafkaError, Message | None]] = field(default_factory=list)
     failure: tuple[OutboxRow, KafkaError] | None = None
+    counted: bool = False
     #: Produced with nothing else in flight: a refusal is the row's own fault.
     isolated: bool = False
     #: When its reports are overdue (monotonic): the relay replays (delivery_timeout_ms).
@@ -84,6 +99,20 @@ class _Page:
     @property
     def has_writes(self) -> bool:
         return bool(self.rows or self.parked or self.held)
+
+    def report(self, error: KafkaError | None, message: Message | None) -> None:
+        """The delivery report of each of the page's records (called from a producer poll)."""
+        if self.outstanding <= 0:
+            return  # the page was abandoned (its shard replays or was lost)
+        self.outstanding -= 1
+        self.in_flight.count -= 1
+        if error is not None:
+            self.errors.append((error, message))
+
+    def abandon(self) -> None:
+        """Stop counting the page's reports (its shards replay, or were lost)."""
+        self.in_flight.count -= self.outstanding
+        self.outstanding = 0
 
 
 @dataclass(eq=False)
@@ -127,7 +156,7 @@ class Relay:
         self._latencies: list[float] = []
         self._isolating: _Page | None = None
         self._quiesce: Progress | None = None
-        self._in_flight = 0
+        self._in_flight = _InFlight()
         self._asleep = False
         self._last_rows = time.monotonic()
         self._poll = _POLL_MIN
@@ -182,7 +211,7 @@ class Relay:
                     self._set_asleep(False)
                 continue
             if (
-                self._in_flight
+                self._in_flight.count
                 or time.monotonic() - self._last_rows < _SLEEP_AFTER
                 or self._wakeup is None
             ):
@@ -270,10 +299,8 @@ class Relay:
         """
         self._shards.pop(shard.shard, None)
         for page in shard.pages:
-            if any(other in self._shards for other in page.shards):
-                continue
-            self._in_flight -= page.outstanding
-            page.outstanding = 0
+            if not any(other in self._shards for other in page.shards):
+                page.abandon()
         shard.pages.clear()
         for key in [k for k, p in self._parked.items() if p.shard == shard.shard]:
             del self._parked[key]
@@ -332,10 +359,10 @@ class Relay:
 
     def _read(self) -> int:
         """Read one page per group of shards at the same position; return the rows read."""
-        room = self.settings.max_in_flight - self._in_flight
+        room = self.settings.max_in_flight - self._in_flight.count
         if room <= 0 or self._isolating is not None:
             return 0
-        if self._quiesce is not None and self._in_flight:
+        if self._quiesce is not None and self._in_flight.count:
             return 0
         groups: dict[Progress, list[_Shard]] = {}
         for shard in self._readable(time.monotonic()):
@@ -375,13 +402,13 @@ class Relay:
                 self._database_failed("read", exc)
                 return total
             self.database_ok = True
-            suspect = next((i for i, row in enumerate(rows) if self._suspect(row)), None)
+            suspect = self._first_suspect(rows)
             isolated = False
             if suspect is not None:
                 # A row that may be refused goes out alone, after everything before it is
                 # acknowledged, so no later row of its key (nor a batch-mate) can pass it.
                 if suspect == 0:
-                    if self._in_flight:
+                    if self._in_flight.count:
                         self._quiesce = cursor  # read nothing until all is acknowledged
                         break
                     isolated = True
@@ -397,6 +424,7 @@ class Relay:
             page = _Page(
                 tuple(s.shard for s in members),
                 ends,
+                self._in_flight,
                 isolated=isolated,
                 deadline=time.monotonic() + self.settings.delivery_timeout_ms / 1000,
                 topic=rows[0].topic if rows else "",
@@ -418,18 +446,27 @@ class Relay:
                 break
         return total
 
-    def _suspect(self, row: OutboxRow) -> bool:
-        """Whether the broker may refuse ``row``: it failed before, or is over the topic's limit."""
-        if row.parking_key in self._parked or row.delayed:
-            return False
-        if row.id in self._suspects:
-            return True
-        limit = self._publisher.max_message_bytes(row.topic)
-        return limit is not None and row.size > limit
+    def _first_suspect(self, rows: list[OutboxRow]) -> int | None:
+        """The first row the broker may refuse: it failed before, or is over its topic's limit."""
+        parked, suspects = self._parked, self._suspects
+        limits: dict[str, int | None] = {}
+        for index, row in enumerate(rows):
+            if row.delayed or (parked and row.parking_key in parked):
+                continue
+            if suspects and row.id in suspects:
+                return index
+            if row.topic in limits:
+                limit = limits[row.topic]
+            else:
+                limit = limits[row.topic] = self._publisher.max_message_bytes(row.topic)
+            if limit is not None and row.size > limit:
+                return index
+        return None
 
     def _produce_page(self, page: _Page, rows: list[OutboxRow]) -> None:
+        parked = self._parked
         for index, row in enumerate(rows):
-            parking = self._parked.get(row.parking_key)
+            parking = parked.get(row.parking_key) if parked else None
             if parking is not None:
                 if parking.event_id != row.id:
                     page.held.append(Held(row.id, row.topic, row.aggregateid, row.shard))
@@ -447,38 +484,58 @@ class Relay:
                 page.parked.append(parking)
                 continue
             page.rows += 1
-            page.outstanding += 1
-            self._in_flight += 1
-            self._publisher.produce(row, self._report(page, row))
-            if page.failure is not None:
-                page.isolated = True  # refused at once: nothing after it was produced
+            refused = self._publisher.produce(row, page.report)
+            if refused is not None:
+                self._count_error(row, refused)
+                page.failure = (row, refused)
+                page.isolated = True  # refused at once, the row's own fault: nothing after it
                 break
+            page.outstanding += 1
+            self._in_flight.count += 1
+            page.produced.append(row)
             if index == len(rows) // 2:
                 failpoint("relay.mid_page")
         if page.rows:
             failpoint("relay.after_produce_before_ack")
 
-    def _report(
-        self, page: _Page, row: OutboxRow
-    ) -> Callable[[KafkaError | None, Message | None], None]:
-        def report(error: KafkaError | None, message: Message | None) -> None:
-            if page.outstanding <= 0:
-                return  # the page was abandoned (its shard replays or was lost)
-            page.outstanding -= 1
-            self._in_flight -= 1
-            if error is None:
-                if self._suspects:
-                    self._suspects.discard(row.id)
-                key = (row.topic, row.shard)
-                self._confirmed[key] = self._confirmed.get(key, 0) + 1
-                self._latencies.append(time.time() - row.timestamp_ms / 1000)
-            else:
-                self.metrics.produce_errors.labels(row.topic, error.name()).inc()
-                self.metrics.shard_produce_errors.labels(str(row.shard)).inc()
-                if page.failure is None:
-                    page.failure = (row, error)
+    def _take_errors(self) -> None:
+        """Look at the failed reports of every page: metrics, and each page's first failure."""
+        for shard in self._shards.values():
+            for page in shard.pages:
+                if not page.errors:
+                    continue
+                by_id = {row.event_id.encode(): row for row in page.produced}
+                for error, message in page.errors:
+                    headers = dict(message.headers() or []) if message is not None else {}
+                    event_id = headers.get("id")
+                    row = (by_id.get(event_id) if isinstance(event_id, bytes) else None) or (
+                        page.produced[-1]
+                    )
+                    self._count_error(row, error)
+                    if page.failure is None:
+                        page.failure = (row, error)
+                page.errors.clear()
 
-        return report
+    def _count_error(self, row: OutboxRow, error: KafkaError) -> None:
+        self.metrics.produce_errors.labels(row.topic, error.name()).inc()
+        self.metrics.shard_produce_errors.labels(str(row.shard)).inc()
+
+    def _count_published(self, page: _Page) -> None:
+        """Count an acknowledged page's rows as published (once, however many shards it has)."""
+        if page.counted:
+            return
+        page.counted = True
+        if page.produced:
+            self._publisher.reachable()
+        now = time.time()
+        confirmed, latencies = self._confirmed, self._latencies
+        for row in page.produced:
+            key = (row.topic, row.shard)
+            confirmed[key] = confirmed.get(key, 0) + 1
+            latencies.append(now - row.timestamp_ms / 1000)
+        if self._suspects:
+            self._suspects.difference_update(row.id for row in page.produced)
+        page.produced = []
 
     # -- progress ------------------------------------------------------------------------------
 
@@ -497,7 +554,7 @@ class Relay:
 
     def _settle(self) -> None:
         """Record acknowledged pages; on a failed delivery, replay every shard."""
-        self._count_confirmed()
+        self._take_errors()
         if self._publisher.fatal is not None:
             self._replay(None)
             return
@@ -513,6 +570,7 @@ class Relay:
             last: _Page | None = None
             while shard.pages and shard.pages[0].acknowledged:
                 last = shard.pages.popleft()
+                self._count_published(last)
                 parked.update(
                     {p.key: (p, shard.epoch) for p in last.parked if p.shard == shard.shard}
                 )
@@ -521,6 +579,7 @@ class Relay:
                 progress.append(ShardProgress(shard.shard, shard.epoch, last.ends))
             if shard.pages and shard.pages[0].failure is not None and failed is None:
                 failed = shard.pages[0]
+        self._count_confirmed()
         if progress:
             failpoint("relay.after_ack_before_record")
             self._record(progress, list(parked.values()), held)
@@ -636,8 +695,7 @@ class Relay:
         now = time.monotonic()
         for shard in self._shards.values():
             for page in shard.pages:
-                self._in_flight -= page.outstanding
-                page.outstanding = 0
+                page.abandon()
             shard.pages.clear()
             shard.cursor = shard.recorded
             if backoff:
@@ -647,7 +705,6 @@ class Relay:
                     base=self.settings.backoff_base_seconds,
                     maximum=self.settings.backoff_max_seconds,
                 )
-        self._in_flight = max(0, self._in_flight)
         self._refresh_parked()
 
     def _dead_letter(self, row: OutboxRow, error: str) -> None:
@@ -692,7 +749,9 @@ class Relay:
             row = rows.get(event_id)
             if row is None:
                 continue  # purged
-            self._publisher.produce(row, self._collect(row, results))
+            refused = self._publisher.produce(row, self._collect(row, results))
+            if refused is not None:
+                results.append((row, refused))
         deadline = time.monotonic() + self.settings.delivery_timeout_ms / 1000 + 5
         while len(results) < len([i for i in ids if i in rows]) and time.monotonic() < deadline:
             self._publisher.poll(0.05)

@@ -9,9 +9,11 @@ relay took over is reported back as lost and nothing of it changes.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 import sqlalchemy as sa
@@ -116,6 +118,19 @@ def _progress(done: str, reading: str | None, after_seq: int) -> Progress:
     )
 
 
+#: Read cursors kept open at most (one per group of shards read together).
+_MAX_CURSORS = 8
+
+
+@dataclass(slots=True)
+class _Cursor:
+    """A server-side cursor over the rest of a read: ``at`` = (done, reading, after_seq) of
+    the read that continues from it."""
+
+    name: str
+    at: tuple[Snapshot, Snapshot, int] | None = None
+
+
 class RelayStore:
     """The relay ``owner``'s statements over a SQLAlchemy ``Engine``."""
 
@@ -123,6 +138,9 @@ class RelayStore:
         self.engine = engine
         self.owner = owner
         self._reader: sa.Connection | None = None
+        self._statements: dict[str, str] = {}
+        self._cursors: dict[tuple[int, ...], _Cursor] = {}
+        self._cursor_names = itertools.count(1)
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[sa.Connection]:
@@ -147,19 +165,22 @@ class RelayStore:
             yield conn
 
     def close(self) -> None:
-        """Close the read connection (the next read opens another)."""
+        """Close the read connection's cursors (they outlive transactions) and give the
+        connection back (the next read opens another)."""
         if self._reader is not None:
             with contextlib.suppress(sa.exc.SQLAlchemyError):
+                if self._cursors and not self._reader.invalidated:
+                    self._reader.exec_driver_sql("CLOSE ALL")
                 self._reader.close()
             self._reader = None
+        self._cursors.clear()
 
     # -- reads ---------------------------------------------------------------------------------
 
     def snapshot(self) -> tuple[Snapshot, datetime]:
         """The current snapshot and the database clock."""
-        with self._reading() as conn:
-            row = conn.execute(query("relay_snapshot")).one()
-        return Snapshot.parse(row.snapshot), row.now
+        ((snapshot, now),) = self._fetch("relay_snapshot", {})
+        return Snapshot.parse(snapshot), now
 
     def read(
         self,
@@ -170,27 +191,84 @@ class RelayStore:
         after_seq: int,
         page_size: int,
     ) -> list[OutboxRow]:
-        """Up to ``page_size`` rows of ``shards`` new in ``reading`` after ``after_seq``."""
+        """Up to ``page_size`` rows of ``shards`` new in ``reading`` after ``after_seq``.
+
+        A read that fills its page leaves a cursor over the rest of the difference (sorted
+        once, held by the server): the next read of the same shards at the position it
+        reached fetches from it instead of scanning and sorting the difference again.
+        """
         difference = Difference.between(done, reading)
         if difference.empty:
             return []
-        with self._reading() as conn:
-            rows = conn.execute(
-                query("relay_read"),
-                {
-                    "shards": list(shards),
-                    "after_seq": after_seq,
-                    "page_size": page_size,
-                    **difference.params(),
-                },
-            )
-            return [OutboxRow(*row) for row in rows]
+        group = tuple(shards)
+        held = self._cursors.pop(group, None)
+        if held is not None and held.at == (done, reading, after_seq):
+            rows = self._execute(f"FETCH FORWARD {int(page_size)} FROM {held.name}", {})
+        else:
+            if held is not None:
+                self._close_cursor(held)
+            params = {
+                "shards": list(shards),
+                "after_seq": after_seq,
+                "page_size": page_size,
+                **difference.params(),
+            }
+            statement = self._statement("relay_read")
+            rows = self._execute(statement, params)
+            if len(rows) == page_size:
+                held = _Cursor(f"oncely_relay_read_{next(self._cursor_names)}")
+                self._execute(
+                    f"DECLARE {held.name} NO SCROLL CURSOR WITH HOLD FOR {statement}",
+                    {**params, "after_seq": rows[-1][1], "page_size": None},
+                )
+        if held is not None:
+            if len(rows) < page_size:
+                self._close_cursor(held)
+            else:
+                held.at = (done, reading, rows[-1][1])
+                self._cursors[group] = held
+                while len(self._cursors) > _MAX_CURSORS:
+                    self._close_cursor(self._cursors.pop(next(iter(self._cursors))))
+        return [OutboxRow.of(row) for row in rows]
 
     def rows(self, ids: Sequence[UUID]) -> dict[UUID, OutboxRow]:
         """The outbox rows with these ids (rows purged since are missing)."""
+        rows = self._fetch("relay_rows", {"ids": list(ids)})
+        return {row.id: row for row in map(OutboxRow.of, rows)}
+
+    def _close_cursor(self, cursor: _Cursor) -> None:
+        self._execute(f"CLOSE {cursor.name}", {})
+
+    def _statement(self, name: str) -> str:
+        statement = self._statements.get(name)
+        if statement is None:
+            statement = self._statements[name] = str(
+                query(name).compile(dialect=self.engine.dialect)
+            )
+        return statement
+
+    def _fetch(self, name: str, params: dict[str, Any]) -> list[Sequence[Any]]:
+        """A named statement's rows as the driver returns them (tuples), on the read connection."""
+        return self._execute(self._statement(name), params)
+
+    def _execute(self, statement: str, params: dict[str, Any]) -> list[Sequence[Any]]:
+        """Run ``statement`` on the read connection; its rows as the driver's tuples.
+
+        The relay's reads skip SQLAlchemy's per-row result handling; a driver error is raised
+        as SQLAlchemy's :class:`~sqlalchemy.exc.DBAPIError`, like every other statement's.
+        """
+        dbapi_error = self.engine.dialect.loaded_dbapi.Error
         with self._reading() as conn:
-            rows = conn.execute(query("relay_rows"), {"ids": list(ids)})
-            return {row[0]: OutboxRow(*row) for row in rows}
+            cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            try:
+                cursor.execute(statement, params)
+                return list(cursor.fetchall()) if cursor.description is not None else []
+            except dbapi_error as exc:
+                conn.invalidate(exc)
+                raise sa.exc.DBAPIError.instance(statement, params, exc, dbapi_error) from exc
+            finally:
+                with contextlib.suppress(dbapi_error):
+                    cursor.close()
 
     def parked(self, shards: Sequence[int]) -> list[Parking]:
         with self._reading() as conn:

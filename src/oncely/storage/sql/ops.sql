@@ -207,8 +207,10 @@ LIMIT :limit
 
 -- name: republish_rows
 -- The window's rows in seq order, as the relay reads them (streamed from a server-side cursor).
-SELECT o.id, o.seq, o.shard, o.topic, o.aggregateid, o.type, o.payload, o.headers,
-       o.created_at, false AS delayed, o.available_at
+SELECT CAST(o.id AS text) AS id, o.seq, o.shard, o.topic, o.aggregateid, o.type, o.payload,
+       CAST(o.headers AS text) AS headers,
+       CAST(floor(extract(epoch FROM o.created_at) * 1000) AS bigint) AS timestamp_ms,
+       CAST(NULL AS timestamptz) AS available_at
 FROM oncely_outbox AS o
 WHERE o.created_at >= :since
   AND (CAST(:until AS timestamptz) IS NULL OR o.created_at < :until)

@@ -6,13 +6,15 @@
 SELECT CAST(pg_current_snapshot() AS text) AS snapshot, now() AS now
 
 -- name: relay_read
--- One page of the rows of :shards (columns in OutboxRow's field order) visible in the reading snapshot and not in the shards' done
+-- One page of the rows of :shards (columns in OutboxRow's field order, as records.py says) visible in the reading snapshot and not in the shards' done
 -- snapshot, after :after_seq, in seq order. The caller passes the difference as PgQ does:
 -- txids in [done.xmax, reading.xmax) not running in reading, plus the txids that were running
 -- in done and are visible in reading. Below done.xmax nothing else can be new, so a long-open
 -- transaction never makes a read rescan the rows written since it began.
-SELECT o.id, o.seq, o.shard, o.topic, o.aggregateid, o.type, o.payload, o.headers,
-       o.created_at, o.available_at, o.available_at > now() AS delayed
+SELECT CAST(o.id AS text) AS id, o.seq, o.shard, o.topic, o.aggregateid, o.type, o.payload,
+       CAST(o.headers AS text) AS headers,
+       CAST(floor(extract(epoch FROM o.created_at) * 1000) AS bigint) AS timestamp_ms,
+       CASE WHEN o.available_at > now() THEN o.available_at END AS available_at
 FROM oncely_outbox AS o
 WHERE o.shard = ANY (CAST(:shards AS smallint[]))
   AND o.seq > :after_seq
@@ -24,8 +26,10 @@ LIMIT :page_size
 
 -- name: relay_rows
 -- Outbox rows by id, for releasing a parked key (its own row and the rows held behind it).
-SELECT o.id, o.seq, o.shard, o.topic, o.aggregateid, o.type, o.payload, o.headers,
-       o.created_at, o.available_at, false AS delayed
+SELECT CAST(o.id AS text) AS id, o.seq, o.shard, o.topic, o.aggregateid, o.type, o.payload,
+       CAST(o.headers AS text) AS headers,
+       CAST(floor(extract(epoch FROM o.created_at) * 1000) AS bigint) AS timestamp_ms,
+       CAST(NULL AS timestamptz) AS available_at
 FROM oncely_outbox AS o
 WHERE o.id = ANY (CAST(:ids AS uuid[]))
 
