@@ -3,8 +3,9 @@
 Rules the loop keeps (each is tested against real PostgreSQL and Kafka):
 
 - Rows are never claimed or updated. Each shard's progress (a snapshot all of whose rows are
-  acknowledged, and the position inside the newer snapshot being read) moves once per page,
-  only after every record of the page has a successful delivery report; the write is fenced by
+  acknowledged, and the position inside the newer snapshot being read) moves only after every
+  record of its pages has a successful delivery report, in one write for all the pages
+  acknowledged in the last 20 ms (at once when they park keys or hold rows); the write is fenced by
   the shard's lease epoch, so a relay that lost the shard (paused, partitioned) cannot move it:
   it may cause duplicates, never loss (counted in ``progress_refused``).
 - Per-key order = commit order: a key always maps to one shard, which one relay reads at a time;
@@ -58,6 +59,9 @@ _GAUGE_INTERVAL = 5.0
 _POLL_MIN, _POLL_MAX = 0.001, 0.004
 #: Quiet time after which the relay sleeps until a NOTIFY (or its idle poll interval).
 _SLEEP_AFTER = 1.0
+#: Progress is recorded at most this often (seconds): a crash replays what was acknowledged
+#: since (duplicates), and a quiet service does not write progress after every few rows.
+_RECORD_INTERVAL = 0.02
 
 
 class _InFlight:
@@ -157,6 +161,9 @@ class Relay:
         self._isolating: _Page | None = None
         self._quiesce: Progress | None = None
         self._in_flight = _InFlight()
+        #: Progress of acknowledged pages, by shard, waiting for the next record.
+        self._unrecorded: dict[int, ShardProgress] = {}
+        self._record_after = 0.0
         self._asleep = False
         self._last_rows = time.monotonic()
         self._poll = _POLL_MIN
@@ -298,6 +305,7 @@ class Relay:
         its reports, or they would record it before the broker acknowledged it.
         """
         self._shards.pop(shard.shard, None)
+        self._unrecorded.pop(shard.shard, None)
         for page in shard.pages:
             if not any(other in self._shards for other in page.shards):
                 page.abandon()
@@ -560,7 +568,6 @@ class Relay:
             return
         if self._overdue():
             return
-        progress: list[ShardProgress] = []
         parked: dict[tuple[str, str], tuple[Parking, int]] = {}
         held: list[Held] = []
         failed: _Page | None = None
@@ -576,16 +583,26 @@ class Relay:
                 )
                 held.extend(h for h in last.held if h.shard == shard.shard)
             if last is not None:
-                progress.append(ShardProgress(shard.shard, shard.epoch, last.ends))
+                self._unrecorded[shard.shard] = ShardProgress(shard.shard, shard.epoch, last.ends)
             if shard.pages and shard.pages[0].failure is not None and failed is None:
                 failed = shard.pages[0]
         self._count_confirmed()
-        if progress:
-            failpoint("relay.after_ack_before_record")
-            self._record(progress, list(parked.values()), held)
+        if self._unrecorded and (parked or held or time.monotonic() >= self._record_after):
+            self._record_acknowledged(list(parked.values()), held)
         if failed is not None:
             self._replay(failed)
         self._hand_off()
+
+    def _record_acknowledged(
+        self, parked: list[tuple[Parking, int]] | None = None, held: list[Held] | None = None
+    ) -> None:
+        """Record the progress of the acknowledged pages not yet recorded (at most every
+        _RECORD_INTERVAL, at once with parked keys or held rows)."""
+        failpoint("relay.after_ack_before_record")
+        progress = list(self._unrecorded.values())
+        self._unrecorded.clear()
+        self._record(progress, parked or [], held or [])
+        self._record_after = time.monotonic() + _RECORD_INTERVAL
 
     def _overdue(self) -> bool:
         """A page unconfirmed past ``delivery_timeout_ms``: purge, recreate, replay (transient).
@@ -613,6 +630,8 @@ class Relay:
             self.settings.delivery_timeout_ms,
             extra={"topic": late.topic, "code": "_MSG_TIMED_OUT"},
         )
+        if self._unrecorded:
+            self._record_acknowledged()
         self._isolating = None
         self._publisher.recreate()
         self._reset_all(backoff=True)
@@ -646,6 +665,7 @@ class Relay:
             return
         self.database_ok = True
         for item in progress:
+            self._unrecorded.pop(item.shard, None)
             held_shard = self._shards.get(item.shard)
             if held_shard is not None:
                 held_shard.recorded = item.progress
@@ -687,12 +707,15 @@ class Relay:
                         self._dead_letter(row, policy.error_text(error))
         else:
             log.warning("fatal producer error, recreating the producer and replaying")
+        if self._unrecorded:
+            self._record_acknowledged()  # replay only what was not acknowledged
         self._isolating = None
         self._publisher.recreate()
         self._reset_all(backoff=transient or (failed is not None and failed.isolated))
 
     def _reset_all(self, *, backoff: bool) -> None:
         now = time.monotonic()
+        self._unrecorded.clear()
         for shard in self._shards.values():
             for page in shard.pages:
                 page.abandon()
@@ -731,7 +754,10 @@ class Relay:
         for parking in [p for p in self._parked.values() if p.request is not None or p.due]:
             shard = self._shards.get(parking.shard)
             if shard is None or shard.pages or shard.retry_at > now:
-                continue  # wait until everything read from the shard is recorded
+                continue  # wait until everything read from the shard is acknowledged
+            if shard.shard in self._unrecorded:
+                self._record_acknowledged()  # and recorded: release on the next turn
+                continue
             self._release(shard, parking)
 
     def _release(self, shard: _Shard, parking: Parking) -> None:
