@@ -146,8 +146,8 @@ class RelaySettings(BaseSettings):
         default=1000,
         ge=1,
         le=10_000,
-        description="Rows read per page (progress per page); a large backlog doubles it per "
-        "full page, up to half of max_in_flight.",
+        description="Rows read per page; a large backlog doubles it per full page, up to half "
+        "of max_in_flight.",
     )
     lease_seconds: float = Field(
         default=6.0,

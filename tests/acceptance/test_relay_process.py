@@ -158,7 +158,14 @@ def test_sigterm_under_load_exits_0_and_gives_every_shard_back(
 ) -> None:
     topic = new_topic(partitions=3)
     insert_rows(engine, outbox_rows(20_000, topics=[topic], keys=2000))
-    proc = _start_relay(database_url, kafka_bootstrap, "--relay-id", "doomed")
+    # Slowed (small pages, few records in flight, long linger) so that it is stopped mid-run:
+    # at full speed it drains 20,000 rows in well under a second.
+    slow = {
+        "ONCELY_RELAY_BATCH_SIZE": "100",
+        "ONCELY_RELAY_MAX_IN_FLIGHT": "200",
+        "ONCELY_RELAY_LINGER_MS": "50",
+    }
+    proc = _start_relay(database_url, kafka_bootstrap, "--relay-id", "doomed", env=slow)
     wait_until(lambda: count_published(engine) > 1000, timeout=60)
     started = time.monotonic()
     code, stderr = _stop(proc)
