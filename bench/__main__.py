@@ -1,6 +1,6 @@
 """``python -m bench [CELL ...]``: run benchmark cells and write JSON, Markdown and a PNG plot.
 
-The default set is the relay's table of issue 18 (``make bench``; about 40 minutes on 2 cores):
+The default set is the relay's table of issue 18 (``make bench``; about 20 minutes on 2 cores):
 
 - R-DBZ, R-DBZ-HOT, R-DBZ p99: the relay vs Debezium's Outbox Event Router in a Kafka Connect
   worker the cell starts (drain rate over 1,000 keys and on one key; commit → Kafka p99);
