@@ -288,7 +288,14 @@ class ConsumerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ONCELY_CONSUMER_", extra="ignore")
 
     batch_size: int = Field(default=500, ge=1, description="Records applied per transaction.")
-    poll_timeout_seconds: float = Field(default=0.5, gt=0, description="Wait for records.")
+    poll_timeout_seconds: float = Field(
+        default=0.5,
+        gt=0,
+        description=(
+            "Longest wait for a record when none is buffered; a record that arrives is applied"
+            " at once, never after the rest of this wait."
+        ),
+    )
     metrics_port: int | None = Field(
         default=None, description="Serve /metrics, /healthz and /readyz on this port."
     )
@@ -309,6 +316,14 @@ class ConsumerSettings(BaseSettings):
         description=(
             "Worker threads applying each batch, each in its own transaction; a key always goes"
             " to the same lane, so per-key order holds. Each lane holds a database connection."
+        ),
+    )
+    prefetch_kbytes: int = Field(
+        default=16_384,
+        ge=1024,
+        description=(
+            "Most kilobytes of records fetched ahead of the batch being applied (librdkafka"
+            " queued.max.messages.kbytes): what bounds a consumer's memory under a backlog."
         ),
     )
 

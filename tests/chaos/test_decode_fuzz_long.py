@@ -1,8 +1,9 @@
 """The decode fuzz campaign at scale (``make chaos``): ``ONCELY_FUZZ_EXAMPLES`` cases (100,000).
 
 The property and the generators are those of ``tests/unit/test_decode_fuzz.py``, which runs a
-short campaign in ``make test``: ``decode_record`` returns ``Decoded``/``Undecodable`` and
-``Codec.decode`` raises only ``DecodeError``, each case within hypothesis's deadline.
+short campaign in ``make test``: ``read_envelope`` + ``decode_event`` return ``Decoded`` or
+``Undecodable`` and ``Codec.decode`` raises only ``DecodeError``, each case within hypothesis's
+deadline.
 """
 
 from __future__ import annotations

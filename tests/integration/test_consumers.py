@@ -306,4 +306,4 @@ def test_a_handler_returning_a_coroutine_fails_its_record_and_writes_no_receipt(
     assert dead.headers["oncely.dlq.error.class"] == b"EffectDeclarationError"
     message = dead.headers["oncely.dlq.error.message"].decode()
     assert "returned an awaitable (coroutine)" in message
-    assert "post" in message and "plain `def`" in message
+    assert "post" in message and "declare it with `async def`" in message

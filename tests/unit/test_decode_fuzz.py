@@ -1,11 +1,11 @@
 """Fuzz the consumer's decode path: arbitrary bytes and headers never crash it, nor hang it.
 
-``decode_record`` must return ``Decoded`` or ``Undecodable`` and ``Codec.decode`` must return
-an event or raise ``DecodeError``: any other exception would escape the consumer loop, and a
-hang would stall a partition. Values are drawn from several families, so the Avro body reader
-and the model validation are reached, not only the framing checks: raw bytes, valid values
-truncated, bit-flipped or extended, a known fingerprint with a random body, another type's
-fingerprint, Confluent framing, and JSON.
+``read_envelope`` then ``decode_event`` must return ``Decoded`` or ``Undecodable`` and
+``Codec.decode`` must return an event or raise ``DecodeError``: any other exception would escape
+the consumer loop, and a hang would stall a partition. Values are drawn from several families, so
+the Avro body reader and the model validation are reached, not only the framing checks: raw
+bytes, valid values truncated, bit-flipped or extended, a known fingerprint with a random body,
+another type's fingerprint, Confluent framing, and JSON.
 
 This module runs a short campaign (``make test``); ``tests/chaos/test_decode_fuzz_long.py``
 runs the same property for ``ONCELY_FUZZ_EXAMPLES`` (default 100,000) cases (``make chaos``).
@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import AwareDatetime, BaseModel, Field
 
-from oncely.consumers.records import Decoded, Undecodable, decode_record
+from oncely.consumers.records import Decoded, Undecodable, decode_event, read_envelope
 from oncely.events import Registry
 from oncely.schemas import single_object
 from oncely.schemas.codec import Codec
@@ -172,7 +172,7 @@ HEADERS = st.one_of(RELAY_HEADERS, RELAY_HEADERS, RANDOM_HEADERS)
 
 @dataclass
 class FakeMessage:
-    """What ``decode_record`` reads of a confluent-kafka ``Message``."""
+    """What ``read_envelope`` and ``decode_event`` read of a confluent-kafka ``Message``."""
 
     _topic: str
     _value: bytes | None
@@ -196,6 +196,14 @@ class FakeMessage:
 
     def headers(self) -> list[tuple[str, bytes | None]] | None:
         return self._headers
+
+
+def decode_record(message: Any, *, codec: Any, types_by_topic: Any) -> Decoded | Undecodable:
+    """What a consumer makes of a new record: its envelope, then its value."""
+    envelope = read_envelope(message, types_by_topic=types_by_topic)
+    if isinstance(envelope, Undecodable):
+        return envelope
+    return decode_event(envelope, codec=codec)
 
 
 def check_decode(topic: str, value: bytes | None, headers: list[tuple[str, Any]], add_id: bool):

@@ -1,4 +1,4 @@
-"""Declaring effects: async handlers are refused, naming the handler and what to do instead."""
+"""Declaring effects: which handlers run on the event loop, and the declaration errors."""
 
 from __future__ import annotations
 
@@ -60,17 +60,31 @@ ASYNC_HANDLERS: dict[str, tuple[Any, str]] = {
 
 
 @pytest.mark.parametrize("case", list(ASYNC_HANDLERS))
-def test_an_async_handler_is_refused_at_declaration(case: str) -> None:
-    handler, name = ASYNC_HANDLERS[case]
+def test_an_async_handler_is_declared_as_an_async_effect(case: str) -> None:
+    handler, _ = ASYNC_HANDLERS[case]
     app = effects()
-    with pytest.raises(oncely.EffectDeclarationError) as caught:
-        app.effect("welcome", on=[Opened])(handler)
-    message = str(caught.value)
-    assert "effect 'welcome'" in message
-    assert name in message, "the message names the handler"
-    assert "is async" in message
-    assert "plain `def`" in message and "ctx.enqueue_task" in message, "it says what to do"
-    assert app.names() == [], "nothing was declared"
+    app.effect("welcome", on=[Opened])(handler)
+    assert app.get("welcome").is_async, "it runs on the event loop, awaited"
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [("Welcome", "lower-case"), ("", "lower-case"), ("a b", "lower-case")],
+)
+def test_a_bad_effect_name_is_refused(name: str, reason: str) -> None:
+    app = effects()
+    with pytest.raises(oncely.EffectDeclarationError, match=reason):
+        app.effect(name, on=[Opened])(record_welcome)
+    assert app.names() == []
+
+
+def test_an_effect_without_event_types_or_declared_twice_is_refused() -> None:
+    app = effects()
+    with pytest.raises(oncely.EffectDeclarationError, match="consumes no event type"):
+        app.effect("welcome", on=[])(record_welcome)
+    app.effect("welcome", on=[Opened])(record_welcome)
+    with pytest.raises(oncely.EffectDeclarationError, match="declared twice"):
+        app.effect("welcome", on=[Opened])(record_welcome)
 
 
 @pytest.mark.parametrize(
@@ -82,7 +96,7 @@ def test_a_sync_handler_is_declared(handler: Any) -> None:
     app = effects()
     app.effect("welcome", on=[Opened])(handler)
     assert app.get("welcome").handler is handler
-    assert not is_async_callable(handler)
+    assert not is_async_callable(handler) and not app.get("welcome").is_async
 
 
 def test_the_error_is_public_and_an_oncely_error() -> None:

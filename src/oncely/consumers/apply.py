@@ -1,20 +1,26 @@
 """Apply a run of consumed records to one effect in one database transaction, each at most once.
 
-The fast path inserts the receipts ``(event_id, effect)`` of the whole run with one statement
-(``ON CONFLICT DO NOTHING RETURNING``), calls the handler only for the records whose receipt is
-new, flushes their writes together and commits: receipts and effects commit together or not at
-all. When a handler raises, or the flush of the handlers' writes fails, that transaction rolls
-back and the run is applied again record by record, each record in a savepoint: the failing
-record rolls back only its own receipt and effect and stops its partition, the records before
-it commit. A handler can therefore be called again for a record whose first attempt rolled back;
-its writes must go through ``ctx.session`` (calls to the outside world go through tasks).
+The fast path inserts the receipts ``(event_id, effect)`` of the whole run with one statement,
+which returns only the event ids that already had one (the duplicates: they cost no decoding
+and no model). The other records' values are decoded, the handler is called for each (or once
+for all, with ``batch=True``), the rows collected by ``ctx.insert`` / ``ctx.upsert`` and the
+session's pending objects are written, and the transaction commits: receipts and effects commit
+together or not at all. When a value cannot be decoded, a handler raises, or the writes fail,
+that transaction rolls back and the run is applied again record by record, each record in a
+savepoint: the failing record rolls back only its own receipt and effect and stops its
+partition, the records before it commit. A handler can therefore be called again for a record
+whose first attempt rolled back; its writes must go through its context (calls to the outside
+world go through tasks).
+
+An ``async`` effect runs the same steps on an ``AsyncSession``: :meth:`Applier.apply_async`
+runs them in the session's greenlet (``AsyncSession.run_sync``) and awaits the handler there,
+so both kinds share one implementation.
 
 Only the receipt's primary key means "already applied" (seed 004); any other error is the
-record's failure, and so is a handler that returns an awaitable (an ``async`` handler slipped
-past the declaration check): the awaitable is closed unrun, the record fails with an
-:class:`~oncely.consumers.effects.EffectDeclarationError`, and its receipt rolls back. Errors
-of the database itself (a lost connection, a failed commit) are reported for the whole run,
-which is then not applied at all.
+record's failure, and so is a plain handler that returns an awaitable: the awaitable is closed
+unrun, the record fails with an :class:`~oncely.consumers.effects.EffectDeclarationError`, and
+its receipt rolls back. Errors of the database itself (a lost connection, a failed commit) are
+reported for the whole run, which is then not applied at all.
 """
 
 from __future__ import annotations
@@ -23,27 +29,26 @@ import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 from uuid import UUID
 
 import sqlalchemy as sa
 from confluent_kafka import Message
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
+from sqlalchemy.util import await_
 
-from oncely.consumers.effects import (
-    Effect,
-    EffectContext,
-    EffectDeclarationError,
-    async_handler_message,
-)
-from oncely.consumers.records import Decoded, Undecodable
+from oncely.consumers.effects import Effect, EffectContext, EffectDeclarationError, handler_name
+from oncely.consumers.records import Decoded, Envelope, Undecodable, decode_event
+from oncely.consumers.writes import Writes
 from oncely.ops.failpoints import failpoint
 from oncely.ops.metrics import ConsumerMetrics
+from oncely.schemas.codec import Codec
 from oncely.schemas.errors import DecodeFailure
 from oncely.storage.queries import query
 
 PartitionId = tuple[str, int]
-Record = Decoded | Undecodable
+Record = Envelope | Undecodable
 
 
 def topic_partition(message: Message) -> PartitionId:
@@ -75,16 +80,26 @@ class Outcome:
 
 
 class _FallBack(Exception):
-    """A handler or the flush of its writes failed on the fast path."""
+    """A value, a handler or the writes failed on the fast path."""
 
 
 class Applier:
-    """Applies runs of records to ``effect`` through receipts, in transactions on ``engine``."""
+    """Applies runs of records to ``effect`` through receipts, in transactions on ``engine``
+    (or on ``async_engine`` for an ``async`` effect)."""
 
-    def __init__(self, effect: Effect, engine: sa.Engine, metrics: ConsumerMetrics) -> None:
+    def __init__(
+        self,
+        effect: Effect,
+        engine: sa.Engine,
+        metrics: ConsumerMetrics,
+        codec: Codec,
+        async_engine: AsyncEngine | None = None,
+    ) -> None:
         self.effect = effect
         self.engine = engine
+        self.async_engine = async_engine
         self.metrics = metrics
+        self.codec = codec
 
     def apply(self, records: Sequence[Record]) -> Outcome:
         """Apply ``records`` (in Kafka order per partition) once each; never raises.
@@ -95,18 +110,32 @@ class Applier:
         """
         try:
             try:
-                return self._apply_run(records)
+                with Session(self.engine) as session, session.begin():
+                    return self._apply_run(session, records, session)
             except _FallBack:
-                return self._apply_each(records)
+                with Session(self.engine) as session, session.begin():
+                    return self._apply_each(session, records, session)
         except sa.exc.DBAPIError as exc:
-            firsts: dict[PartitionId, Message] = {}
-            for record in records:
-                firsts.setdefault(topic_partition(record.message), record.message)
-            return Outcome(failures=[Failure(m, exc, "database") for m in firsts.values()])
+            return _database_failure(records, exc)
 
-    def _apply_run(self, records: Sequence[Record]) -> Outcome:
+    async def apply_async(self, records: Sequence[Record]) -> Outcome:
+        """:meth:`apply` for an ``async`` effect, on ``async_engine``; never raises."""
+        assert self.async_engine is not None, "an async effect's Applier has an async engine"
+        try:
+            try:
+                async with AsyncSession(self.async_engine) as session, session.begin():
+                    return await session.run_sync(self._apply_run, records, session)
+            except _FallBack:
+                async with AsyncSession(self.async_engine) as session, session.begin():
+                    return await session.run_sync(self._apply_each, records, session)
+        except sa.exc.DBAPIError as exc:
+            return _database_failure(records, exc)
+
+    def _apply_run(
+        self, session: Session, records: Sequence[Record], handed: Session | AsyncSession
+    ) -> Outcome:
         outcome = Outcome()
-        eligible: list[Decoded] = []
+        envelopes: list[Envelope] = []
         stopped: set[PartitionId] = set()
         for record in records:
             tp = topic_partition(record.message)
@@ -118,30 +147,36 @@ class Applier:
                 )
                 stopped.add(tp)
             else:
-                eligible.append(record)
-        if not eligible:
+                envelopes.append(record)
+        if not envelopes:
             return outcome
-        with Session(self.engine) as session, session.begin():
-            new = self._insert_receipts(session, eligible)
-            for record in eligible:
-                if record.event_id in new:
-                    new.discard(record.event_id)  # a second copy in the same run is a duplicate
-                    try:
-                        self._call_handler(session, record)
-                    except Exception as exc:
-                        raise _FallBack from exc
-                    outcome.applied += 1
-                else:
-                    outcome.duplicates += 1
-                outcome.done[topic_partition(record.message)] = (record.message.offset() or 0) + 1
+        duplicates = self._insert_receipts(session, envelopes)
+        new: list[Decoded] = []
+        seen: set[UUID] = set()
+        for envelope in envelopes:
+            message = envelope.message
+            if envelope.event_id in duplicates or envelope.event_id in seen:
+                outcome.duplicates += 1  # a second copy in the same run is a duplicate too
+            else:
+                seen.add(envelope.event_id)
+                decoded = decode_event(envelope, codec=self.codec)
+                if isinstance(decoded, Undecodable):
+                    raise _FallBack(decoded.reason)
+                new.append(decoded)
+            outcome.done[topic_partition(message)] = (message.offset() or 0) + 1
+        if new:
+            writes = Writes()
             try:
+                self._call_handler(new, handed, writes)
+                writes.write(session)
                 session.flush()
             except Exception as exc:
                 raise _FallBack from exc
-            failpoint("consumer.after_effect_before_db_commit")
+        outcome.applied = len(new)
+        failpoint("consumer.after_effect_before_db_commit")
         return outcome
 
-    def _insert_receipts(self, session: Session, records: Sequence[Decoded]) -> set[UUID]:
+    def _insert_receipts(self, session: Session, records: Sequence[Envelope]) -> set[UUID]:
         rows = session.execute(
             query("receipts_insert_many"),
             {
@@ -152,46 +187,56 @@ class Applier:
                 "offsets": [r.message.offset() for r in records],
             },
         )
-        return {row.event_id for row in rows}
+        return set(rows.scalars())
 
-    def _apply_each(self, records: Sequence[Record]) -> Outcome:
+    def _apply_each(
+        self, session: Session, records: Sequence[Record], handed: Session | AsyncSession
+    ) -> Outcome:
         outcome = Outcome()
         stopped: set[PartitionId] = set()
-        with Session(self.engine) as session, session.begin():
-            for record in records:
-                message = record.message
-                tp = topic_partition(message)
-                if tp in stopped:
-                    continue
-                if isinstance(record, Undecodable):
-                    outcome.failures.append(
-                        Failure(message, record.reason, "undecodable", record.failure)
-                    )
-                    stopped.add(tp)
-                    continue
-                savepoint = session.begin_nested()
-                try:
-                    applied = self._apply_one(session, record)
-                    savepoint.commit()
-                except Exception as exc:  # the failure policy decides, nothing is swallowed
-                    savepoint.rollback()
-                    outcome.failures.append(Failure(message, exc, "handler"))
-                    stopped.add(tp)
-                    continue
-                outcome.done[tp] = (message.offset() or 0) + 1
-                if applied:
-                    outcome.applied += 1
-                else:
-                    outcome.duplicates += 1
-            failpoint("consumer.after_effect_before_db_commit")
+        for record in records:
+            message = record.message
+            tp = topic_partition(message)
+            if tp in stopped:
+                continue
+            if isinstance(record, Undecodable):
+                outcome.failures.append(
+                    Failure(message, record.reason, "undecodable", record.failure)
+                )
+                stopped.add(tp)
+                continue
+            savepoint = session.begin_nested()
+            try:
+                applied = self._apply_one(session, record, handed)
+            except Exception as exc:  # the failure policy decides, nothing is swallowed
+                savepoint.rollback()
+                outcome.failures.append(Failure(message, exc, "handler"))
+                stopped.add(tp)
+                continue
+            if isinstance(applied, Undecodable):
+                savepoint.rollback()
+                outcome.failures.append(
+                    Failure(message, applied.reason, "undecodable", applied.failure)
+                )
+                stopped.add(tp)
+                continue
+            savepoint.commit()
+            outcome.done[tp] = (message.offset() or 0) + 1
+            if applied:
+                outcome.applied += 1
+            else:
+                outcome.duplicates += 1
+        failpoint("consumer.after_effect_before_db_commit")
         return outcome
 
-    def _apply_one(self, session: Session, record: Decoded) -> bool:
-        message = record.message
+    def _apply_one(
+        self, session: Session, envelope: Envelope, handed: Session | AsyncSession
+    ) -> bool | Undecodable:
+        message = envelope.message
         inserted = session.execute(
             query("receipt_insert"),
             {
-                "event_id": record.event_id,
+                "event_id": envelope.event_id,
                 "effect": self.effect.name,
                 "topic": message.topic(),
                 "partition": message.partition(),
@@ -200,32 +245,67 @@ class Applier:
         ).first()
         if inserted is None:
             return False
-        self._call_handler(session, record)
+        decoded = decode_event(envelope, codec=self.codec)
+        if isinstance(decoded, Undecodable):
+            return decoded
+        writes = Writes()
+        self._call_handler([decoded], handed, writes)
+        writes.write(session)
         session.flush()  # integrity errors surface here, inside the record's savepoint
         return True
 
-    def _call_handler(self, session: Session, record: Decoded) -> None:
-        message = record.message
-        context = EffectContext(
+    def _call_handler(
+        self, records: Sequence[Decoded], session: Session | AsyncSession, writes: Writes
+    ) -> None:
+        pairs = [
+            (record.event, self._context(record.envelope, session, writes)) for record in records
+        ]
+        handler: Callable[..., Any] = self.effect.handler
+        started = time.perf_counter()
+        if self.effect.batch:
+            self._finish(handler(pairs))
+        else:
+            for event, context in pairs:
+                self._finish(handler(event, context))
+        elapsed = time.perf_counter() - started
+        self.metrics.handler_latency.labels(self.effect.name).observe(elapsed / len(pairs))
+
+    def _finish(self, result: object) -> None:
+        """Await an async handler's coroutine (in the session's greenlet); refuse an awaitable
+        from a plain handler, which would otherwise never run."""
+        if not inspect.isawaitable(result):
+            return
+        if self.async_engine is not None:
+            await_(result)
+            return
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()  # never run: no "coroutine was never awaited" warning either
+        raise EffectDeclarationError(
+            f"effect {self.effect.name!r}: handler {handler_name(self.effect.handler)} is not "
+            f"declared async but returned an awaitable ({type(result).__name__}), which would "
+            "never run; declare it with `async def`"
+        )
+
+    def _context(
+        self, envelope: Envelope, session: Session | AsyncSession, writes: Writes
+    ) -> EffectContext[Any]:
+        message = envelope.message
+        return EffectContext(
             session=session,
             effect=self.effect.name,
-            event_id=record.event_id,
-            event_type=record.event_type.name,
+            event_id=envelope.event_id,
+            event_type=envelope.event_type.name,
             topic=message.topic() or "",
             partition=message.partition() or 0,
             offset=message.offset() or 0,
-            headers=record.headers,
+            headers=envelope.headers,
+            writes=writes,
         )
-        started = time.perf_counter()
-        handler: Callable[..., object] = self.effect.handler
-        result = handler(record.event, context)
-        if inspect.isawaitable(result):
-            close = getattr(result, "close", None)
-            if callable(close):
-                close()  # never run: no "coroutine was never awaited" warning either
-            raise EffectDeclarationError(
-                async_handler_message(
-                    self.effect.name, self.effect.handler, returned=type(result).__name__
-                )
-            )
-        self.metrics.handler_latency.labels(self.effect.name).observe(time.perf_counter() - started)
+
+
+def _database_failure(records: Sequence[Record], exc: sa.exc.DBAPIError) -> Outcome:
+    firsts: dict[PartitionId, Message] = {}
+    for record in records:
+        firsts.setdefault(topic_partition(record.message), record.message)
+    return Outcome(failures=[Failure(m, exc, "database") for m in firsts.values()])

@@ -6,16 +6,18 @@
 
     @effects.effect("send-receipt", on=[TransferCompleted])
     def send_receipt(event: TransferCompleted, ctx: oncely.EffectContext) -> None:
-        ctx.session.add(Notification(...))          # same transaction as the receipt
+        ctx.insert(Notification, {"transfer_id": event.transfer_id})  # same transaction
 
 A handler runs inside the database transaction that inserts its receipt ``(event_id,
 effect)``; both commit together or neither does, and the Kafka offset is committed only after.
 A redelivered event finds its receipt and the handler is not called again.
 
-Handlers are synchronous: an ``async def`` handler is refused when it is declared
-(:class:`EffectDeclarationError`), and a handler that returns an awaitable anyway fails its
-record (retried, then dead-lettered or blocking, as its failure policy says), never committing a
-receipt for an effect that did not happen.
+A handler writes through its context: ``ctx.insert`` / ``ctx.upsert`` collect rows that are
+written once per batch (no ORM object per record), and ``ctx.session`` is the transaction's
+session for anything else (``ctx.session.add(...)``, queries). A handler declared with
+``batch=True`` gets the batch's new events at once, as ``(event, ctx)`` pairs. An ``async def``
+handler runs on an asyncio event loop, and its ``ctx.session`` is an ``AsyncSession`` on the
+same transaction; sync and async effects can share a process.
 """
 
 from __future__ import annotations
@@ -26,14 +28,17 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Generic, Literal
 from uuid import UUID
 
 from pydantic import BaseModel
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
+from typing_extensions import TypeVar
 
 from oncely.consumers.tasks.enqueue import enqueue_task
 from oncely.consumers.tasks.model import QueuedTask
+from oncely.consumers.writes import TableLike, Writes
 from oncely.errors import ConfigurationError
 from oncely.events import EventType, Registry
 
@@ -42,18 +47,6 @@ _EFFECT_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,99}")
 
 class EffectDeclarationError(ConfigurationError):
     """The effect is declared wrongly."""
-
-
-def async_handler_message(effect: str, handler: object, *, returned: str | None = None) -> str:
-    """What to say about ``effect``'s handler being async, or having ``returned`` an awaitable
-    (the name of its type)."""
-    what = "is async" if returned is None else f"returned an awaitable ({returned})"
-    return (
-        f"effect {effect!r}: handler {_handler_name(handler)} {what}; oncely calls handlers "
-        "synchronously inside the receipt's transaction, so it would never run. "
-        "Declare it with plain `def` and write through ctx.session, or queue the async call as "
-        "a task with ctx.enqueue_task(...)"
-    )
 
 
 def is_async_callable(handler: object) -> bool:
@@ -68,7 +61,8 @@ def is_async_callable(handler: object) -> bool:
     return inspect.iscoroutinefunction(inspect.getattr_static(type(handler), "__call__", None))
 
 
-def _handler_name(handler: object) -> str:
+def handler_name(handler: object) -> str:
+    """``module.qualname`` of a handler, for error messages."""
     while isinstance(handler, functools.partial):
         handler = handler.func
     name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
@@ -96,11 +90,18 @@ class FailurePolicy:
         return min(self.max_backoff_seconds, self.initial_backoff_seconds * 2.0 ** (attempt - 1))
 
 
-@dataclass(frozen=True, kw_only=True)
-class EffectContext:
-    """What a handler knows about the record it applies, and the transaction to apply it in."""
+S = TypeVar("S", Session, AsyncSession, default=Session)
 
-    session: Session
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EffectContext(Generic[S]):
+    """What a handler knows about the record it applies, and the transaction to apply it in.
+
+    ``session`` is a ``Session`` for a plain handler and an ``AsyncSession`` for an ``async``
+    one (annotate it ``EffectContext[AsyncSession]``, or :data:`AsyncEffectContext`).
+    """
+
+    session: S
     effect: str
     event_id: UUID
     event_type: str
@@ -108,6 +109,36 @@ class EffectContext:
     partition: int
     offset: int
     headers: Mapping[str, str]
+    writes: Writes = field(repr=False)
+
+    def insert(self, table: TableLike, values: Mapping[str, Any]) -> None:
+        """Insert a row into ``table`` (a ``Table`` or a mapped class) in this transaction.
+
+        The row is written with the batch's other rows of the same table and columns in one
+        multi-row statement just before the commit, so a constraint it breaks (a missing
+        foreign key) fails at the end of the batch: the consumer then applies the batch record
+        by record and this record fails alone (its receipt rolls back with it). Rows are
+        written per statement in the order each was first used (insert parents before
+        children in the same batch by inserting them first). ``values`` are keyed by column
+        name. Raises :class:`~oncely.consumers.writes.WriteError` for an unknown column.
+        """
+        self.writes.insert(table, values)
+
+    def upsert(
+        self,
+        table: TableLike,
+        values: Mapping[str, Any],
+        *,
+        on: Sequence[str],
+        update: Sequence[str] | None = None,
+    ) -> None:
+        """Insert a row, or update the one whose ``on`` columns (a unique index) match.
+
+        ``update`` names the columns an existing row takes from ``values`` (default: every
+        column not in ``on``; empty: ``DO NOTHING``). Written like :meth:`insert`; upserts of
+        one key in one batch are merged in order first, as if each had run on its own.
+        """
+        self.writes.upsert(table, values, on=on, update=update)
 
     def enqueue_task(
         self,
@@ -137,7 +168,11 @@ class EffectContext:
         )
 
 
-Handler = Callable[[Any, EffectContext], None]
+#: ``AsyncEffectContext`` is the context of an ``async def`` handler.
+AsyncEffectContext = EffectContext[AsyncSession]
+
+#: ``handler(event, ctx)``, or with ``batch=True`` ``handler([(event, ctx), ...])``; sync or async.
+Handler = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -148,6 +183,13 @@ class Effect:
     event_types: tuple[EventType[Any], ...]
     handler: Handler
     failure: FailurePolicy = field(default_factory=FailurePolicy)
+    batch: bool = False
+    """The handler takes the batch's new events at once, as ``(event, ctx)`` pairs."""
+
+    @property
+    def is_async(self) -> bool:
+        """The handler is ``async`` (see :func:`is_async_callable`): it runs on an event loop."""
+        return is_async_callable(self.handler)
 
     @property
     def topics(self) -> list[str]:
@@ -171,12 +213,17 @@ class Effects:
         *,
         on: Sequence[type[BaseModel]],
         failure: FailurePolicy | None = None,
+        batch: bool = False,
     ) -> Callable[[Handler], Handler]:
         """Declare ``name`` (its consumer group is ``group_prefix + name``) for the models ``on``.
 
+        The handler is ``handler(event, ctx)``, called once per new event; with ``batch=True``
+        it is ``handler(batch)``, called once per batch with the new events as ``(event, ctx)``
+        pairs in Kafka order (a batch that fails is applied again one event at a time, so the
+        handler is then called with batches of one). Either can be ``async def``.
+
         Raises:
-            EffectDeclarationError: a bad or repeated name, no event types, or an ``async``
-                handler (see :func:`is_async_callable`): handlers are synchronous.
+            EffectDeclarationError: a bad or repeated name, or no event types.
             UnknownEventTypeError: a model in ``on`` is not in the registry.
         """
 
@@ -189,10 +236,8 @@ class Effects:
                 raise EffectDeclarationError(f"effect {name!r} is declared twice")
             if not on:
                 raise EffectDeclarationError(f"effect {name!r} consumes no event type")
-            if is_async_callable(handler):
-                raise EffectDeclarationError(async_handler_message(name, handler))
             types = tuple(self.registry.for_model(model) for model in on)
-            self._effects[name] = Effect(name, types, handler, failure or FailurePolicy())
+            self._effects[name] = Effect(name, types, handler, failure or FailurePolicy(), batch)
             return handler
 
         return declare

@@ -3,15 +3,18 @@
 Records from oncely's relay and from Debezium's Outbox Event Router look the same to this
 module: the event id is the ``id`` header (36-character UUID text), the event type comes from
 the topic's registered type (the ``eventType`` header must agree when present), and the value
-is decoded by the codec.
+is decoded by the codec. :func:`read_envelope` reads everything but the value, so that a
+consumer can find the duplicates first and decode (and build models for) only the new events
+with :func:`decode_event`.
 
 Hostile records (random bytes, truncated or foreign Avro, non-UTF-8 or oversized headers, a
 missing or malformed ``id``) become :class:`Undecodable` with the reason; a fuzz test holds
-:func:`decode_record` to never raising and never hanging.
+:func:`read_envelope` and :func:`decode_event` to never raising and never hanging.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -28,16 +31,26 @@ MAX_HEADERS = 1000
 MAX_HEADERS_TOTAL_BYTES = 1024 * 1024
 
 
-@dataclass(frozen=True)
-class Decoded:
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A record whose headers, event id and event type are valid; its value is not decoded yet
+    (a duplicate never needs it)."""
+
     message: Message
     event_id: UUID
     event_type: EventType[Any]
-    event: Any
     headers: dict[str, str]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """An envelope and the event its value holds."""
+
+    envelope: Envelope
+    event: Any
+
+
+@dataclass(frozen=True, slots=True)
 class Undecodable:
     message: Message
     reason: str
@@ -72,10 +85,10 @@ def text_headers(message: Message) -> dict[str, str] | str:
     return headers
 
 
-def decode_record(
-    message: Message, *, codec: Codec, types_by_topic: dict[str, EventType[Any]]
-) -> Decoded | Undecodable:
-    """Decode ``message`` for an effect consuming ``types_by_topic``; never raises."""
+def read_envelope(
+    message: Message, *, types_by_topic: Mapping[str, EventType[Any]]
+) -> Envelope | Undecodable:
+    """The envelope of ``message`` for an effect consuming ``types_by_topic``; never raises."""
     headers = text_headers(message)
     if isinstance(headers, str):
         return Undecodable(message, headers)
@@ -94,11 +107,17 @@ def decode_record(
         event_id = UUID(raw_id)
     except ValueError:
         return Undecodable(message, f"'id' header {raw_id[:64]!r} is not a UUID")
-    value = message.value()
-    if value is None:
+    if message.value() is None:
         return Undecodable(message, "the record has no value (a tombstone)")
+    return Envelope(message, event_id, event_type, headers)
+
+
+def decode_event(envelope: Envelope, *, codec: Codec) -> Decoded | Undecodable:
+    """The event held by ``envelope``'s value, validated by its model; never raises."""
     try:
-        event = codec.decode(value, headers, expected=event_type.model)
+        event = codec.decode(
+            envelope.message.value() or b"", envelope.headers, expected=envelope.event_type.model
+        )
     except DecodeError as exc:
-        return Undecodable(message, str(exc), exc.reason)
-    return Decoded(message, event_id, event_type, event, headers)
+        return Undecodable(envelope.message, str(exc), exc.reason)
+    return Decoded(envelope, event)

@@ -5,6 +5,13 @@ transaction per lane (receipts and effects together); only then are the offsets 
 committed. A crash anywhere before the offset commit redelivers records whose receipts already
 exist: they are counted as duplicates and not applied again.
 
+Batches are applied on a thread of their own while the loop fetches and reads the next one
+(one batch in flight): offsets are still stored and committed batch after batch, each after
+its batch's commit. A fetch never waits out a timeout while records are there: it takes what
+is buffered, and only when nothing is does it wait for the first record, then takes the rest
+that arrived with it. An ``async`` effect's batches run on an asyncio event loop on that
+thread, its lanes as concurrent tasks.
+
 With ``lanes`` > 1 (``ONCELY_CONSUMER_LANES``) the batch is split by record key over that many
 worker threads, each applying its share in its own transaction: a key always lands on the same
 lane, so its records apply in order, while other keys proceed in parallel. The offset committed
@@ -24,16 +31,18 @@ been applied.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 import zlib
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import sqlalchemy as sa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from oncely.consumers.apply import (
     Applier,
@@ -46,7 +55,7 @@ from oncely.consumers.apply import (
 from oncely.consumers.dlq import DeadLetterError, DeadLetters, dlq_headers
 from oncely.consumers.effects import Effect
 from oncely.consumers.membership import Membership
-from oncely.consumers.records import decode_record
+from oncely.consumers.records import read_envelope
 from oncely.ops.failpoints import failpoint
 from oncely.ops.metrics import ConsumerMetrics
 from oncely.schemas.codec import Codec
@@ -72,6 +81,7 @@ def consumer_config(
         "auto.offset.reset": "earliest",
         "partition.assignment.strategy": "cooperative-sticky",
         "isolation.level": "read_committed",
+        "queued.max.messages.kbytes": settings.prefetch_kbytes,
     }
 
 
@@ -101,12 +111,17 @@ class EffectConsumer:
         self._auth = AuthWatch()  # refused credentials stop the consumer (retrying cannot help)
         self._config = {**consumer_config(kafka, settings, group_id), "error_cb": self._auth}
         self._consumer = Consumer(self._config)
-        self._applier = Applier(effect, engine, metrics)
+        self._async_engine = _async_engine(engine, settings.lanes) if effect.is_async else None
+        self._applier = Applier(effect, engine, metrics, codec, self._async_engine)
+        self._apply_thread = ThreadPoolExecutor(1, thread_name_prefix=f"apply-{effect.name}")
         self._lanes = (
             ThreadPoolExecutor(settings.lanes, thread_name_prefix=f"lane-{effect.name}")
-            if settings.lanes > 1
+            if settings.lanes > 1 and not effect.is_async
             else None
         )
+        self._event_loop: asyncio.Runner | None = None  # created on the apply thread
+        self._pending: Future[list[Outcome]] | None = None
+        self._reset: set[PartitionId] = set()  # partitions sought or paused since the fetch
         self._attempts: dict[tuple[str, int, int], int] = {}
         self._paused: dict[PartitionId, float | None] = {}  # resume time, or None while blocked
         self.heartbeat = time.monotonic()
@@ -134,21 +149,30 @@ class EffectConsumer:
                 self.heartbeat = now = time.monotonic()
                 self._watch_membership(now)
                 self._resume_due(now)
-                messages = self._consumer.consume(
-                    num_messages=self.settings.batch_size,
-                    timeout=self.settings.poll_timeout_seconds,
-                )
+                self._reset.clear()
+                messages = self._fetch(0.0 if self._pending else self.settings.poll_timeout_seconds)
                 self._auth.check()
-                if messages:
-                    self._process(messages)
+                records = self._read(messages)
+                self._finish_pending()
+                if self._reset:  # records read before their partition was sought or paused
+                    records = [r for r in records if topic_partition(r.message) not in self._reset]
+                if records:
+                    failpoint("consumer.after_poll")
+                    self.metrics.consumed.labels(self.effect.name).inc(len(records))
+                    self._pending = self._apply_thread.submit(self._apply, records)
                 if now >= next_lag:
                     self._update_lag()
                     next_lag = now + _LAG_INTERVAL
         finally:
-            self._commit(asynchronous=False)
-            self._consumer.close()
-            if self._lanes is not None:
-                self._lanes.shutdown()
+            try:
+                self._finish_pending()
+                self._commit(asynchronous=False)
+                self._consumer.close()
+            finally:
+                self._apply_thread.submit(self._close_event_loop).result()
+                self._apply_thread.shutdown()
+                if self._lanes is not None:
+                    self._lanes.shutdown()
 
     def healthy(self) -> bool:
         return time.monotonic() - self.heartbeat < 60.0
@@ -174,7 +198,8 @@ class EffectConsumer:
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Everything applied so far has its offsets stored: commit them before letting go.
+        # Finish the batch in flight, then commit everything applied before letting go.
+        self._finish_pending()
         self._commit(asynchronous=False)
         self._let_go(partitions, lost=False)
         log.info(
@@ -234,8 +259,25 @@ class EffectConsumer:
 
     # -- one batch --------------------------------------------------------------------------
 
-    def _process(self, messages: Sequence[Message]) -> None:
-        batch: list[Message] = []
+    def _fetch(self, wait: float) -> list[Message]:
+        """Up to ``batch_size`` records: those already buffered, else (when ``wait`` > 0) the
+        first to arrive within ``wait`` seconds and those that came with it."""
+        size = self.settings.batch_size
+        messages = self._consumer.consume(num_messages=size, timeout=0)
+        if messages or wait <= 0:
+            return messages
+        first = self._consumer.poll(wait)
+        if first is None:
+            return []
+        return (
+            [first, *self._consumer.consume(num_messages=size - 1, timeout=0)]
+            if size > 1
+            else [first]
+        )
+
+    def _read(self, messages: Sequence[Message]) -> list[Record]:
+        """The envelopes of the batch's records (values are decoded only for new events)."""
+        records: list[Record] = []
         for message in messages:
             error = message.error()
             if error is not None:
@@ -243,20 +285,37 @@ class EffectConsumer:
                     log.warning("consumer error: %s", error.str())
                 continue
             if topic_partition(message) not in self._paused:
-                batch.append(message)
-        if not batch:
-            return
-        failpoint("consumer.after_poll")
-        self.metrics.consumed.labels(self.effect.name).inc(len(batch))
-        records = [
-            decode_record(m, codec=self.codec, types_by_topic=self._types_by_topic) for m in batch
-        ]
+                records.append(read_envelope(message, types_by_topic=self._types_by_topic))
+        return records
+
+    def _apply(self, records: Sequence[Record]) -> list[Outcome]:
+        """Apply one batch (on the apply thread): one transaction per lane."""
+        lanes = self.settings.lanes
+        if self._async_engine is not None:
+            if self._event_loop is None:
+                self._event_loop = asyncio.Runner()
+            runs = split_lanes(records, lanes) if lanes > 1 else [records]
+            return self._event_loop.run(self._apply_async(runs))
         if self._lanes is None:
-            outcomes = [self._applier.apply(records)]
-        else:
-            outcomes = list(
-                self._lanes.map(self._applier.apply, split_lanes(records, self.settings.lanes))
-            )
+            return [self._applier.apply(records)]
+        return list(self._lanes.map(self._applier.apply, split_lanes(records, lanes)))
+
+    async def _apply_async(self, runs: Sequence[Sequence[Record]]) -> list[Outcome]:
+        return list(await asyncio.gather(*(self._applier.apply_async(run) for run in runs)))
+
+    def _close_event_loop(self) -> None:
+        if self._event_loop is not None:
+            if self._async_engine is not None:
+                self._event_loop.run(self._async_engine.dispose())
+            self._event_loop.close()
+            self._event_loop = None
+
+    def _finish_pending(self) -> None:
+        """Wait for the batch in flight; store and commit its offsets; act on its failures."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        outcomes = pending.result()
         next_offsets, stops = merge_outcomes(outcomes)
         self.metrics.applied.labels(self.effect.name).inc(sum(o.applied for o in outcomes))
         self.metrics.duplicates.labels(self.effect.name).inc(sum(o.duplicates for o in outcomes))
@@ -379,6 +438,7 @@ class EffectConsumer:
                 del self._paused[tp]
 
     def _seek(self, tp: PartitionId, offset: int) -> None:
+        self._reset.add(tp)
         try:
             self._consumer.seek(TopicPartition(tp[0], tp[1], offset))
         except KafkaException as exc:  # no longer assigned: the new owner starts from the commit
@@ -442,6 +502,13 @@ def dead_letter_fix(failure: Failure, *, effect: str) -> str:
     else:
         cause = "fix the handler or the data it needs and deploy"
     return f"{cause}; {redrive}"
+
+
+def _async_engine(engine: sa.Engine, lanes: int) -> AsyncEngine:
+    """An asyncio engine on ``engine``'s database (psycopg 3's async driver), one connection
+    per lane."""
+    url = engine.url.set(drivername="postgresql+psycopg")
+    return create_async_engine(url, pool_size=max(2, lanes), pool_pre_ping=True)
 
 
 def split_lanes(records: Sequence[Record], lanes: int) -> list[list[Record]]:

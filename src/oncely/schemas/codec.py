@@ -100,6 +100,7 @@ class Codec:
             )
         self._confluent = ConfluentAvro(client=schema_registry) if schema_registry else None
         self._parsed_schemas: dict[bytes, Any] = {}
+        self._writers: dict[bytes, SchemaEntry] = {}
 
     @property
     def registry(self) -> Registry:
@@ -239,7 +240,7 @@ class Codec:
             datum = schemaless_reader(
                 buffer,
                 self._parsed(writer),
-                None if same else self._parsed(SchemaEntry.of(event_type)),
+                None if same else self._parsed(self._reader(event_type)),
             )
         except SchemaResolutionError as exc:
             raise DecodeError(
@@ -274,14 +275,25 @@ class Codec:
         )
 
     def _writer(self, fingerprint: bytes) -> SchemaEntry | None:
-        """The schema with ``fingerprint``: a committed one, else a registered type's own."""
-        committed = self._catalog.by_fingerprint(fingerprint)
-        if committed is not None:
-            return committed
-        for event_type in self._registry:
-            if event_type.fingerprint == fingerprint:
-                return SchemaEntry.of(event_type)
-        return None
+        """The schema with ``fingerprint``: a committed one, else a registered type's own.
+
+        Found once per fingerprint (an unknown one is looked up again each time, so that hostile
+        values cannot grow the cache)."""
+        found = self._writers.get(fingerprint)
+        if found is not None:
+            return found
+        found = self._catalog.by_fingerprint(fingerprint)
+        if found is None:
+            found = next(
+                (SchemaEntry.of(t) for t in self._registry if t.fingerprint == fingerprint), None
+            )
+        if found is not None:
+            self._writers[fingerprint] = found
+        return found
+
+    def _reader(self, event_type: EventType[Any]) -> SchemaEntry:
+        """The code's own schema of ``event_type`` (found once, as writers are)."""
+        return self._writer(event_type.fingerprint) or SchemaEntry.of(event_type)
 
     def _parsed(self, entry: SchemaEntry) -> Any:
         """fastavro's parsed form of ``entry``'s schema, parsed once per fingerprint."""

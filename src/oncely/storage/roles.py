@@ -201,7 +201,7 @@ def privileges_of(sql: str) -> Privileges:
         conflict = re.search(r"\bON\s+CONFLICT\s+ON\s+CONSTRAINT\s+(\w+)", text)
         if conflict:  # the arbiter constraint's columns are read
             found[table] |= {f"SELECT:{c}" for c in _constraint_columns(table, conflict[1])}
-        returning = re.search(r"\bRETURNING\s+(.*)$", text, re.DOTALL)
+        returning = re.search(r"\bRETURNING\s+([\w\s,.\"*]+)", text)  # to the CTE's ")"
         if returning:
             for column in returning.group(1).split(","):
                 name = column.strip().split(".")[-1].strip('"')
@@ -299,7 +299,8 @@ def grant_statements(roles: Mapping[str, str], *, schema: str = "public") -> str
             lines.append(f"ALTER ROLE {role_sql} SET search_path = {schema_sql}, public;")
         if component.name == "consumer":
             lines += [
-                "-- Your effects' own tables: grant what the handlers do through ctx.session, e.g.",
+                "-- Your effects' own tables: grant what the handlers write (ctx.insert,",
+                "-- ctx.upsert, ctx.session), e.g.",
                 f"--   GRANT SELECT, INSERT, UPDATE ON {schema_sql}.my_table TO {role_sql};",
             ]
     return "\n".join(lines) + "\n"

@@ -10,18 +10,24 @@ ON CONFLICT ON CONSTRAINT oncely_receipts_pkey DO NOTHING
 RETURNING event_id
 
 -- name: receipts_insert_many
--- The receipts of a run of records in one statement; returns the event ids whose receipt is
--- new (a second copy of an event id in the same run is not new).
-INSERT INTO oncely_receipts (event_id, effect, topic, partition, "offset")
-SELECT r.event_id, :effect, r.topic, r.partition, r."offset"
-FROM unnest(
-    CAST(:event_ids AS uuid[]),
-    CAST(:topics AS text[]),
-    CAST(:partitions AS integer[]),
-    CAST(:offsets AS bigint[])
-) AS r (event_id, topic, partition, "offset")
-ON CONFLICT ON CONSTRAINT oncely_receipts_pkey DO NOTHING
-RETURNING event_id
+-- The receipts of a run of records in one statement; returns only the event ids that already
+-- had a receipt (the duplicates), usually none. A second copy of an event id in the same run is
+-- not returned: the caller tells it apart.
+WITH batch AS (
+    SELECT * FROM unnest(
+        CAST(:event_ids AS uuid[]),
+        CAST(:topics AS text[]),
+        CAST(:partitions AS integer[]),
+        CAST(:offsets AS bigint[])
+    ) AS r (event_id, topic, partition, "offset")
+), inserted AS (
+    INSERT INTO oncely_receipts (event_id, effect, topic, partition, "offset")
+    SELECT b.event_id, :effect, b.topic, b.partition, b."offset" FROM batch b
+    ON CONFLICT ON CONSTRAINT oncely_receipts_pkey DO NOTHING
+    RETURNING event_id
+)
+SELECT b.event_id FROM batch b
+WHERE NOT EXISTS (SELECT FROM inserted i WHERE i.event_id = b.event_id)
 
 -- name: receipts_purge
 -- Delete one batch of an effect's receipts older than the horizon.

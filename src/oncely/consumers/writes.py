@@ -1,0 +1,161 @@
+"""Rows that effects write with ``ctx.insert`` / ``ctx.upsert``, collected and written per batch.
+
+A consumer applying a batch gives every record's context the same :class:`Writes`; the rows are
+written just before the transaction of the receipts commits, one multi-row statement per table
+and column set (SQLAlchemy's "insertmanyvalues": up to 1,000 rows per ``INSERT``), in the order
+each statement was first used. No ORM object is built.
+
+Upserts of one key in one batch are merged before they are written, as if they had run one
+after the other: the first one's values for the columns it does not update, the last one's for
+those it does. A row that breaks a constraint fails the statement; the consumer then applies the
+batch again record by record, where each record's rows are written in its own savepoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from oncely.errors import ConfigurationError
+
+#: A table an effect writes to: a Core ``Table`` or an ORM-mapped class.
+TableLike = sa.Table | type[Any]
+
+
+class WriteError(ConfigurationError):
+    """``ctx.insert`` / ``ctx.upsert`` was given a table or a column that does not exist."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Statement:
+    table: sa.Table
+    columns: tuple[str, ...]
+    on: tuple[str, ...] | None  # None: a plain INSERT
+    update: tuple[str, ...]
+
+    def compiled(self) -> sa.Insert:
+        if self.on is None:
+            return sa.insert(self.table)
+        statement = postgresql.insert(self.table)
+        if not self.update:
+            return statement.on_conflict_do_nothing(index_elements=list(self.on))
+        return statement.on_conflict_do_update(
+            index_elements=list(self.on),
+            set_={name: statement.excluded[name] for name in self.update},
+        )
+
+
+class Writes:
+    """The rows of one transaction, by statement, in the order the statements were first used."""
+
+    def __init__(self) -> None:
+        self._inserts: dict[_Statement, list[dict[str, Any]]] = {}
+        self._upserts: dict[_Statement, dict[tuple[Any, ...], dict[str, Any]]] = {}
+        self._order: list[_Statement] = []
+        self._checked: set[_Statement] = set()
+
+    def insert(self, table: TableLike, values: Mapping[str, Any]) -> None:
+        statement = self._statement(table, values, None, ())
+        self._inserts[statement].append(dict(values))
+
+    def upsert(
+        self,
+        table: TableLike,
+        values: Mapping[str, Any],
+        *,
+        on: Sequence[str],
+        update: Sequence[str] | None = None,
+    ) -> None:
+        keys = tuple(on)
+        updated = tuple(update) if update is not None else tuple(c for c in values if c not in keys)
+        statement = self._statement(table, values, keys, updated)
+        rows = self._upserts[statement]
+        key = tuple(values[name] for name in keys)
+        earlier = rows.get(key)
+        if earlier is None:
+            rows[key] = dict(values)
+        else:
+            earlier.update({name: values[name] for name in updated})
+
+    def __bool__(self) -> bool:
+        return bool(self._order)
+
+    def clear(self) -> None:
+        self._inserts.clear()
+        self._upserts.clear()
+        self._order.clear()
+
+    def write(self, session: Session) -> None:
+        """Execute the collected rows in ``session``'s transaction, then forget them."""
+        for statement, rows in self._batches():
+            session.execute(statement, rows)
+        self.clear()
+
+    async def write_async(self, session: AsyncSession) -> None:
+        """:meth:`write` on an ``AsyncSession``."""
+        for statement, rows in self._batches():
+            await session.execute(statement, rows)
+        self.clear()
+
+    def _batches(self) -> Iterator[tuple[sa.Insert, list[dict[str, Any]]]]:
+        for statement in self._order:
+            if statement.on is None:
+                yield statement.compiled(), self._inserts[statement]
+            else:
+                yield statement.compiled(), list(self._upserts[statement].values())
+
+    def _statement(
+        self,
+        table: TableLike,
+        values: Mapping[str, Any],
+        on: tuple[str, ...] | None,
+        update: tuple[str, ...],
+    ) -> _Statement:
+        statement = _Statement(_table_of(table), tuple(values), on, update)
+        if statement not in self._checked:
+            _check(statement)
+            self._checked.add(statement)
+        if statement not in self._inserts and statement not in self._upserts:
+            self._order.append(statement)
+            if on is None:
+                self._inserts[statement] = []
+            else:
+                self._upserts[statement] = {}
+        return statement
+
+
+def _table_of(table: TableLike) -> sa.Table:
+    if isinstance(table, sa.Table):
+        return table
+    mapped = getattr(table, "__table__", None)
+    if isinstance(mapped, sa.Table):
+        return mapped
+    raise WriteError(
+        f"{table!r} is neither a SQLAlchemy Table nor a mapped class: pass the model class or "
+        "its __table__"
+    )
+
+
+def _check(statement: _Statement) -> None:
+    table = statement.table
+    named = [*statement.columns, *(statement.on or ()), *statement.update]
+    unknown = sorted({name for name in named if name not in table.c})
+    if unknown:
+        raise WriteError(
+            f"table {table.name!r} has no column {', '.join(map(repr, unknown))}: use the "
+            "column names of the table (not the mapped attribute names)"
+        )
+    missing = [
+        name for name in (statement.on or ()) + statement.update if name not in statement.columns
+    ]
+    if missing:
+        raise WriteError(
+            f"upsert into {table.name!r}: the values have no {', '.join(map(repr, missing))}; give "
+            "a value for every conflict and updated column"
+        )
