@@ -233,10 +233,7 @@ def running_consumers(
         engine=engine,
         kafka=KafkaSettings(bootstrap_servers=bootstrap),
         settings=ConsumerSettings(
-            batch_size=200,
-            poll_timeout_seconds=0.2,
-            lanes=lanes,
-            **settings,  # type: ignore[arg-type]
+            **{"batch_size": 200, "poll_timeout_seconds": 0.2, "lanes": lanes, **settings}  # type: ignore[arg-type]
         ),
         metrics=ConsumerMetrics(),
     )

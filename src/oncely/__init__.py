@@ -1,12 +1,14 @@
 """oncely: transactional outbox to Kafka to effects, with no lost events and no double effects."""
 
 from oncely.consumers.effects import (
+    AsyncEffectContext,
     EffectContext,
     EffectDeclarationError,
     Effects,
     FailurePolicy,
 )
 from oncely.consumers.tasks import LeaseLost, Task, Tasks, TaskWorker, enqueue_task
+from oncely.consumers.writes import WriteError
 from oncely.errors import ConfigurationError, OncelyError
 from oncely.events import EventType, Registry, RegistryError, UnknownEventTypeError
 from oncely.producer import (
@@ -36,6 +38,7 @@ from oncely.settings import StageLimits
 
 __all__ = [
     "AsyncDurableCommand",
+    "AsyncEffectContext",
     "AsyncIdempotencyKeys",
     "Busy",
     "Claim",
@@ -69,6 +72,7 @@ __all__ = [
     "TaskWorker",
     "Tasks",
     "UnknownEventTypeError",
+    "WriteError",
     "enqueue_task",
     "stage",
     "stage_many",

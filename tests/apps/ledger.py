@@ -4,18 +4,25 @@
 ``effects`` is built from ``ONCELY_TEST_TOPIC_PREFIX`` and ``ONCELY_TEST_GROUP_PREFIX`` for
 subprocesses (``oncely consume tests.apps.ledger:effects ...``). The ledger table has no
 unique constraint of its own: a broken receipt would show up as a duplicate row.
+
+Each effect comes in the ways a handler can write: ``ledger`` through ``ctx.session``,
+``ledger.insert`` through ``ctx.insert`` (written once per batch), ``ledger.batch`` as a
+``batch=True`` handler, ``ledger.async`` as an ``async def`` handler on an ``AsyncSession``; the
+same for ``notify``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from pydantic import BaseModel
 
-from oncely.consumers.effects import EffectContext, Effects, FailurePolicy
+from oncely.consumers.effects import AsyncEffectContext, EffectContext, Effects, FailurePolicy
 from oncely.events import Registry
 
 SCHEMA = """
@@ -24,6 +31,21 @@ CREATE TABLE IF NOT EXISTS ledger (event_id uuid, effect text, account_id text, 
                                    n int, applied_at timestamptz DEFAULT clock_timestamp());
 CREATE TABLE IF NOT EXISTS notifications (event_id uuid, account_id text REFERENCES accounts(id));
 """
+
+
+metadata = sa.MetaData()
+ledger = sa.Table(
+    "ledger",
+    metadata,
+    sa.Column("event_id", sa.Uuid),
+    sa.Column("effect", sa.Text),
+    sa.Column("account_id", sa.Text),
+    sa.Column("amount", sa.Integer),
+    sa.Column("n", sa.Integer),
+)
+notifications = sa.Table(
+    "notifications", metadata, sa.Column("event_id", sa.Uuid), sa.Column("account_id", sa.Text)
+)
 
 
 def create_tables(engine: sa.Engine) -> None:
@@ -48,30 +70,57 @@ class App:
         return self.registry.for_model(self.model).topic
 
 
-def _post(event: Any, ctx: EffectContext) -> None:
+def _ledger_row(event: Any, ctx: EffectContext[Any]) -> dict[str, Any]:
     if event.amount < 0:
         raise ValueError(f"negative amount {event.amount} for {event.account_id}")
-    ctx.session.execute(
-        sa.text(
-            "INSERT INTO ledger (event_id, effect, account_id, amount, n)"
-            " VALUES (:e, :f, :a, :m, :n)"
-        ),
-        {
-            "e": ctx.event_id,
-            "f": ctx.effect,
-            "a": event.account_id,
-            "m": event.amount,
-            "n": event.n,
-        },
-    )
+    return {
+        "event_id": ctx.event_id,
+        "effect": ctx.effect,
+        "account_id": event.account_id,
+        "amount": event.amount,
+        "n": event.n,
+    }
+
+
+def _post(event: Any, ctx: EffectContext) -> None:
+    ctx.session.execute(sa.insert(ledger).values(_ledger_row(event, ctx)))
+
+
+def _post_insert(event: Any, ctx: EffectContext) -> None:
+    ctx.insert(ledger, _ledger_row(event, ctx))
+
+
+def _post_batch(batch: Sequence[tuple[Any, EffectContext]]) -> None:
+    for event, ctx in batch:
+        ctx.insert(ledger, _ledger_row(event, ctx))
+
+
+async def _post_async(event: Any, ctx: AsyncEffectContext) -> None:
+    row = _ledger_row(event, ctx)
+    await asyncio.sleep(0)  # a real await between the handler's start and its write
+    await ctx.session.execute(sa.insert(ledger).values(row))
+
+
+def _notification(event: Any, ctx: EffectContext[Any]) -> dict[str, Any]:
+    # Violates the foreign key until the account exists: the receipt rolls back with it.
+    return {"event_id": ctx.event_id, "account_id": event.account_id}
 
 
 def _notify(event: Any, ctx: EffectContext) -> None:
-    # Violates the foreign key until the account exists: the receipt rolls back with it.
-    ctx.session.execute(
-        sa.text("INSERT INTO notifications (event_id, account_id) VALUES (:e, :a)"),
-        {"e": ctx.event_id, "a": event.account_id},
-    )
+    ctx.session.execute(sa.insert(notifications).values(_notification(event, ctx)))
+
+
+def _notify_insert(event: Any, ctx: EffectContext) -> None:
+    ctx.insert(notifications, _notification(event, ctx))
+
+
+def _notify_batch(batch: Sequence[tuple[Any, EffectContext]]) -> None:
+    for event, ctx in batch:
+        ctx.insert(notifications, _notification(event, ctx))
+
+
+async def _notify_async(event: Any, ctx: AsyncEffectContext) -> None:
+    await ctx.session.execute(sa.insert(notifications).values(_notification(event, ctx)))
 
 
 def _email(event: Any, ctx: EffectContext) -> None:
@@ -87,8 +136,14 @@ def build(topic_prefix: str, group_prefix: str = "") -> App:
     patient = FailurePolicy(max_attempts=200, initial_backoff_seconds=0.1, max_backoff_seconds=0.2)
     blocking = FailurePolicy(max_attempts=2, initial_backoff_seconds=0.1, then="block")
     effects.effect("ledger", on=[model], failure=quick)(_post)
-    effects.effect("audit", on=[model], failure=quick)(_post)
+    effects.effect("ledger.insert", on=[model], failure=quick)(_post_insert)
+    effects.effect("ledger.batch", on=[model], failure=quick, batch=True)(_post_batch)
+    effects.effect("ledger.async", on=[model], failure=quick)(_post_async)
+    effects.effect("audit", on=[model], failure=quick)(_post_insert)
     effects.effect("notify", on=[model], failure=patient)(_notify)
+    effects.effect("notify.insert", on=[model], failure=patient)(_notify_insert)
+    effects.effect("notify.batch", on=[model], failure=patient, batch=True)(_notify_batch)
+    effects.effect("notify.async", on=[model], failure=patient)(_notify_async)
     effects.effect("email", on=[model], failure=quick)(_email)
     effects.effect("strict", on=[model], failure=blocking)(_post)
     return App(registry, effects, model)

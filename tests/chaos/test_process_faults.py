@@ -73,9 +73,10 @@ def test_s4_a_consumer_exiting_at_each_failpoint_applies_once(chaos: Pipeline, c
     point, _, how = crash.partition(":")
     chaos.write(60, keys=6, rollback_every=7)
     chaos.relay().start()
-    # Two effects of every event in one process, on per-key lanes: each effect must apply each
+    # Four effects of every event in one process, on per-key lanes, one per way of writing
+    # (ctx.session, ctx.insert, a batch handler, an async handler): each effect must apply each
     # event once, in each key's order, across the crash.
-    effects, lanes = ("ledger", "audit"), "3"
+    effects, lanes = ("ledger", "audit", "ledger.batch", "ledger.async"), "3"
     if how == "stall":
         # Stalled inside its open transaction, then SIGKILLed: anything sent to the broker
         # before the commit (an offset) has had time to leave.

@@ -52,30 +52,38 @@ def _credit(app: App, account: str, amount: int, n: int) -> Any:
     return app.model(account_id=account, amount=amount, n=n)
 
 
+#: The ways a handler writes: ctx.session, ctx.insert, a batch handler, an async handler.
+WAYS = ["", ".insert", ".batch", ".async"]
+
+
+@pytest.mark.parametrize("way", WAYS)
 def test_the_same_event_delivered_twice_is_applied_once(
-    app: App, engine: sa.Engine, kafka_bootstrap: str
+    app: App, engine: sa.Engine, kafka_bootstrap: str, way: str
 ) -> None:
     codec = Codec(registry=app.registry)
     event_id = uuid.uuid4()
     event = _credit(app, "acc-1", 10, 1)
     publish_events(kafka_bootstrap, codec, [(event_id, event), (event_id, event)])
-    with running_consumers(app.effects, ["ledger"], engine, kafka_bootstrap) as [consumer]:
+    effect = f"ledger{way}"
+    with running_consumers(app.effects, [effect], engine, kafka_bootstrap) as [consumer]:
         wait_until(lambda: _sample(consumer, "oncely_consumer_consumed_total") == 2, timeout=60)
         wait_until(
             lambda: _sample(consumer, "oncely_consumer_duplicates_suppressed_total") == 1,
             timeout=30,
         )
         assert _sample(consumer, "oncely_consumer_applied_total") == 1
-    assert scalar(engine, "SELECT count(*) FROM ledger") == 1
-    assert scalar(engine, "SELECT count(*) FROM oncely_receipts WHERE effect = 'ledger'") == 1
+    assert scalar(engine, "SELECT count(*) FROM ledger WHERE effect = :e", e=effect) == 1
+    assert scalar(engine, "SELECT count(*) FROM oncely_receipts WHERE effect = :e", e=effect) == 1
 
 
+@pytest.mark.parametrize("way", WAYS)
 def test_a_failing_effect_rolls_its_receipt_back_and_applies_once_when_fixed(
-    app: App, engine: sa.Engine, kafka_bootstrap: str
+    app: App, engine: sa.Engine, kafka_bootstrap: str, way: str
 ) -> None:
     codec = Codec(registry=app.registry)
     publish_events(kafka_bootstrap, codec, [(uuid.uuid4(), _credit(app, "acc-new", 5, 1))])
-    with running_consumers(app.effects, ["notify"], engine, kafka_bootstrap) as [consumer]:
+    effect = f"notify{way}"
+    with running_consumers(app.effects, [effect], engine, kafka_bootstrap) as [consumer]:
         wait_until(
             lambda: _sample(consumer, "oncely_consumer_handler_failures_total") >= 3, timeout=60
         )
@@ -85,7 +93,7 @@ def test_a_failing_effect_rolls_its_receipt_back_and_applies_once_when_fixed(
             conn.execute(sa.text("INSERT INTO accounts VALUES ('acc-new')"))
         wait_until(lambda: _sample(consumer, "oncely_consumer_applied_total") == 1, timeout=30)
     assert scalar(engine, "SELECT count(*) FROM notifications") == 1
-    assert scalar(engine, "SELECT count(*) FROM oncely_receipts WHERE effect = 'notify'") == 1
+    assert scalar(engine, "SELECT count(*) FROM oncely_receipts WHERE effect = :e", e=effect) == 1
 
 
 def test_two_effects_of_one_event_both_apply(
@@ -234,8 +242,9 @@ def test_lanes_apply_keys_in_parallel_and_each_key_in_order(
         assert applied == sorted(applied), f"{key} applied out of order"
 
 
+@pytest.mark.parametrize("way", WAYS)
 def test_lanes_commit_only_below_the_lowest_unfinished_record(
-    app: App, engine: sa.Engine, kafka_bootstrap: str
+    app: App, engine: sa.Engine, kafka_bootstrap: str, way: str
 ) -> None:
     keys = _keys_on_distinct_lanes(4, 4)
     missing = keys[0]  # no account yet: its notification violates the foreign key
@@ -245,9 +254,9 @@ def test_lanes_commit_only_below_the_lowest_unfinished_record(
     events = [(uuid.uuid4(), _credit(app, keys[1 + i % 3], 1, i)) for i in range(1, 41)]
     events.insert(10, (uuid.uuid4(), _credit(app, missing, 1, 0)))  # offset 10 fails
     publish_events(kafka_bootstrap, Codec(registry=app.registry), events)
-    group = app.effects.group_id("notify")
+    group = app.effects.group_id(f"notify{way}")
     partition = [TopicPartition(app.topic, 0)]
-    with running_consumers(app.effects, ["notify"], engine, kafka_bootstrap, lanes=4) as [c]:
+    with running_consumers(app.effects, [f"notify{way}"], engine, kafka_bootstrap, lanes=4) as [c]:
         wait_until(lambda: _sample(c, "oncely_consumer_handler_failures_total") >= 3, timeout=60)
         others = "SELECT count(*) FROM notifications WHERE account_id <> :k"
         # The other keys' lanes go past the failing record.

@@ -1,0 +1,244 @@
+"""Batch writes, async handlers and the fetch loop against the real broker and database."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import NewTopic
+
+from oncely.consumers.effects import AsyncEffectContext, EffectContext
+from oncely.consumers.runner import EffectConsumer
+from oncely.schemas.codec import Codec
+from tests.apps.ledger import App, build, create_tables, ledger
+from tests.helpers import publish_events, running_consumers, scalar, wait_until
+
+pytestmark = pytest.mark.integration
+
+balances = sa.Table(
+    "balances",
+    sa.MetaData(),
+    sa.Column("account_id", sa.Text, primary_key=True),
+    sa.Column("first_n", sa.Integer),
+    sa.Column("last_n", sa.Integer),
+)
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(database_url, pool_size=5)
+    create_tables(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE IF EXISTS balances"))
+        balances.create(conn)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def app(kafka_admin: Any) -> App:
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    app = build(prefix, group_prefix=prefix)
+    kafka_admin.create_topics([NewTopic(app.topic, num_partitions=2)])[app.topic].result(30)
+    return app
+
+
+def _applied(consumer: EffectConsumer) -> float:
+    sample = consumer.metrics.registry.get_sample_value
+    return sample("oncely_consumer_applied_total", {"effect": consumer.effect.name}) or 0.0
+
+
+def _credits(app: App, count: int, accounts: int) -> list[tuple[uuid.UUID, Any]]:
+    return [
+        (uuid.uuid4(), app.model(account_id=f"acc-{n % accounts}", amount=n, n=n))
+        for n in range(count)
+    ]
+
+
+def test_batch_writes_are_one_statement_per_batch_and_upserts_merge_in_order(
+    app: App, engine: sa.Engine, kafka_bootstrap: str
+) -> None:
+    def post(event: Any, ctx: EffectContext) -> None:
+        ctx.insert(ledger, {"event_id": ctx.event_id, "effect": ctx.effect, "n": event.n})
+        # The first n of an account stays; the last one wins.
+        values = {"account_id": event.account_id, "first_n": event.n, "last_n": event.n}
+        ctx.upsert(balances, values, on=["account_id"], update=["last_n"])
+
+    app.effects.effect("posted", on=[app.model])(post)
+    events = _credits(app, 300, accounts=5)
+    publish_events(kafka_bootstrap, Codec(registry=app.registry), events)
+    statements: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.startswith("INSERT INTO ledger"):
+            statements.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", count)
+    try:
+        with running_consumers(app.effects, ["posted"], engine, kafka_bootstrap) as [consumer]:
+            wait_until(lambda: _applied(consumer) == 300, timeout=60)
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", count)
+    assert scalar(engine, "SELECT count(DISTINCT event_id) FROM ledger") == 300
+    assert scalar(engine, "SELECT count(*) FROM ledger") == 300
+    # Batches of up to 200 records (the helper's batch size): a writer per record would run 300.
+    assert 1 <= len(statements) <= 12, len(statements)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(balances).order_by(balances.c.account_id)).all()
+    by_partition: dict[str, list[int]] = {}
+    for _, event in events:
+        by_partition.setdefault(event.account_id, []).append(event.n)
+    assert [(r.account_id, r.first_n, r.last_n) for r in rows] == [
+        (account, ns[0], ns[-1]) for account, ns in sorted(by_partition.items())
+    ]
+
+
+def test_an_unknown_column_fails_the_record_with_a_clear_error(
+    app: App, engine: sa.Engine, kafka_bootstrap: str
+) -> None:
+    def post(event: Any, ctx: EffectContext) -> None:
+        ctx.insert(ledger, {"event_id": ctx.event_id, "amount_cents": event.amount})
+
+    app.effects.effect("typo", on=[app.model])(post)
+    publish_events(kafka_bootstrap, Codec(registry=app.registry), _credits(app, 1, accounts=1))
+    with running_consumers(app.effects, ["typo"], engine, kafka_bootstrap) as [consumer]:
+        sample = consumer.metrics.registry.get_sample_value
+        wait_until(
+            lambda: (
+                (sample("oncely_consumer_handler_failures_total", {"effect": "typo"}) or 0) >= 1
+            ),
+            timeout=60,
+        )
+    assert scalar(engine, "SELECT count(*) FROM oncely_receipts WHERE effect = 'typo'") == 0
+
+
+class _Hooks(BaseHTTPRequestHandler):
+    received: list[str] = []
+
+    def do_POST(self) -> None:
+        self.received.append(self.path)
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def hooks() -> Iterator[tuple[str, int, list[str]]]:
+    received: list[str] = []
+    handler = type("Hooks", (_Hooks,), {"received": received})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield "127.0.0.1", server.server_address[1], received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def _post_hook(host: str, port: int, path: str) -> int:
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n\r\n".encode())
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    writer.close()
+    await writer.wait_closed()
+    return status
+
+
+def test_an_async_handler_awaits_its_database_write_and_an_http_call_beside_a_sync_one(
+    app: App, engine: sa.Engine, kafka_bootstrap: str, hooks: tuple[str, int, list[str]]
+) -> None:
+    host, port, received = hooks
+
+    async def notify(event: Any, ctx: AsyncEffectContext) -> None:
+        assert await _post_hook(host, port, f"/credited/{ctx.event_id}") == 204
+        n = (await ctx.session.execute(sa.text("SELECT CAST(:n AS int)"), {"n": event.n})).scalar()
+        await ctx.session.execute(
+            sa.insert(ledger).values(event_id=ctx.event_id, effect=ctx.effect, n=n)
+        )
+
+    app.effects.effect("hooked", on=[app.model])(notify)
+    events = _credits(app, 40, accounts=4)
+    publish_events(kafka_bootstrap, Codec(registry=app.registry), events)
+    effects = ["hooked", "ledger"]
+    with running_consumers(app.effects, effects, engine, kafka_bootstrap, lanes=2) as consumers:
+        for consumer in consumers:
+            wait_until(lambda c=consumer: _applied(c) == 40, timeout=60)
+    assert sorted(received) == sorted(f"/credited/{event_id}" for event_id, _ in events)
+    for effect in effects:
+        count = "SELECT count(DISTINCT event_id) FROM ledger WHERE effect = :e"
+        assert scalar(engine, count, e=effect) == 40
+        assert scalar(engine, "SELECT count(*) FROM ledger WHERE effect = :e", e=effect) == 40
+
+
+def test_a_record_is_applied_when_it_arrives_not_after_the_poll_timeout(
+    app: App, engine: sa.Engine, kafka_bootstrap: str
+) -> None:
+    codec = Codec(registry=app.registry)
+    with running_consumers(
+        app.effects, ["ledger"], engine, kafka_bootstrap, poll_timeout_seconds=30
+    ) as [consumer]:
+        wait_until(lambda: consumer.membership.joined_once, timeout=60)
+        for i, event in enumerate(_credits(app, 3, accounts=1)):
+            published = time.monotonic()
+            publish_events(kafka_bootstrap, codec, [event])
+            wait_until(lambda i=i: _applied(consumer) == i + 1, timeout=25, interval=0.01)
+            assert time.monotonic() - published < 10, "applied long before the 30 s poll timeout"
+
+
+def test_the_installed_client_s_fetch_calls_behave_as_the_loop_relies_on(
+    kafka_bootstrap: str, kafka_admin: Any
+) -> None:
+    """Pins confluent-kafka's ``poll``/``consume`` timing (``consume`` changed in 2.13)."""
+    topic = f"pin-{uuid.uuid4().hex[:10]}"
+    kafka_admin.create_topics([NewTopic(topic, num_partitions=1)])[topic].result(30)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "group.id": topic,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    try:
+        consumer.subscribe([topic])
+        assert consumer.consume(num_messages=10, timeout=0) == [], "nothing there: no wait"
+        producer.produce(topic, b"first")
+        producer.flush(30)
+        started = time.monotonic()
+        first = consumer.poll(20)
+        assert first is not None and first.value() == b"first"
+        assert time.monotonic() - started < 15, "poll returns the first record when it arrives"
+        for i in range(5):
+            producer.produce(topic, b"%d" % i)
+        producer.flush(30)
+        buffered: list[Any] = []
+        deadline = time.monotonic() + 20
+        while len(buffered) < 5 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            buffered += consumer.consume(num_messages=10, timeout=0)
+        assert [m.value() for m in buffered] == [b"%d" % i for i in range(5)], (
+            "consume(n, 0) returns what is buffered without waiting"
+        )
+        producer.produce(topic, b"late")
+        producer.flush(30)
+        started = time.monotonic()
+        batch = consumer.consume(num_messages=500, timeout=3)
+        # A partial batch waits out the whole timeout (2.13 changed how consume() batches): the
+        # reason the loop never gives consume() a timeout, and waits with poll() instead.
+        assert [m.value() for m in batch] == [b"late"]
+        assert time.monotonic() - started >= 2.5, "consume() returned a partial batch early"
+    finally:
+        consumer.close()
