@@ -7,6 +7,10 @@ same idempotency key). With chaos on, it kills the relay with SIGKILL mid-run an
 lets the ``ledger-projection`` consumer die between its database commit and its offset commit
 (a failpoint), and finally replays that group from the earliest offset. A live view shows the
 counters; the run ends with an invariants table and a non-zero exit if any fails.
+
+The table reports throughput and commit-to-effect p50/p99 of the ``ledger-projection`` effect
+overall and outside the fault windows, and a second table lists the windows: from each fault to
+the moment the pipeline caught up with it (:mod:`examples.payments.faults` defines them).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 from rich.table import Table
 
 import oncely
+from examples.payments import faults
 from examples.payments.effects import effects
 from examples.payments.events import registry
 from examples.payments.models import metadata
@@ -51,6 +56,14 @@ from oncely.settings import TopicSettings
 from oncely.storage import upgrade
 
 EFFECTS = ("send-receipt", "ledger-projection")
+MEASURED = "ledger-projection"  # the effect whose commit-to-effect trips the figures count
+WINDOWS_NOTE = (
+    "A fault window runs from the fault until every event committed before the process was back"
+    " has its ledger effect (the replay: until every record was re-read). An event is inside"
+    " when committed in a window or still in flight when one opened. Latency: commit → effect;"
+    " throughput: events over the run's seconds (first commit to last effect), the outside"
+    " figure over those seconds less the windows'."
+)
 
 
 @dataclass
@@ -180,6 +193,8 @@ class Demo:
             "task-worker", ["tasks", "run", "examples.payments.tasks:tasks"], env, self.log_dir
         )
         self._start_offsets = self._high_watermarks()
+        self.faults: list[faults.Fault] = []
+        self._coming_back: list[tuple[faults.Fault, _Process]] = []
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -253,24 +268,53 @@ class Demo:
                 and not killed
                 and self.counters.requested > self.options.events * 0.3
             ):
+                fault = self._fault("relay SIGKILL")
                 self.relay.signal(signal.SIGKILL)
                 self.counters.note("relay killed with SIGKILL mid-run")
                 time.sleep(1.0)
                 self.relay.start()
+                self._coming_back.append((fault, self.relay))
                 self.counters.note("relay restarted")
                 killed = True
-            self._revive_crashed_consumer()
+            self.watch()
             time.sleep(0.1)
 
-    def _revive_crashed_consumer(self) -> None:
+    def watch(self) -> None:
+        """Restart a consumer that its failpoint killed; note the restarted processes back."""
         ledger = self.consumers["ledger-projection"]
         if ledger.proc is not None and ledger.proc.poll() == 137:
+            fault = self._fault("ledger crash (after DB commit)")
             self.counters.note("ledger-projection died between its DB commit and offset commit")
             ledger.start()
+            self._coming_back.append((fault, ledger))
             self.counters.note("ledger-projection restarted (redelivered records are duplicates)")
+        for fault, process in list(self._coming_back):
+            if process.ready():
+                fault.back = self.db_now()
+                self._coming_back.remove((fault, process))
 
-    def replay_ledger(self) -> None:
+    def db_now(self) -> datetime:
+        """The database's clock: fault times compare with the rows' timestamps."""
+        with self.engine.connect() as conn:
+            now: datetime = conn.execute(sa.text("SELECT clock_timestamp()")).scalar_one()
+        return now
+
+    def _fault(self, name: str) -> faults.Fault:
+        fault = faults.Fault(name, started=self.db_now())
+        self.faults.append(fault)
+        return fault
+
+    def replay_ledger(self) -> faults.Fault:
+        """Stop ledger-projection, reset it to the earliest offsets, start it again.
+
+        Returns the fault; the caller sets its ``caught_up`` once every record was re-read.
+        """
         ledger = self.consumers["ledger-projection"]
+        fault = self._fault("ledger replay")
+        for pending in [p for p in self._coming_back if p[1] is ledger]:
+            # Stopped before it answered: the earlier fault ends where the replay begins.
+            pending[0].back = fault.started
+            self._coming_back.remove(pending)
         ledger.stop()
         config: dict[str, str | int | float | bool] = {"bootstrap.servers": self.bootstrap}
         group = effects.group_id("ledger-projection")
@@ -288,7 +332,23 @@ class Demo:
                 time.sleep(1)
         reread = sum(m.to_reread for m in moves)
         self.counters.note(f"ledger-projection replayed to earliest: {reread} records to re-read")
+        fault.name += f" ({reread} re-read)"
         ledger.start()
+        self._coming_back.append((fault, ledger))
+        return fault
+
+    def trips(self) -> list[faults.Trip]:
+        """Commit and first application of each event of this run by the measured effect."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT o.created_at, r.applied_at FROM oncely_receipts r"
+                    " JOIN oncely_outbox o ON o.id = r.event_id"
+                    " WHERE o.created_at >= :s AND r.effect = :effect"
+                ),
+                {"s": self.started, "effect": MEASURED},
+            ).all()
+        return [faults.Trip(committed, applied) for committed, applied in rows]
 
     # -- observation ----------------------------------------------------------------------
 
@@ -412,7 +472,8 @@ def _view(demo: Demo, snap: dict[str, float], elapsed: float, phase: str) -> Gro
     return Group(progress, table, chaos)
 
 
-def _invariants(demo: Demo, snap: dict[str, float], elapsed: float) -> tuple[Table, bool]:
+def _invariants(demo: Demo, snap: dict[str, float]) -> tuple[Table, Table | None, bool]:
+    """The invariants table, the fault windows table (None without faults), all invariants ok."""
     with demo.engine.connect() as conn:
         dup_effects = conn.execute(
             sa.text(
@@ -424,21 +485,11 @@ def _invariants(demo: Demo, snap: dict[str, float], elapsed: float) -> tuple[Tab
             sa.text("SELECT coalesce(max(calls), 0) FROM provider_emails WHERE sent_at >= :s"),
             {"s": demo.started},
         ).scalar_one()
-        latency = conn.execute(
-            sa.text(
-                "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY x),"
-                " percentile_cont(0.99) WITHIN GROUP (ORDER BY x) FROM ("
-                " SELECT EXTRACT(EPOCH FROM min(r.applied_at) - o.created_at) * 1000 AS x"
-                " FROM oncely_receipts r JOIN oncely_outbox o ON o.id = r.event_id"
-                " WHERE o.created_at >= :s AND r.effect = 'ledger-projection'"
-                " GROUP BY o.id, o.created_at) AS t"
-            ),
-            {"s": demo.started},
-        ).one()
     report = demo_verify(demo)
+    trips = demo.trips()
+    figures = faults.report(demo.faults, trips)
     requested = f"{demo.counters.requested} (+{demo.counters.retried} retried with the same key)"
     completed = snap["completed"]
-    p50, p99 = (value or 0 for value in latency)
     rows: list[tuple[str, str, bool]] = [
         ("transfers requested", requested, demo.counters.duplicates_seen == demo.counters.retried),
         ("events committed", f"{snap['staged']:.0f}", snap["staged"] > 0),
@@ -456,8 +507,11 @@ def _invariants(demo: Demo, snap: dict[str, float], elapsed: float) -> tuple[Tab
         ("provider calls per idempotency key", f"max {max_calls}", max_calls == 1),
         ("emails sent", f"{snap['emails']:.0f} of {completed:.0f}", snap["emails"] == completed),
         ("duplicates suppressed by receipts", f"{snap['duplicates']:.0f}", True),
-        ("throughput", f"{snap['staged'] / elapsed:.0f} events/s over {elapsed:.0f} s", True),
-        ("commit → effect latency (ledger)", f"p50 {p50:.0f} ms, p99 {p99:.0f} ms", True),
+        ("fault windows", _windows_summary(figures), True),
+        ("throughput (ledger), overall", _throughput(figures.overall), True),
+        ("throughput (ledger), outside fault windows", _throughput(figures.outside), True),
+        ("commit → effect (ledger), overall", _latency(figures.overall), True),
+        ("commit → effect (ledger), outside fault windows", _latency(figures.outside), True),
     ]
     table = Table(title="oncely demo — invariants (computed from this run)")
     table.add_column("invariant")
@@ -465,7 +519,50 @@ def _invariants(demo: Demo, snap: dict[str, float], elapsed: float) -> tuple[Tab
     table.add_column("ok")
     for name, value, ok in rows:
         table.add_row(name, value, "[green]✔[/]" if ok else "[red]✘[/]")
-    return table, all(ok for _, _, ok in rows)
+    return table, _windows_table(figures, trips), all(ok for _, _, ok in rows)
+
+
+def _throughput(figures: faults.Figures) -> str:
+    rate = figures.per_second
+    shown = "-" if rate is None else f"{rate:.0f}"
+    return f"{shown} events/s ({figures.events} events in {figures.seconds:.1f} s)"
+
+
+def _latency(figures: faults.Figures) -> str:
+    if figures.p50_ms is None or figures.p99_ms is None:
+        return "no events"
+    return f"p50 {figures.p50_ms:.0f} ms, p99 {figures.p99_ms:.0f} ms ({figures.events} events)"
+
+
+def _windows_summary(figures: faults.Report) -> str:
+    if not figures.windows:
+        return "none (no faults injected)"
+    found = [window for window, _ in figures.windows]
+    whole = (min(w.start for w in found), max(w.end for w in found))
+    seconds = faults.covered_seconds(whole, found)
+    return f"{len(found)}, covering {seconds:.1f} s; {figures.inside} events inside"
+
+
+def _windows_table(figures: faults.Report, trips: list[faults.Trip]) -> Table | None:
+    """One row per fault window, times in seconds from the run's first commit."""
+    if not figures.windows:
+        return None
+    zero = faults.span(trips)
+    origin = zero[0] if zero is not None else min(w.start for w, _ in figures.windows)
+    table = Table(title="fault windows (seconds from the first commit)")
+    for column in ("fault", "start", "end", "length", "events inside", "worst latency"):
+        table.add_column(column, justify="left" if column == "fault" else "right")
+    for window, inside in figures.windows:
+        worst = max((t.latency_ms for t in inside), default=None)
+        table.add_row(
+            window.name,
+            f"{(window.start - origin).total_seconds():.1f}",
+            f"{(window.end - origin).total_seconds():.1f}",
+            f"{window.seconds:.1f} s",
+            str(len(inside)),
+            "-" if worst is None else f"{worst:.0f} ms",
+        )
+    return table
 
 
 def demo_verify(demo: Demo) -> dict[str, int]:
@@ -486,7 +583,7 @@ def run_demo(*, database_url: str, bootstrap: str, options: Options, console: Co
     demo.start_processes()
     console.print("starting relay, consumers and task worker ...")
     demo.wait_ready()
-    demo.started = datetime.now(UTC)
+    demo.started = demo.db_now()
     started = time.monotonic()
     phase = ["writing transfers"]
     try:
@@ -505,7 +602,7 @@ def run_demo(*, database_url: str, bootstrap: str, options: Options, console: Co
             _wait(demo, lambda s: _all_done(s), options.timeout_seconds)
             if options.chaos:
                 phase[0] = "replaying ledger-projection from the earliest offset"
-                demo.replay_ledger()
+                replay = demo.replay_ledger()
                 _wait(
                     demo,
                     lambda s: (
@@ -516,15 +613,19 @@ def run_demo(*, database_url: str, bootstrap: str, options: Options, console: Co
                     ),
                     options.timeout_seconds,
                 )
+                replay.caught_up = demo.db_now()
             phase[0] = "done"
             stop_view.set()
             viewer.join()
             elapsed = time.monotonic() - started
             snap = demo.snapshot()
             live.update(_view(demo, snap, elapsed, phase[0]))
-        table, ok = _invariants(demo, snap, elapsed)
+        table, windows, ok = _invariants(demo, snap)
         console.print()
         console.print(table)
+        if windows is not None:
+            console.print(windows)
+            console.print(WINDOWS_NOTE, soft_wrap=False)
         console.print(f"process logs: {demo.log_dir}")
         if options.keep_running:
             console.print("processes keep running; Ctrl-C stops them")
@@ -547,7 +648,7 @@ def _all_done(snap: dict[str, float]) -> bool:
 def _wait(demo: Demo, done: Callable[[dict[str, float]], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        demo._revive_crashed_consumer()
+        demo.watch()
         snap = demo.snapshot()
         if done(snap):
             return
