@@ -290,17 +290,8 @@ class Applier:
     def _context(
         self, envelope: Envelope, session: Session | AsyncSession, writes: Writes
     ) -> EffectContext[Any]:
-        message = envelope.message
         return EffectContext(
-            session=session,
-            effect=self.effect.name,
-            event_id=envelope.event_id,
-            event_type=envelope.event_type.name,
-            topic=message.topic() or "",
-            partition=message.partition() or 0,
-            offset=message.offset() or 0,
-            headers=envelope.headers,
-            writes=writes,
+            session=session, effect=self.effect.name, envelope=envelope, writes=writes
         )
 
 

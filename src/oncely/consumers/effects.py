@@ -36,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 from typing_extensions import TypeVar
 
+from oncely.consumers.records import Envelope
 from oncely.consumers.tasks.enqueue import enqueue_task
 from oncely.consumers.tasks.model import QueuedTask
 from oncely.consumers.writes import TableLike, Writes
@@ -103,13 +104,32 @@ class EffectContext(Generic[S]):
 
     session: S
     effect: str
-    event_id: UUID
-    event_type: str
-    topic: str
-    partition: int
-    offset: int
-    headers: Mapping[str, str]
+    envelope: Envelope = field(repr=False)
     writes: Writes = field(repr=False)
+
+    @property
+    def event_id(self) -> UUID:
+        return self.envelope.event_id
+
+    @property
+    def event_type(self) -> str:
+        return self.envelope.event_type.name
+
+    @property
+    def topic(self) -> str:
+        return self.envelope.message.topic() or ""
+
+    @property
+    def partition(self) -> int:
+        return self.envelope.message.partition() or 0
+
+    @property
+    def offset(self) -> int:
+        return self.envelope.message.offset() or 0
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self.envelope.headers
 
     def insert(self, table: TableLike, values: Mapping[str, Any]) -> None:
         """Insert a row into ``table`` (a ``Table`` or a mapped class) in this transaction.

@@ -1,9 +1,12 @@
 """Rows that effects write with ``ctx.insert`` / ``ctx.upsert``, collected and written per batch.
 
 A consumer applying a batch gives every record's context the same :class:`Writes`; the rows are
-written just before the transaction of the receipts commits, one multi-row statement per table
-and column set (SQLAlchemy's "insertmanyvalues": up to 1,000 rows per ``INSERT``), in the order
-each statement was first used. No ORM object is built.
+written just before the transaction of the receipts commits, one statement per table and column
+set, in the order each statement was first used: ``INSERT ... SELECT * FROM unnest(...)`` with
+one array parameter per column (each value passed through its column type's bind processor, as
+SQLAlchemy would), so no ORM object is built and the statement's text is the same for every
+batch. A table with an ``ARRAY`` column, or with a Python-side default on a column the values
+leave out, is written with SQLAlchemy's ``executemany`` instead.
 
 Upserts of one key in one batch are merged before they are written, as if they had run one
 after the other: the first one's values for the columns it does not update, the last one's for
@@ -13,13 +16,13 @@ batch again record by record, where each record's rows are written in its own sa
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from oncely.errors import ConfigurationError
@@ -93,22 +96,22 @@ class Writes:
 
     def write(self, session: Session) -> None:
         """Execute the collected rows in ``session``'s transaction, then forget them."""
+        dialect = session.get_bind().dialect
         for statement, rows in self._batches():
-            session.execute(statement, rows)
+            unnest = _unnest(statement, dialect)
+            if unnest is None:
+                session.execute(statement.compiled(), rows)
+            else:
+                sql, processors = unnest
+                session.execute(sql, _columns(statement.columns, processors, rows))
         self.clear()
 
-    async def write_async(self, session: AsyncSession) -> None:
-        """:meth:`write` on an ``AsyncSession``."""
-        for statement, rows in self._batches():
-            await session.execute(statement, rows)
-        self.clear()
-
-    def _batches(self) -> Iterator[tuple[sa.Insert, list[dict[str, Any]]]]:
+    def _batches(self) -> Iterator[tuple[_Statement, list[dict[str, Any]]]]:
         for statement in self._order:
             if statement.on is None:
-                yield statement.compiled(), self._inserts[statement]
+                yield statement, self._inserts[statement]
             else:
-                yield statement.compiled(), list(self._upserts[statement].values())
+                yield statement, list(self._upserts[statement].values())
 
     def _statement(
         self,
@@ -159,3 +162,52 @@ def _check(statement: _Statement) -> None:
             f"upsert into {table.name!r}: the values have no {', '.join(map(repr, missing))}; give "
             "a value for every conflict and updated column"
         )
+
+
+Processor = Callable[[Any], Any] | None
+
+
+@functools.lru_cache(maxsize=1024)
+def _unnest(
+    statement: _Statement, dialect: sa.Dialect
+) -> tuple[sa.TextClause, tuple[Processor, ...]] | None:
+    """The statement as one ``INSERT ... SELECT * FROM unnest(<array per column>)``, and the
+    bind processor of each column; ``None`` when a column type or default does not allow it."""
+    table = statement.table
+    columns = [table.c[name] for name in statement.columns]
+    if any(isinstance(column.type, sa.ARRAY) for column in columns):
+        return None
+    omitted = [column for column in table.c if column.name not in statement.columns]
+    if any(column.default is not None for column in omitted):
+        return None
+    quote = dialect.identifier_preparer.quote
+    names = ", ".join(quote(column.name) for column in columns)
+    arrays = ", ".join(
+        f"CAST(:c{i} AS {column.type.compile(dialect=dialect)}[])"
+        for i, column in enumerate(columns)
+    )
+    sql = (
+        f"INSERT INTO {dialect.identifier_preparer.format_table(table)} ({names}) "
+        f"SELECT * FROM unnest({arrays})"
+    )
+    if statement.on is not None:
+        keys = ", ".join(quote(name) for name in statement.on)
+        if statement.update:
+            updates = ", ".join(f"{quote(n)} = EXCLUDED.{quote(n)}" for n in statement.update)
+            sql += f" ON CONFLICT ({keys}) DO UPDATE SET {updates}"
+        else:
+            sql += f" ON CONFLICT ({keys}) DO NOTHING"
+    processors = tuple(
+        column.type.dialect_impl(dialect).bind_processor(dialect) for column in columns
+    )
+    return sa.text(sql), processors
+
+
+def _columns(
+    names: tuple[str, ...], processors: tuple[Processor, ...], rows: list[dict[str, Any]]
+) -> dict[str, list[Any]]:
+    params: dict[str, list[Any]] = {}
+    for i, (name, process) in enumerate(zip(names, processors, strict=True)):
+        values = [row[name] for row in rows]
+        params[f"c{i}"] = values if process is None else [process(v) for v in values]
+    return params

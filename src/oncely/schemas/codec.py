@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
@@ -320,7 +320,9 @@ def _check_committed(event_type: EventType[Any], committed: SchemaEntry | None) 
         )
 
 
-def _header_map(headers: Headers) -> dict[str, str]:
+def _header_map(headers: Headers) -> Mapping[str, str]:
+    if type(headers) is dict and all(type(v) is str for v in headers.values()):
+        return cast(Mapping[str, str], headers)  # already text (a consumer's): not parsed again
     pairs = headers.items() if isinstance(headers, Mapping) else (headers or ())
     result = {}
     for name, raw in pairs:
