@@ -1,16 +1,24 @@
 """``python -m bench [CELL ...]``: run benchmark cells and write JSON, Markdown and a PNG plot.
 
-The default set is the relay's table of issue 18 (``make bench``; about 20 minutes on 2 cores):
+The default set is the table of docs/performance.md (``make bench``; about 30 minutes on 2
+cores):
 
 - R-DBZ, R-DBZ-HOT, R-DBZ p99: the relay vs Debezium's Outbox Event Router in a Kafka Connect
   worker the cell starts (drain rate over 1,000 keys and on one key; commit → Kafka p99);
 - R1, R2, R2-xmin, R-HOT, R7: relay drain vs a raw producer, vs its own SQL alone, with a
   REPEATABLE READ transaction held open, on one key, two relay processes vs one;
 - R5: the cost of ``stage()`` in a business transaction (one statement, five, 8 writers);
-- R-QUIET: commit → Kafka p50/p99 at 200 events/s, relay vs a raw producer after each commit.
+- R-QUIET: commit → Kafka p50/p99 at 200 events/s, relay vs a raw producer after each commit;
+- R3, R3-fair, R3-dup: the consumer with receipts vs a raw consumer with an empty transaction
+  per batch, vs one writing the same rows with plain psycopg; a replay of applied records vs
+  the first application;
+- R-LANES: a handler waiting 2 ms per record, 8 lanes vs 1;
+- R4, R4-quiet: commit → effect p99 (absolute ms) at 50% and 10% of the pipeline's drain rate,
+  relay, consumer and writers in processes of their own;
+- R-RSS: the consumer process's RSS while it applies a 1,000,000-record backlog.
 
-Not in the default set: R3 and R4 (consumer throughput and end-to-end latency) and R-CLUSTER
-(3 consumers vs 1, 2 relays vs 1, on a 3-broker cluster it starts).
+Not in the default set: R-CLUSTER (3 consumers vs 1, 2 relays vs 1, on a 3-broker cluster it
+starts).
 
 Sizes scale with ``BENCH_SCALE`` (``BENCH_SCALE=0.05 python -m bench R1`` is a smoke run).
 Runs against the devstack unless ``ONCELY_DATABASE_URL`` and ``ONCELY_KAFKA_BOOTSTRAP_SERVERS``
@@ -37,14 +45,26 @@ from bench.cluster_cells import cluster_cells
 from bench.debezium_cells import debezium_cells
 from bench.fixtures import Bench
 from bench.harness import Target, environment, scaled
+from bench.latency_cells import latency_cells
 from bench.quiet_cells import quiet_cells
 from oncely.devstack import DevStack
 from oncely.storage import upgrade
 
 RELAY_CELLS = ["R1", "R2", "R2-xmin", "R-HOT", "R7"]
 DBZ_CELLS = ["R-DBZ", "R-DBZ-HOT", "R-DBZ-p99"]
-ALL = [*DBZ_CELLS, *RELAY_CELLS, "R5", "R-QUIET"]
-OPTIONAL = ["R3", "R4", "R-CLUSTER"]
+CONSUMER_CELLS = ["R3", "R3-fair", "R3-dup"]
+LATENCY_CELLS = ["R4", "R4-quiet"]
+ALL = [
+    *DBZ_CELLS,
+    *RELAY_CELLS,
+    "R5",
+    "R-QUIET",
+    *CONSUMER_CELLS,
+    "R-LANES",
+    *LATENCY_CELLS,
+    "R-RSS",
+]
+OPTIONAL = ["R-CLUSTER"]
 
 
 @contextlib.contextmanager
@@ -84,8 +104,11 @@ def _markdown(results: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for result in results:
-        if result["cell"] == "R4":
-            lines += _r4_lines(result)
+        if result.get("kind") == "memory":
+            lines.append(_memory_line(result))
+            continue
+        if result.get("absolute"):
+            lines.append(_absolute_line(result))
             continue
         for index, (denominator, ratio) in enumerate(result["ratios"].items()):
             medians = result["medians"]
@@ -110,26 +133,37 @@ def _markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _r4_lines(result: dict[str, Any]) -> list[str]:
-    """R4 (optional) reports percentiles per load level, not a ratio."""
-    lines = []
-    for level in result["levels"]:
-        p, r = level["pipeline_ms"], level["raw_kafka_ms"]
-        for label, ours, theirs in (
-            ("commit→effect vs raw produce→consume", "commit_to_effect", "produce_to_consume"),
-            (
-                "schedule→effect vs raw schedule→consume",
-                "schedule_to_effect",
-                "schedule_to_consume",
-            ),
-        ):
-            a, b = p[ours], r[theirs]
-            lines.append(
-                f"| R4 @ {level['load']:.0%} ({level['rate_per_second']}/s) | {label}, "
-                f"p50/p95/p99 | | {a['p50']}/{a['p95']}/{a['p99']} vs "
-                f"{b['p50']}/{b['p95']}/{b['p99']} ms | | {result['target']} | |"
-            )
-    return lines
+def _verdict(result: dict[str, Any]) -> str:
+    met = result.get("met")
+    verdict = "" if met is None else ("met" if met else "**missed**")
+    bound = result.get("cpu_bound", [])
+    if bound:
+        verdict += " (CPU-bound: " + "; ".join(bound) + ")"
+    return verdict.strip()
+
+
+def _absolute_line(result: dict[str, Any]) -> str:
+    """An absolute cell (no denominator): its own value against the target, not a ratio."""
+    value, side = result["value"], result["numerator"]
+    medians = result.get("summary") or f"{_number(result['medians'][side])} {result['unit']}"
+    return (
+        f"| {result['cell']} | {result['measures']} "
+        f"| {value['median']} {result['unit']} ({value['min']} to {value['max']}), absolute "
+        f"| {medians} | {_idle(result, side)} | {result['target']} | {_verdict(result)} |"
+    )
+
+
+def _memory_line(result: dict[str, Any]) -> str:
+    """R-RSS: one run, RSS at points of the backlog and its peak; no target."""
+    rss = result["rss_mib"]
+    points = "/".join(str(rss[k]) for k in ("10%", "50%", "90%"))
+    growth = result.get("growth_10_to_90")
+    flat = "" if growth is None else f"; 10%→90% {growth:+.1%}"
+    return (
+        f"| {result['cell']} | {result['measures']} | peak {rss['peak']} MiB (one run) "
+        f"| RSS at 10%/50%/90% {points} MiB{flat}; {_number(result['rate_per_second'])} "
+        "records/s | | reported, flat | |"
+    )
 
 
 def _plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -228,14 +262,33 @@ def main() -> None:
             made, runs = quiet_cells(bench, repetitions=args.repetitions, seconds=quiet_seconds)
             results += [c.to_json() for c in made]
             extra["R-QUIET runs"] = runs
-        if "R3" in args.cells:
-            results.append(
-                consumer_cells.consumer_cell(
-                    bench, repetitions=args.repetitions, count=int(scaled(20_000, minimum=1000))
-                ).to_json()
+        consumer_wanted = [c for c in CONSUMER_CELLS if c in args.cells]
+        if consumer_wanted:
+            made = consumer_cells.throughput_cells(
+                bench,
+                repetitions=args.repetitions,
+                count=int(scaled(20_000, minimum=1000)),
+                cells=consumer_wanted,
             )
-        if "R4" in args.cells:
-            results.append(consumer_cells.latency_cell(bench, seconds=latency_seconds))
+            results += [c.to_json() for c in made]
+        if "R-LANES" in args.cells:
+            cell = consumer_cells.lanes_cell(
+                bench, repetitions=args.repetitions, count=int(scaled(10_000, minimum=1000))
+            )
+            results.append(cell.to_json())
+        if set(LATENCY_CELLS) & set(args.cells):
+            made, details = latency_cells(
+                bench,
+                repetitions=args.repetitions,
+                seconds=latency_seconds,
+                drain_events=int(scaled(20_000, minimum=2000)),
+            )
+            shown = set(args.cells) | ({"R4 raw Kafka"} if "R4" in args.cells else set())
+            results += [c.to_json() for c in made if c.name in shown]
+            extra["R4 latency"] = details
+        if "R-RSS" in args.cells:
+            records = int(scaled(1_000_000, minimum=20_000))
+            results.append(consumer_cells.rss_cell(bench, records=records))
         if "R-CLUSTER" in args.cells:
             results += [c.to_json() for c in cluster_cells(repetitions=args.repetitions)]
         with engine.connect() as conn:

@@ -23,6 +23,7 @@ import psycopg
 import sqlalchemy as sa
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
 from psycopg.types.json import Jsonb
 
 from bench.harness import cpu_window, open_loop
@@ -73,6 +74,13 @@ class Bench:
             "ONCELY_RELAY_BATCH_SIZE": str(settings.batch_size),
             "ONCELY_RELAY_PURGE_INTERVAL_SECONDS": str(settings.purge_interval_seconds),
         }
+
+
+def delete_topic(bench: Bench, topic: str) -> None:
+    """Delete ``topic`` (and wait for the broker to say so)."""
+    admin = bench.admin()
+    for future in admin.delete_topics([topic]).values():
+        future.result(30)
 
 
 def staged_rows(count: int, *, topic: str, keys: int) -> list[dict[str, object]]:
@@ -192,6 +200,28 @@ def wait_ready(running: list[Running], *, timeout: float = 120) -> None:
                     f"the process with metrics port {port} never got ready (see its log {each.log})"
                 )
             time.sleep(0.2)
+
+
+def metric(running: Running, name: str, **labels: str) -> float:
+    """The value of sample ``name`` with ``labels`` on a process's ``/metrics`` (0 if absent)."""
+    url = f"http://127.0.0.1:{running.port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+def memory_mb(pid: int) -> tuple[float, float]:
+    """(resident set size now, its peak so far) of process ``pid`` in MiB: ``VmRSS`` and
+    ``VmHWM`` of ``/proc/<pid>/status``."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    rss, peak = (int(fields[name].split()[0]) / 1024 for name in ("VmRSS", "VmHWM"))
+    return round(rss, 1), round(peak, 1)
 
 
 def wait_shards_shared(bench: Bench, owners: int, *, timeout: float = 120) -> None:
@@ -367,7 +397,7 @@ class Writes:
 
 @contextmanager
 def outbox_writers(
-    bench: Bench,
+    database_url: str,
     rows: list[dict[str, Any]],
     *,
     count: int,
@@ -385,9 +415,7 @@ def outbox_writers(
         f"VALUES ({', '.join(['%s'] * len(columns))})"
     )
     writes = Writes([], [0.0] * len(rows), [0.0] * len(rows))
-    connections = [
-        psycopg.connect(libpq_dsn(bench.database_url), autocommit=True) for _ in range(count)
-    ]
+    connections = [psycopg.connect(libpq_dsn(database_url), autocommit=True) for _ in range(count)]
 
     def writer(conn: psycopg.Connection[Any]) -> Callable[[int, float], None]:
         def write(i: int, due_at: float) -> None:
@@ -444,7 +472,10 @@ def commit_latency(
     restage(bench, [])
     send = produce(topic) if produce is not None else None
     after = (lambda i: send(rows[i])) if send is not None else None
-    with outbox_writers(bench, rows, count=writers, after_commit=after) as writes, side():
+    with (
+        outbox_writers(bench.database_url, rows, count=writers, after_commit=after) as writes,
+        side(),
+    ):
         if send is None:
             sentinel(bench, topics, topic)
         with cpu_window():

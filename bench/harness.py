@@ -31,7 +31,8 @@ from typing import Any
 #: A side whose median CPU idle share is below this was CPU-bound.
 CPU_BOUND_IDLE = 0.10
 
-_TARGET = re.compile(r"^\s*(>=|<=)\s*([0-9.]+)")
+_TARGET = re.compile(r"^\s*(>=|<=|<|>)\s*([0-9.]+)")
+_COMPARE = {">=": operator.ge, "<=": operator.le, "<": operator.lt, ">": operator.gt}
 
 
 def scale() -> float:
@@ -65,6 +66,9 @@ def _cpu_times() -> tuple[int, int]:
 _CLASSES = (
     ("relay", "oncely relay run"),
     ("relay", "-m oncely relay"),
+    ("consumer", "oncely consume"),
+    ("consumer", "-m oncely consume"),
+    ("writers", "bench.writers"),
     ("kafka connect", "ConnectStandalone"),
     ("broker", "kafka.Kafka"),
     ("postgres", "postgres"),
@@ -144,7 +148,8 @@ def _take_idle() -> tuple[float | None, dict[str, float] | None]:
 
 @dataclass(frozen=True)
 class Target:
-    """A cell's target: ``>= x`` (higher is better) or ``<= x``; any other text is context."""
+    """A cell's target: ``>= x`` or ``> x`` (higher is better), ``<= x`` or ``< x``; any other
+    text is context."""
 
     text: str
 
@@ -152,8 +157,7 @@ class Target:
         match = _TARGET.match(self.text)
         if match is None:
             return None
-        compare = operator.ge if match.group(1) == ">=" else operator.le
-        return bool(compare(ratio, float(match.group(2))))
+        return bool(_COMPARE[match.group(1)](ratio, float(match.group(2))))
 
 
 @dataclass
@@ -162,6 +166,10 @@ class Cell:
 
     ``rates`` hold one value per repetition for each side (rows/s, tx/s, or ms for latency
     cells); ``idle`` the CPU idle share of each of those turns.
+
+    A cell without denominators is *absolute*: its target applies to the numerator's own
+    values (for example a p99 in ms, ``< 25``), not to a ratio; :meth:`value` gives their
+    median and range and :meth:`ratios` is empty.
     """
 
     name: str
@@ -175,6 +183,12 @@ class Cell:
     target: str = ""
     measures: str = ""
     notes: list[str] = field(default_factory=list)
+    #: What the table shows in its "medians" column instead of the sides' medians (optional).
+    summary: str = ""
+
+    @property
+    def absolute(self) -> bool:
+        return not self.denominators
 
     def measure(
         self,
@@ -205,6 +219,16 @@ class Cell:
             }
         return result
 
+    def value(self) -> dict[str, float]:
+        """The numerator's median and range over the repetitions (what an absolute cell's
+        target applies to)."""
+        values = self.rates[self.numerator]
+        return {
+            "median": round(statistics.median(values), 3),
+            "min": round(min(values), 3),
+            "max": round(max(values), 3),
+        }
+
     def cpu_bound(self) -> list[str]:
         """The sides whose median CPU idle share was under :data:`CPU_BOUND_IDLE`."""
         return [
@@ -216,6 +240,11 @@ class Cell:
     def to_json(self) -> dict[str, Any]:
         ratios = self.ratios()
         target = Target(self.target)
+        if self.absolute:
+            met = target.met(self.value()["median"])
+        else:
+            # The target applies to the first denominator; the others are context.
+            met = target.met(ratios[self.denominators[0]]["median"]) if ratios else None
         return {
             "cell": self.name,
             "measures": self.measures,
@@ -232,9 +261,11 @@ class Cell:
             "cpu_cores": {side: v for side, v in self.cores.items() if v},
             "cpu_cores_median": {side: _median_cores(v) for side, v in self.cores.items() if v},
             "ratios": ratios,
+            "absolute": self.absolute,
+            **({"value": self.value()} if self.absolute else {}),
+            "summary": self.summary,
             "target": self.target,
-            # The target applies to the first denominator; the others are context.
-            "met": target.met(ratios[self.denominators[0]]["median"]) if ratios else None,
+            "met": met,
             "notes": self.notes,
         }
 

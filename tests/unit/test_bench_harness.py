@@ -1,12 +1,22 @@
-"""The benchmark harness's pure logic: targets, ratios, CPU-bound marks, scale, the table."""
+"""The benchmark harness's pure logic: targets, ratios, absolute cells, CPU-bound marks, scale,
+the table, and the consumer cells' helpers (RSS points, commit-to-effect, reading /metrics)."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 from bench.__main__ import _markdown
+from bench.consumer_cells import at_shares
+from bench.fixtures import Running, memory_mb, metric
 from bench.harness import Cell, Target, _take_idle, cpu_window, interleave, scale, scaled
+from bench.latency_cells import latencies
+
+from oncely.devstack._process import free_port
+from oncely.ops.http import HealthServer
+from oncely.ops.metrics import ConsumerMetrics
 
 
 def test_target_met_in_its_direction() -> None:
@@ -76,3 +86,80 @@ def test_cpu_window_counts_this_process_cores() -> None:
     idle, cores = _take_idle()
     assert idle is not None and 0.0 <= idle <= 1.0
     assert cores is not None and cores["bench"] >= 0.5, cores
+
+
+def test_strict_targets_compare_strictly() -> None:
+    assert Target("< 25").met(24.9) is True
+    assert Target("< 25").met(25.0) is False
+    assert Target("> 3").met(3.0) is False
+    assert Target(">= 3").met(3.0) is True
+
+
+def test_an_absolute_cell_meets_its_target_with_its_own_values() -> None:
+    cell = Cell("R4", "p99 at 50%", [], "ms", target="< 25", summary="p50/p95/p99 4/9/30 ms")
+    cell.rates = {"p99 at 50%": [30.0, 20.0, 24.0]}
+    cell.idle = {"p99 at 50%": [0.4, 0.5, 0.6]}
+    result = cell.to_json()
+    assert result["absolute"] is True and result["ratios"] == {}
+    assert result["value"] == {"median": 24.0, "min": 20.0, "max": 30.0}
+    assert result["met"] is True
+    [line] = _markdown([result]).splitlines()[2:]
+    assert "| 24.0 ms (20.0 to 30.0), absolute | p50/p95/p99 4/9/30 ms | 50% | < 25 | met |" in (
+        line
+    ), line
+    cell.rates = {"p99 at 50%": [30.0, 26.0, 24.0]}
+    assert cell.to_json()["met"] is False
+
+
+def test_the_memory_line_shows_the_backlog_points_and_the_peak() -> None:
+    result = {
+        "cell": "R-RSS",
+        "kind": "memory",
+        "measures": "peak RSS",
+        "rate_per_second": 12000.0,
+        "rss_mib": {"ready": 70.0, "10%": 80.0, "50%": 81.0, "90%": 82.0, "end": 82, "peak": 84},
+        "growth_10_to_90": 0.025,
+    }
+    [line] = _markdown([result]).splitlines()[2:]
+    assert "| peak 84 MiB (one run) | RSS at 10%/50%/90% 80.0/81.0/82.0 MiB; 10%→90% +2.5%" in line
+
+
+def test_rss_points_are_the_first_samples_past_each_share() -> None:
+    samples = [(0.0, 50.0), (5.0, 60.0), (10.0, 61.0), (49.0, 62.0), (50.0, 63.0), (95.0, 64.0)]
+    assert at_shares(samples, 100, (0.1, 0.5, 0.9)) == {"10%": 61.0, "50%": 63.0, "90%": 64.0}
+    assert at_shares(samples, 1000, (0.5,)) == {"50%": None}
+
+
+def test_commit_to_effect_leaves_out_the_warm_up_and_counts_the_missing() -> None:
+    due = [100.0, 100.5, 101.0, 101.5, 102.0]
+    committed = [100.001, 100.502, 101.003, 101.504, 102.010]
+    # Event 0 is in the warm-up second, event 4 was never applied.
+    applied = {0: 100.5, 1: 100.512, 2: 101.013, 3: 101.524}
+    result = latencies(due, committed, applied, warmup_seconds=0.5)
+    assert result["events_measured"] == 3 and result["missing"] == 1
+    assert result["commit_to_effect_ms"]["p50"] == pytest.approx(10.0, abs=0.1)
+    assert result["commit_to_effect_ms"]["max"] == pytest.approx(20.0, abs=0.1)
+    assert result["schedule_to_effect_ms"]["max"] == pytest.approx(24.0, abs=0.1)
+    assert result["writer_lag_ms"]["max"] == pytest.approx(10.0, abs=0.1)
+
+
+def test_memory_of_a_process_is_its_rss_and_peak() -> None:
+    rss, peak = memory_mb(os.getpid())
+    assert 1.0 < rss <= peak
+
+
+def test_a_metric_is_read_from_a_process_metrics_page() -> None:
+    metrics = ConsumerMetrics()
+    metrics.applied.labels("apply").inc(3)
+    metrics.applied.labels("other").inc(5)
+    port = free_port()
+    server = HealthServer(
+        registry=metrics.registry, healthy=lambda: True, ready=lambda: True, port=port
+    )
+    server.start()
+    try:
+        running = Running(port, None, Path("unused"))  # type: ignore[arg-type]
+        assert metric(running, "oncely_consumer_applied_total", effect="apply") == 3.0
+        assert metric(running, "oncely_consumer_applied_total", effect="none") == 0.0
+    finally:
+        server.stop()

@@ -1,0 +1,387 @@
+"""R4 and R4-quiet: commit → effect latency through the whole pipeline, as deployed.
+
+One pipeline serves the whole run: an ``oncely relay run`` process and an ``oncely consume
+bench.effects_app:effects --effect apply`` process (the consumer's default settings), started
+once, ready, with one sentinel event through them. Then:
+
+1. **Drain rate**: ``drain_events`` outbox rows committed in one transaction; the rate is
+   rows / (last receipt's ``applied_at`` - the commit's time), median of 3.
+2. **Latency turns**, interleaved, 3 repetitions: open-loop single-row outbox transactions at
+   50% (R4) and 10% (R4-quiet) of that drain rate, from ``WRITERS`` writer threads in a process
+   of their own (:mod:`bench.writers`), each recording (event index, commit time). commit →
+   effect is the receipt's ``applied_at`` minus the writer's clock right after its commit
+   returned (one host, one clock; ``applied_at`` is the consumer transaction's ``now()``, so
+   the handler and the commit of that batch are not in it). Events due in the first
+   ``WARMUP_SECONDS`` are left out. schedule → effect and the writers' lag (commit - due) are
+   reported beside it, as R-DBZ p99 does, so a writer that fell behind shows.
+3. **Raw Kafka** (context): a producer and a consumer in this process at R4's rate, the same
+   keys, 200 B values: produce (record timestamp) → consume p99.
+
+The values are absolute (ms, p99 of a turn, median of the 3 turns) against the targets
+(R4 < 25 ms, R4-quiet < 15 ms), not ratios.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import NewTopic
+
+from bench.effects_app import create_effects_table
+from bench.fixtures import (
+    Bench,
+    Running,
+    commit_at_once,
+    delete_topic,
+    metric,
+    percentiles,
+    processes,
+    relay_processes,
+    restage,
+    wait_ready,
+)
+from bench.harness import Cell, cpu_window, interleave, open_loop
+from bench.writers import outbox_rows
+from oncely.settings import ConsumerSettings
+
+WRITERS = 4
+WARMUP_SECONDS = 1.0
+HALF, QUIET, RAW = (
+    "pipeline at 50% of its drain rate",
+    "pipeline at 10% of its drain rate",
+    "raw Kafka produce→consume at the 50% rate",
+)
+LOADS = {HALF: 0.5, QUIET: 0.1}
+
+
+def latencies(
+    due: list[float],
+    committed: list[float],
+    applied: dict[int, float],
+    *,
+    warmup_seconds: float,
+) -> dict[str, Any]:
+    """commit → effect, schedule → effect and writer-lag percentiles (ms) of the events due
+    after the first ``warmup_seconds``; ``applied`` maps an event index to its ``applied_at``
+    (epoch seconds). Events never applied are counted as ``missing``."""
+    measured_from = due[0] + warmup_seconds
+    commit_ms, schedule_ms, lag_ms, missing = [], [], [], 0
+    for i, (due_at, committed_at) in enumerate(zip(due, committed, strict=True)):
+        if due_at < measured_from:
+            continue
+        lag_ms.append((committed_at - due_at) * 1000)
+        done = applied.get(i)
+        if done is None:
+            missing += 1
+            continue
+        commit_ms.append((done - committed_at) * 1000)
+        schedule_ms.append((done - due_at) * 1000)
+    return {
+        "commit_to_effect_ms": percentiles(commit_ms),
+        "schedule_to_effect_ms": percentiles(schedule_ms),
+        "writer_lag_ms": percentiles(lag_ms),
+        "achieved_rate_per_second": round(len(due) / max(1e-3, max(committed) - due[0]), 1),
+        "events_measured": len(commit_ms),
+        "missing": missing,
+    }
+
+
+class Pipeline:
+    """The relay and consumer processes of the run, and what is measured through them."""
+
+    def __init__(self, bench: Bench, consumer: Running, prefix: str) -> None:
+        self.bench = bench
+        self.consumer = consumer
+        self.prefix = prefix
+
+    def applied(self) -> float:
+        return metric(self.consumer, "oncely_consumer_applied_total", effect="apply")
+
+    def wait_applied(self, total: float, *, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while (done := self.applied()) < total:
+            if self.consumer.proc.poll() is not None:
+                raise RuntimeError(
+                    f"the consumer exited with {self.consumer.proc.returncode} "
+                    f"(see its log {self.consumer.log})"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the pipeline applied {done:.0f} of {total:.0f} events")
+            time.sleep(0.05)
+
+    def drain(self, count: int) -> float:
+        """Events/s from the commit of ``count`` rows (one transaction) to the last applied."""
+        rows = outbox_rows(self.prefix, count, keys=self.bench.keys)
+        before = self.applied()
+        committed = commit_at_once(self.bench, rows, str(rows[0]["topic"]))
+        with cpu_window():
+            self.wait_applied(before + count, timeout=600)
+        with self.bench.engine.connect() as conn:
+            last = conn.execute(
+                sa.text(
+                    "SELECT EXTRACT(EPOCH FROM max(applied_at)) FROM oncely_receipts"
+                    " WHERE effect = 'apply'"
+                )
+            ).scalar_one()
+        return count / max(1e-3, float(last) - committed)
+
+    def latency(self, rate: float, seconds: float) -> dict[str, Any]:
+        """One open-loop turn at ``rate`` for ``seconds`` from the writers' process."""
+        with tempfile.TemporaryDirectory(prefix="r4-") as directory:
+            out = Path(directory, "writes.json")
+            spec = {
+                "database_url": self.bench.database_url,
+                "topic_prefix": self.prefix,
+                "rate": rate,
+                "seconds": seconds,
+                "writers": WRITERS,
+                "keys": self.bench.keys,
+                "out": str(out),
+            }
+            before = self.applied()
+            writers = subprocess.Popen(
+                [sys.executable, "-m", "bench.writers", json.dumps(spec)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert writers.stdin is not None and writers.stdout is not None
+            try:
+                if writers.stdout.readline().strip() != "ready":
+                    raise RuntimeError(f"the writers' process exited with {writers.wait()}")
+                total = int(rate * seconds)
+                with cpu_window():  # the writers' process is counted: it lives through it
+                    writers.stdin.write("go\n")
+                    writers.stdin.flush()
+                    if writers.stdout.readline().strip() != "done":
+                        raise RuntimeError(f"the writers' process exited with {writers.wait()}")
+                    self.wait_applied(before + total, timeout=120)
+                writers.stdin.write("exit\n")
+                writers.stdin.flush()
+                if writers.wait(60) != 0:
+                    raise RuntimeError(f"the writers' process exited with {writers.returncode}")
+            finally:
+                if writers.poll() is None:
+                    writers.kill()
+                    writers.wait()
+            writes = json.loads(out.read_text())
+        index = {event_id: i for i, event_id in enumerate(writes["ids"])}
+        applied: dict[int, float] = {}
+        with self.bench.engine.connect() as conn:
+            for event_id, done in conn.execute(
+                sa.text(
+                    "SELECT event_id::text, EXTRACT(EPOCH FROM applied_at) FROM oncely_receipts"
+                    " WHERE effect = 'apply' AND event_id = ANY(CAST(:ids AS uuid[]))"
+                ),
+                {"ids": writes["ids"]},
+            ):
+                applied[index[event_id]] = float(done)
+        result = latencies(
+            writes["due"], writes["committed"], applied, warmup_seconds=WARMUP_SECONDS
+        )
+        result["rate_per_second"] = round(rate, 1)
+        return result
+
+
+def raw_latency(bench: Bench, rate: float, seconds: float) -> dict[str, Any]:
+    """Raw Kafka at ``rate`` for ``seconds``: produce (record timestamp) → consume and
+    schedule → consume percentiles (ms), a producer and a consumer in this process."""
+    topic = bench.new_topic()
+    producer = Producer(
+        {
+            "bootstrap.servers": bench.bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+        }
+    )
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bench.bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    joined = threading.Event()
+    consumer.subscribe([topic], on_assign=lambda c, p: joined.set())
+    total = int(rate * seconds)
+    due = [0.0] * total
+    produced: dict[int, float] = {}
+    received: dict[int, float] = {}
+    done = threading.Event()
+    padding = b"x" * (200 - 8)
+
+    def consume() -> None:
+        while len(received) < total and not done.is_set():
+            for message in consumer.consume(500, 0.05):
+                if message.error() is None:
+                    now = time.time()
+                    (i,) = struct.unpack_from("q", message.value() or b"")
+                    received[i] = now
+                    produced[i] = message.timestamp()[1] / 1000
+
+    while not joined.is_set():
+        consumer.poll(0.1)
+    reader = threading.Thread(target=consume)
+    reader.start()
+    lock = threading.Lock()
+
+    def send(i: int, due_at: float) -> None:
+        due[i] = due_at
+        with lock:
+            key = f"acc-{i % bench.keys}".encode()
+            producer.produce(topic, key=key, value=struct.pack("q", i) + padding)
+            producer.poll(0)
+
+    with cpu_window():
+        open_loop(rate, seconds, [send] * WRITERS)
+        producer.flush(30)
+        reader.join(60)
+    done.set()
+    consumer.close()
+    delete_topic(bench, topic)
+    warm = due[0] + WARMUP_SECONDS
+
+    def since(starts: dict[int, float]) -> list[float]:
+        return [
+            (received[i] - starts[i]) * 1000 for i in received if i in starts and due[i] >= warm
+        ]
+
+    return {
+        "produce_to_consume_ms": percentiles(since(produced)),
+        "schedule_to_consume_ms": percentiles(since(dict(enumerate(due)))),
+        "rate_per_second": round(rate, 1),
+    }
+
+
+def latency_cells(
+    bench: Bench, *, repetitions: int, seconds: float, drain_events: int
+) -> tuple[list[Cell], dict[str, Any]]:
+    """R4, R4-quiet and the raw-Kafka context cell; with the drain rates and every turn's
+    percentiles."""
+    prefix = f"r4-{uuid.uuid4().hex[:6]}."
+    [event_type] = outbox_rows(prefix, 1, keys=1)
+    topic = str(event_type["topic"])
+    admin = bench.admin()  # kept alive until the topic exists
+    admin.create_topics([NewTopic(topic, num_partitions=bench.partitions)])[topic].result(30)
+    create_effects_table(bench.engine)
+    with bench.engine.begin() as conn:
+        conn.execute(sa.text("TRUNCATE oncely_receipts, bench_effects"))
+    restage(bench, [])
+    env = {
+        "ONCELY_DATABASE_URL": bench.database_url,
+        "ONCELY_KAFKA_BOOTSTRAP_SERVERS": bench.bootstrap,
+        "ONCELY_BENCH_TOPIC_PREFIX": prefix,
+        "ONCELY_BENCH_GROUP_PREFIX": prefix,
+    }
+    runs: dict[str, list[dict[str, Any]]] = {HALF: [], QUIET: [], RAW: []}
+    argv = ["consume", "bench.effects_app:effects", "--effect", "apply"]
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(relay_processes(bench, 1))
+        [consumer] = stack.enter_context(processes(argv, 1, env))
+        wait_ready([consumer])
+        pipeline = Pipeline(bench, consumer, prefix)
+        pipeline.drain(1)  # the sentinel: both processes have run an event through
+        drains = [pipeline.drain(drain_events) for _ in range(3)]
+        drain = statistics.median(drains)
+
+        def turn(side: str) -> float:
+            rate = max(10.0, LOADS.get(side, LOADS[HALF]) * drain)
+            if side == RAW:
+                result = raw_latency(bench, rate, seconds)
+                runs[side].append(result)
+                return float(result["produce_to_consume_ms"]["p99"])
+            result = pipeline.latency(rate, seconds)
+            runs[side].append(result)
+            return float(result["commit_to_effect_ms"]["p99"])
+
+        sides: dict[str, Callable[[], float]] = {
+            side: functools.partial(turn, side) for side in (HALF, QUIET, RAW)
+        }
+        run = interleave(sides, repetitions=repetitions, warmup=False)
+    delete_topic(bench, topic)
+    common = (
+        f"relay and consumer as `oncely relay run` and `oncely consume` processes (defaults; "
+        f"consumer batch {ConsumerSettings().batch_size}), {WRITERS} writer threads in their own "
+        f"process (one row per transaction, own connection, prepared INSERT), open loop, "
+        f"{seconds:.0f} s per turn, events due in the first {WARMUP_SECONDS:.0f} s excluded; "
+        f"pipeline drain rate {drain:.0f} events/s (median of "
+        f"{', '.join(f'{d:.0f}' for d in drains)}; {drain_events} rows committed at once); "
+        "commit→effect = receipt applied_at (the consumer transaction's now()) - the writer's "
+        "clock after its commit; absolute ms, not a ratio"
+    )
+    cells = []
+    for name, side, target in (("R4", HALF, "< 25"), ("R4-quiet", QUIET, "< 15")):
+        turns = runs[side]
+        rate = turns[0]["rate_per_second"]
+
+        def med(key: str, pct: str, turns: list[dict[str, Any]] = turns) -> float:
+            return round(float(statistics.median(t[key][pct] for t in turns)), 1)
+
+        summary = (
+            "p50/p95/p99 "
+            + "/".join(str(med("commit_to_effect_ms", p)) for p in ("p50", "p95", "p99"))
+            + f" ms; writers' lag p99 {med('writer_lag_ms', 'p99')} ms"
+        )
+        cell = Cell(
+            name,
+            side,
+            [],
+            "ms",
+            target=target,
+            measures=f"commit-to-effect p99 (absolute ms) at {LOADS[side]:.0%} of the pipeline's "
+            f"drain rate ({rate:.0f}/s), relay and consumer as separate processes, writers in "
+            "their own process",
+            summary=summary,
+            notes=[common],
+        )
+        behind = [t for t in turns if t["achieved_rate_per_second"] < 0.9 * rate]
+        if behind:
+            cell.notes.append(
+                f"the writers fell behind the schedule in {len(behind)} of {len(turns)} turns "
+                "(achieved_rate_per_second, writer_lag_ms): the offered load was lower than planned"
+            )
+        if any(t["missing"] for t in turns):
+            cell.notes.append(
+                "events never applied within 120 s of the last write: "
+                + ", ".join(str(t["missing"]) for t in turns)
+            )
+        cell.take(run)
+        cells.append(cell)
+    raw_turns = runs[RAW]
+    context = Cell(
+        "R4 raw Kafka",
+        RAW,
+        [],
+        "ms",
+        target="(context)",
+        measures=f"context: raw Kafka produce-to-consume p99 (absolute ms) at R4's rate "
+        f"({raw_turns[0]['rate_per_second']:.0f}/s), no database, producer and consumer in "
+        "the bench process",
+        summary="p50/p95/p99 "
+        + "/".join(
+            str(round(statistics.median(t["produce_to_consume_ms"][p] for t in raw_turns), 1))
+            for p in ("p50", "p95", "p99")
+        )
+        + " ms",
+        notes=["acks=all, idempotent, linger.ms=5; consume(500, 0.05) on a reader thread"],
+    )
+    context.take(run)
+    cells.append(context)
+    details = {"drain_rates": [round(d, 1) for d in drains], "runs": runs}
+    return cells, details

@@ -1,0 +1,76 @@
+"""Open-loop outbox writers in a process of their own (R4, R4-quiet).
+
+``python -m bench.writers SPEC`` where ``SPEC`` is a JSON object: ``database_url``,
+``topic_prefix`` (the :mod:`bench.effects_app` app's), ``rate`` (events/s), ``seconds``,
+``writers`` (threads, each with its own autocommit connection and one prepared INSERT),
+``keys`` and ``out`` (a file path). It builds the rows (``credited`` events, Avro, ``keys``
+keys) and connects, prints ``ready``, waits for a line on stdin, then commits one row per
+transaction open loop (:func:`bench.harness.open_loop`: event ``i`` due at ``t0 + i / rate``)
+and writes to ``out`` a JSON object ``{"ids": [...], "due": [...], "committed": [...]}``: per
+event index, its event id, when it was due and when its commit returned (``time.time()``, the
+host clock the receipts' ``applied_at`` is compared with).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.effects_app import build_effects
+from bench.fixtures import outbox_writers
+from bench.harness import open_loop
+from oncely.schemas.codec import Codec
+
+
+def outbox_rows(topic_prefix: str, count: int, *, keys: int) -> list[dict[str, Any]]:
+    """``count`` outbox rows of the app's ``credited`` event over ``keys`` keys, as
+    ``stage()`` writes them (Avro value, content-type and schema-version headers)."""
+    app = build_effects(topic_prefix, "")
+    [event_type] = app.get("apply").event_types
+    codec = Codec(registry=app.registry)
+    rows = []
+    for i in range(count):
+        account = f"acc-{i % keys}"
+        value, headers = codec.encode(event_type.model(account=account, amount=i))
+        rows.append(
+            {
+                "id": uuid.uuid4(),
+                "aggregatetype": "account",
+                "aggregateid": account,
+                "type": "credited",
+                "topic": event_type.topic,
+                "payload": value,
+                "headers": headers,
+                "event_key": uuid.uuid4().hex,
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    rate, seconds = float(spec["rate"]), float(spec["seconds"])
+    rows = outbox_rows(spec["topic_prefix"], int(rate * seconds), keys=int(spec["keys"]))
+    with outbox_writers(spec["database_url"], rows, count=int(spec["writers"])) as writes:
+        print("ready", flush=True)
+        sys.stdin.readline()
+        open_loop(rate, seconds, writes.writers)
+    Path(spec["out"]).write_text(
+        json.dumps(
+            {
+                "ids": [str(row["id"]) for row in rows],
+                "due": writes.due,
+                "committed": writes.committed,
+            }
+        )
+    )
+    # Alive until told, so that the caller's CPU window counts this process.
+    print("done", flush=True)
+    sys.stdin.readline()
+
+
+if __name__ == "__main__":
+    main()
