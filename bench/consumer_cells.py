@@ -123,6 +123,19 @@ def _truncate(bench: Bench) -> None:
         conn.execute(sa.text("TRUNCATE oncely_receipts, bench_effects"))
 
 
+def _check_rows(bench: Bench, count: int, side: str) -> None:
+    """Raise unless the turn left exactly ``count`` receipts and ``count`` effect rows (a side
+    that wrote nothing, or twice, would measure the wrong thing)."""
+    with bench.engine.connect() as conn:
+        receipts, rows = conn.execute(
+            sa.text("SELECT (SELECT count(*) FROM oncely_receipts), count(*) FROM bench_effects")
+        ).one()
+    if (receipts, rows) != (count, count):
+        raise RuntimeError(
+            f"{side}: {receipts} receipts and {rows} effect rows after {count} records"
+        )
+
+
 def _joined_consumer(
     bench: Bench, effects: Effects, name: str, stop: threading.Event, settings: ConsumerSettings
 ) -> tuple[EffectConsumer, threading.Thread]:
@@ -176,6 +189,7 @@ def _oncely(
     finally:
         stop.set()
         thread.join(60)
+    _check_rows(bench, count, f"effect {name}")
     return count / elapsed
 
 
@@ -262,9 +276,11 @@ def _fair(bench: Bench, effects: Effects, topic: str, count: int) -> float:
     _truncate(bench)
     write, close = _same_rows(bench, effects)
     try:
-        return _raw(bench, topic, count, per_batch=write)
+        rate = _raw(bench, topic, count, per_batch=write)
     finally:
         close()
+    _check_rows(bench, count, "the raw consumer writing the same rows")
+    return rate
 
 
 def throughput_cells(bench: Bench, *, repetitions: int, count: int, cells: list[str]) -> list[Cell]:

@@ -53,11 +53,7 @@ def create_effects_table(engine: sa.Engine) -> None:
 
 
 def _write(ctx: EffectContext, values: dict[str, Any]) -> None:
-    insert = getattr(ctx, "insert", None)
-    if insert is None:  # TEMPORARY until ctx.insert lands on main
-        ctx.session.add(BenchEffect(**values))
-    else:
-        insert(BenchEffect, values)
+    ctx.insert(BenchEffect, values)
 
 
 def build_effects(topic_prefix: str, group_prefix: str) -> Effects:
