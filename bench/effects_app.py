@@ -45,10 +45,18 @@ class BenchEffect(_Base):
 
 
 def create_effects_table(engine: sa.Engine) -> None:
-    """``bench_effects (event_id uuid, amount int)``, no key and no index, if missing."""
+    """``bench_effects (event_id uuid, amount int, written_at timestamptz)``, no key and no
+    index, if missing. ``written_at`` defaults to ``clock_timestamp()``: when the row was
+    inserted (just before its transaction's commit, for ``ctx.insert`` rows)."""
     with engine.begin() as conn:
         conn.execute(
             sa.text("CREATE TABLE IF NOT EXISTS bench_effects (event_id uuid, amount int)")
+        )
+        conn.execute(
+            sa.text(
+                "ALTER TABLE bench_effects ADD COLUMN IF NOT EXISTS written_at timestamptz"
+                " NOT NULL DEFAULT clock_timestamp()"
+            )
         )
 
 

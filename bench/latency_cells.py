@@ -5,15 +5,17 @@ bench.effects_app:effects --effect apply`` process (the consumer's default setti
 once, ready, with one sentinel event through them. Then:
 
 1. **Drain rate**: ``drain_events`` outbox rows committed in one transaction; the rate is
-   rows / (last receipt's ``applied_at`` - the commit's time), median of 3.
+   rows / (the last effect row's ``written_at`` - the commit's time), median of 3.
 2. **Latency turns**, interleaved, 3 repetitions: open-loop single-row outbox transactions at
    50% (R4) and 10% (R4-quiet) of that drain rate, from ``WRITERS`` writer threads in a process
    of their own (:mod:`bench.writers`), each recording (event index, commit time). commit →
    effect is the receipt's ``applied_at`` minus the writer's clock right after its commit
    returned (one host, one clock; ``applied_at`` is the consumer transaction's ``now()``, so
-   the handler and the commit of that batch are not in it). Events due in the first
-   ``WARMUP_SECONDS`` are left out. schedule → effect and the writers' lag (commit - due) are
-   reported beside it, as R-DBZ p99 does, so a writer that fell behind shows.
+   the handler and the commit of that batch are not in it; the effect row's ``written_at``,
+   its ``clock_timestamp()`` at insert just before that commit, is reported beside it as
+   "effect row written"). Events due in the first ``WARMUP_SECONDS`` are left out.
+   schedule → effect and the writers' lag (commit - due) are reported beside it, as R-DBZ p99
+   does, so a writer that fell behind shows.
 3. **Raw Kafka** (context): a producer and a consumer in this process at R4's rate, the same
    keys, 200 B values: produce (record timestamp) → consume p99.
 
@@ -75,12 +77,14 @@ def latencies(
     applied: dict[int, float],
     *,
     warmup_seconds: float,
+    written: dict[int, float] | None = None,
 ) -> dict[str, Any]:
     """commit → effect, schedule → effect and writer-lag percentiles (ms) of the events due
-    after the first ``warmup_seconds``; ``applied`` maps an event index to its ``applied_at``
-    (epoch seconds). Events never applied are counted as ``missing``."""
+    after the first ``warmup_seconds``; ``applied`` maps an event index to its receipt's
+    ``applied_at``, ``written`` (optional) to its effect row's ``written_at`` (epoch seconds).
+    Events never applied are counted as ``missing``."""
     measured_from = due[0] + warmup_seconds
-    commit_ms, schedule_ms, lag_ms, missing = [], [], [], 0
+    commit_ms, schedule_ms, lag_ms, written_ms, missing = [], [], [], [], 0
     for i, (due_at, committed_at) in enumerate(zip(due, committed, strict=True)):
         if due_at < measured_from:
             continue
@@ -91,8 +95,11 @@ def latencies(
             continue
         commit_ms.append((done - committed_at) * 1000)
         schedule_ms.append((done - due_at) * 1000)
+        if written is not None and i in written:
+            written_ms.append((written[i] - committed_at) * 1000)
     return {
         "commit_to_effect_ms": percentiles(commit_ms),
+        "commit_to_row_written_ms": percentiles(written_ms),
         "schedule_to_effect_ms": percentiles(schedule_ms),
         "writer_lag_ms": percentiles(lag_ms),
         "achieved_rate_per_second": round(len(due) / max(1e-3, max(committed) - due[0]), 1),
@@ -132,11 +139,10 @@ class Pipeline:
         with cpu_window():
             self.wait_applied(before + count, timeout=600)
         with self.bench.engine.connect() as conn:
+            # The last effect row's insert time: the last batch's rows are written just
+            # before its commit (its receipts' applied_at is its transaction's start).
             last = conn.execute(
-                sa.text(
-                    "SELECT EXTRACT(EPOCH FROM max(applied_at)) FROM oncely_receipts"
-                    " WHERE effect = 'apply'"
-                )
+                sa.text("SELECT EXTRACT(EPOCH FROM max(written_at)) FROM bench_effects")
             ).scalar_one()
         return count / max(1e-3, float(last) - committed)
 
@@ -182,17 +188,26 @@ class Pipeline:
             writes = json.loads(out.read_text())
         index = {event_id: i for i, event_id in enumerate(writes["ids"])}
         applied: dict[int, float] = {}
+        written: dict[int, float] = {}
         with self.bench.engine.connect() as conn:
-            for event_id, done in conn.execute(
+            for event_id, done, row_written in conn.execute(
                 sa.text(
-                    "SELECT event_id::text, EXTRACT(EPOCH FROM applied_at) FROM oncely_receipts"
-                    " WHERE effect = 'apply' AND event_id = ANY(CAST(:ids AS uuid[]))"
+                    "SELECT r.event_id::text, EXTRACT(EPOCH FROM r.applied_at),"
+                    " EXTRACT(EPOCH FROM e.written_at)"
+                    " FROM oncely_receipts r LEFT JOIN bench_effects e USING (event_id)"
+                    " WHERE r.effect = 'apply' AND r.event_id = ANY(CAST(:ids AS uuid[]))"
                 ),
                 {"ids": writes["ids"]},
             ):
                 applied[index[event_id]] = float(done)
+                if row_written is not None:
+                    written[index[event_id]] = float(row_written)
         result = latencies(
-            writes["due"], writes["committed"], applied, warmup_seconds=WARMUP_SECONDS
+            writes["due"],
+            writes["committed"],
+            applied,
+            warmup_seconds=WARMUP_SECONDS,
+            written=written,
         )
         result["rate_per_second"] = round(rate, 1)
         return result
@@ -322,8 +337,9 @@ def latency_cells(
         f"{seconds:.0f} s per turn, events due in the first {WARMUP_SECONDS:.0f} s excluded; "
         f"pipeline drain rate {drain:.0f} events/s (median of "
         f"{', '.join(f'{d:.0f}' for d in drains)}; {drain_events} rows committed at once); "
-        "commit→effect = receipt applied_at (the consumer transaction's now()) - the writer's "
-        "clock after its commit; absolute ms, not a ratio"
+        "commit→effect = receipt applied_at (the consumer transaction's now(), its start) - the "
+        "writer's clock after its commit; 'effect row written' uses the row's clock_timestamp() "
+        "default instead (inserted just before the consumer's commit); absolute ms, not a ratio"
     )
     cells = []
     for name, side, target in (("R4", HALF, "< 25"), ("R4-quiet", QUIET, "< 15")):
@@ -336,7 +352,8 @@ def latency_cells(
         summary = (
             "p50/p95/p99 "
             + "/".join(str(med("commit_to_effect_ms", p)) for p in ("p50", "p95", "p99"))
-            + f" ms; writers' lag p99 {med('writer_lag_ms', 'p99')} ms"
+            + f" ms (effect row written: p99 {med('commit_to_row_written_ms', 'p99')} ms); "
+            f"writers' lag p99 {med('writer_lag_ms', 'p99')} ms"
         )
         cell = Cell(
             name,

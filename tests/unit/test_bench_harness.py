@@ -135,8 +135,10 @@ def test_commit_to_effect_leaves_out_the_warm_up_and_counts_the_missing() -> Non
     committed = [100.001, 100.502, 101.003, 101.504, 102.010]
     # Event 0 is in the warm-up second, event 4 was never applied.
     applied = {0: 100.5, 1: 100.512, 2: 101.013, 3: 101.524}
-    result = latencies(due, committed, applied, warmup_seconds=0.5)
+    written = {1: 100.532, 2: 101.033, 3: 101.544}
+    result = latencies(due, committed, applied, warmup_seconds=0.5, written=written)
     assert result["events_measured"] == 3 and result["missing"] == 1
+    assert result["commit_to_row_written_ms"]["p50"] == pytest.approx(30.0, abs=0.1)
     assert result["commit_to_effect_ms"]["p50"] == pytest.approx(10.0, abs=0.1)
     assert result["commit_to_effect_ms"]["max"] == pytest.approx(20.0, abs=0.1)
     assert result["schedule_to_effect_ms"]["max"] == pytest.approx(24.0, abs=0.1)
