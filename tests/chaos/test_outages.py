@@ -175,10 +175,11 @@ def test_s12_broker_down_for_a_minute_under_load_keeps_memory_bounded(
 ) -> None:
     with _own_broker(database_url, tmp_path) as (broker, chaos):
         relay = chaos.relay().start()
-        chaos.consumer().start()
+        consumer = chaos.consumer().start()
         chaos.write(200, keys=50, seed=1)
         chaos.wait_applied(200)  # the relay runs and publishes
         before = relay.rss_mb()
+        consumer_rss = [consumer.rss_mb()]
         broker.stop()
         outage = time.monotonic()
         stop = threading.Event()
@@ -188,6 +189,7 @@ def test_s12_broker_down_for_a_minute_under_load_keeps_memory_bounded(
             time.sleep(5)
             assert relay.alive(), chaos.logs()
             rss.append(relay.rss_mb())
+            consumer_rss.append(consumer.rss_mb())
             backlog.append(chaos.count("SELECT count(*) FROM oncely_outbox"))
         stop.set()
         writer.join(60)
@@ -195,7 +197,17 @@ def test_s12_broker_down_for_a_minute_under_load_keeps_memory_bounded(
         peak = relay.peak_rss_mb()
         broker.start()
         started = time.monotonic()
+        draining = threading.Event()
+
+        def sample_consumer() -> None:  # the consumer works through the outage's backlog
+            while not draining.wait(1.0):
+                consumer_rss.append(consumer.rss_mb())
+
+        sampler = threading.Thread(target=sample_consumer, daemon=True)
+        sampler.start()
         chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
+        draining.set()
+        sampler.join(5)
         after = relay.rss_mb()
         _report(
             "S12",
@@ -207,6 +219,8 @@ def test_s12_broker_down_for_a_minute_under_load_keeps_memory_bounded(
             relay_rss_mb_end_of_outage=int(end_of_outage),
             relay_rss_mb_after=int(after),
             relay_peak_rss_mb=int(peak),
+            consumer_rss_mb_samples=f"{int(min(consumer_rss))}-{int(max(consumer_rss))}",
+            consumer_peak_rss_mb=int(consumer.peak_rss_mb()),
         )
         # The relay holds at most max_in_flight records: the rows staged during the outage
         # stay in the outbox, not in its memory, however many delivery timeouts pass. Past the
