@@ -247,6 +247,7 @@ class EffectConsumer:
     def _recreate(self, now: float) -> None:
         """A new Kafka client in place of one that stopped rejoining; the old one is closed on
         a thread of its own (it holds no partitions, so nothing is left to commit)."""
+        self._finish_pending()  # its offsets go to the old client (refused if not assigned)
         stale = self._consumer
         self._consumer = Consumer(self._config)
         self._paused.clear()
