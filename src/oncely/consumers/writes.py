@@ -58,14 +58,22 @@ class Writes:
     """The rows of one transaction, by statement, in the order the statements were first used."""
 
     def __init__(self) -> None:
-        self._inserts: dict[_Statement, list[dict[str, Any]]] = {}
-        self._upserts: dict[_Statement, dict[tuple[Any, ...], dict[str, Any]]] = {}
-        self._order: list[_Statement] = []
-        self._checked: set[_Statement] = set()
+        # By (table as given, column names, conflict columns, updated columns): the statement
+        # and its rows (upserts: by conflict key), in the order the statements were first used.
+        self._inserts: dict[tuple[Any, ...], tuple[_Statement, list[dict[str, Any]]]] = {}
+        self._upserts: dict[
+            tuple[Any, ...], tuple[_Statement, dict[tuple[Any, ...], dict[str, Any]]]
+        ] = {}
+        self._order: list[tuple[_Statement, list[dict[str, Any]] | dict[Any, dict[str, Any]]]] = []
 
     def insert(self, table: TableLike, values: Mapping[str, Any]) -> None:
-        statement = self._statement(table, values, None, ())
-        self._inserts[statement].append(dict(values))
+        key: tuple[Any, ...] = (table, tuple(values))
+        found = self._inserts.get(key)
+        if found is None:
+            statement = _statement(key[0], key[1], None, ())
+            found = self._inserts[key] = (statement, [])
+            self._order.append(found)
+        found[1].append(dict(values))
 
     def upsert(
         self,
@@ -77,8 +85,13 @@ class Writes:
     ) -> None:
         keys = tuple(on)
         updated = tuple(update) if update is not None else tuple(c for c in values if c not in keys)
-        statement = self._statement(table, values, keys, updated)
-        rows = self._upserts[statement]
+        statement_key: tuple[Any, ...] = (table, tuple(values), keys, updated)
+        found = self._upserts.get(statement_key)
+        if found is None:
+            statement = _statement(*statement_key)
+            found = self._upserts[statement_key] = (statement, {})
+            self._order.append(found)
+        rows = found[1]
         key = tuple(values[name] for name in keys)
         earlier = rows.get(key)
         if earlier is None:
@@ -107,30 +120,18 @@ class Writes:
         self.clear()
 
     def _batches(self) -> Iterator[tuple[_Statement, list[dict[str, Any]]]]:
-        for statement in self._order:
-            if statement.on is None:
-                yield statement, self._inserts[statement]
-            else:
-                yield statement, list(self._upserts[statement].values())
+        for statement, rows in self._order:
+            yield statement, rows if isinstance(rows, list) else list(rows.values())
 
-    def _statement(
-        self,
-        table: TableLike,
-        values: Mapping[str, Any],
-        on: tuple[str, ...] | None,
-        update: tuple[str, ...],
-    ) -> _Statement:
-        statement = _Statement(_table_of(table), tuple(values), on, update)
-        if statement not in self._checked:
-            _check(statement)
-            self._checked.add(statement)
-        if statement not in self._inserts and statement not in self._upserts:
-            self._order.append(statement)
-            if on is None:
-                self._inserts[statement] = []
-            else:
-                self._upserts[statement] = {}
-        return statement
+
+@functools.lru_cache(maxsize=1024)
+def _statement(
+    table: TableLike, columns: tuple[str, ...], on: tuple[str, ...] | None, update: tuple[str, ...]
+) -> _Statement:
+    """The statement writing ``columns`` into ``table`` (a :data:`TableLike`), checked once."""
+    statement = _Statement(_table_of(table), columns, on, update)
+    _check(statement)
+    return statement
 
 
 def _table_of(table: TableLike) -> sa.Table:

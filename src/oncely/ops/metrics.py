@@ -123,7 +123,7 @@ class ConsumerMetrics:
         )
         self.handler_latency = Histogram(
             "oncely_consumer_handler_seconds",
-            "Handler run time.",
+            "Handler run time per applied batch (all of its new events), in seconds.",
             ["effect"],
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
             registry=r,
