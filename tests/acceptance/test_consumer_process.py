@@ -44,7 +44,7 @@ def engine(database_url: str) -> Iterator[sa.Engine]:
 @pytest.fixture
 def app(kafka_admin: Any) -> App:
     prefix = f"t{uuid.uuid4().hex[:10]}."
-    app = build(prefix, group_prefix=prefix)
+    app = build(prefix, group_prefix=prefix, ways=True)
     kafka_admin.create_topics([NewTopic(app.topic, num_partitions=2)])[app.topic].result(30)
     return app
 
@@ -139,12 +139,13 @@ def test_a_consumer_killed_between_db_commit_and_offset_commit_applies_once(
     assert scalar(engine, "SELECT count(*) FROM ledger") == 50, "no effect applied twice"
 
 
+@pytest.mark.parametrize("effect", ["ledger", "ledger.batch", "ledger.async"])
 def test_replay_to_earliest_rereads_everything_and_applies_nothing_new(
-    app: App, engine: sa.Engine, database_url: str, kafka_bootstrap: str
+    app: App, engine: sa.Engine, database_url: str, kafka_bootstrap: str, effect: str
 ) -> None:
     publish_events(kafka_bootstrap, Codec(registry=app.registry), _credits(app, 1000))
-    with running_consumers(app.effects, ["ledger"], engine, kafka_bootstrap) as [consumer]:
-        wait_until(lambda: _receipts(engine, "ledger") == 1000, timeout=90)
+    with running_consumers(app.effects, [effect], engine, kafka_bootstrap) as [consumer]:
+        wait_until(lambda: _receipts(engine, effect) == 1000, timeout=90)
     command = [
         sys.executable,
         "-m",
@@ -153,7 +154,7 @@ def test_replay_to_earliest_rereads_everything_and_applies_nothing_new(
         "--app",
         "tests.apps.ledger:effects",
         "--effect",
-        "ledger",
+        effect,
         "--to-earliest",
         "--bootstrap-servers",
         kafka_bootstrap,
@@ -172,12 +173,12 @@ def test_replay_to_earliest_rereads_everything_and_applies_nothing_new(
     assert done.returncode == 0, done.stderr
     assert "1000 record(s) will be re-read" in done.stdout
 
-    with running_consumers(app.effects, ["ledger"], engine, kafka_bootstrap) as [consumer]:
+    with running_consumers(app.effects, [effect], engine, kafka_bootstrap) as [consumer]:
         wait_until(
             lambda: (
                 (
                     consumer.metrics.registry.get_sample_value(
-                        "oncely_consumer_duplicates_suppressed_total", {"effect": "ledger"}
+                        "oncely_consumer_duplicates_suppressed_total", {"effect": effect}
                     )
                     or 0
                 )
@@ -195,7 +196,9 @@ def test_replay_to_earliest_rereads_everything_and_applies_nothing_new(
         )
     assert refused.returncode == 2
     assert "active member" in refused.stderr
-    assert scalar(engine, "SELECT count(*) FROM ledger") == 1000, "nothing applied twice"
+    assert scalar(engine, "SELECT count(*) FROM ledger WHERE effect = :e", e=effect) == 1000, (
+        "nothing applied twice"
+    )
 
 
 def test_replay_from_outbox_republishes_with_the_same_ids(

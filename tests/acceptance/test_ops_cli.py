@@ -43,7 +43,7 @@ def engine(database_url: str) -> Iterator[sa.Engine]:
 @pytest.fixture
 def app(kafka_admin: AdminClient) -> Iterator[App]:
     prefix = f"t{uuid.uuid4().hex[:10]}."
-    app = build(prefix, group_prefix=prefix)
+    app = build(prefix, group_prefix=prefix, ways=True)  # as tests.apps.ledger:effects
     kafka_admin.create_topics([NewTopic(app.topic, num_partitions=2)])[app.topic].result(30)
     yield app
     kafka_admin.delete_topics([app.topic])[app.topic].result(30)
@@ -156,7 +156,7 @@ def test_status_json_of_a_small_deployment(
                 "dlq": 0,
                 "duplicates_suppressed": None,
             }
-            for name in ["audit", "email", "ledger", "notify", "strict"]
+            for name in app.effects.names()
         ],
         "tasks": dict.fromkeys(
             ["queued", "leased", "completed", "dead", "failed", "stale", "expired"], 0

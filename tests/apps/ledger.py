@@ -5,10 +5,10 @@
 subprocesses (``oncely consume tests.apps.ledger:effects ...``). The ledger table has no
 unique constraint of its own: a broken receipt would show up as a duplicate row.
 
-Each effect comes in the ways a handler can write: ``ledger`` through ``ctx.session``,
-``ledger.insert`` through ``ctx.insert`` (written once per batch), ``ledger.batch`` as a
-``batch=True`` handler, ``ledger.async`` as an ``async def`` handler on an ``AsyncSession``; the
-same for ``notify``.
+``ledger`` writes through ``ctx.session`` and ``audit`` through ``ctx.insert``. With ``ways``
+(and in the module-level app), ``ledger`` and ``notify`` also come in every other way a handler
+can write: ``.insert`` through ``ctx.insert`` (written once per batch), ``.batch`` as a
+``batch=True`` handler, ``.async`` as an ``async def`` handler on an ``AsyncSession``.
 """
 
 from __future__ import annotations
@@ -127,7 +127,9 @@ def _email(event: Any, ctx: EffectContext) -> None:
     ctx.enqueue_task("email.send", {"to": event.account_id, "amount": event.amount})
 
 
-def build(topic_prefix: str, group_prefix: str = "") -> App:
+def build(topic_prefix: str, group_prefix: str = "", *, ways: bool = False) -> App:
+    """The app on ``<topic_prefix>account.credited``; with ``ways``, also the ``.insert``,
+    ``.batch`` and ``.async`` variants of ``ledger`` and ``notify``."""
     registry = Registry(topic_prefix=topic_prefix)
     model = type("AccountCredited", (AccountCredited,), {"__module__": __name__})
     registry.register(model, name="account.credited", key="account_id", aggregate="account")
@@ -136,14 +138,15 @@ def build(topic_prefix: str, group_prefix: str = "") -> App:
     patient = FailurePolicy(max_attempts=200, initial_backoff_seconds=0.1, max_backoff_seconds=0.2)
     blocking = FailurePolicy(max_attempts=2, initial_backoff_seconds=0.1, then="block")
     effects.effect("ledger", on=[model], failure=quick)(_post)
-    effects.effect("ledger.insert", on=[model], failure=quick)(_post_insert)
-    effects.effect("ledger.batch", on=[model], failure=quick, batch=True)(_post_batch)
-    effects.effect("ledger.async", on=[model], failure=quick)(_post_async)
     effects.effect("audit", on=[model], failure=quick)(_post_insert)
     effects.effect("notify", on=[model], failure=patient)(_notify)
-    effects.effect("notify.insert", on=[model], failure=patient)(_notify_insert)
-    effects.effect("notify.batch", on=[model], failure=patient, batch=True)(_notify_batch)
-    effects.effect("notify.async", on=[model], failure=patient)(_notify_async)
+    if ways:
+        effects.effect("ledger.insert", on=[model], failure=quick)(_post_insert)
+        effects.effect("ledger.batch", on=[model], failure=quick, batch=True)(_post_batch)
+        effects.effect("ledger.async", on=[model], failure=quick)(_post_async)
+        effects.effect("notify.insert", on=[model], failure=patient)(_notify_insert)
+        effects.effect("notify.batch", on=[model], failure=patient, batch=True)(_notify_batch)
+        effects.effect("notify.async", on=[model], failure=patient)(_notify_async)
     effects.effect("email", on=[model], failure=quick)(_email)
     effects.effect("strict", on=[model], failure=blocking)(_post)
     return App(registry, effects, model)
@@ -152,5 +155,6 @@ def build(topic_prefix: str, group_prefix: str = "") -> App:
 _app = build(
     os.environ.get("ONCELY_TEST_TOPIC_PREFIX", "ledger-test."),
     os.environ.get("ONCELY_TEST_GROUP_PREFIX", ""),
+    ways=True,
 )
 registry, effects = _app.registry, _app.effects

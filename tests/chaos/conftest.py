@@ -17,7 +17,7 @@ from tests.chaos.harness import Pipeline, pipeline, unique_prefix
 @pytest.fixture
 def app(kafka_admin: Any) -> App:
     prefix = unique_prefix()
-    app = build(prefix, group_prefix=prefix)
+    app = build(prefix, group_prefix=prefix, ways=True)
     kafka_admin.create_topics([NewTopic(app.topic, num_partitions=3)])[app.topic].result(30)
     return app
 

@@ -36,7 +36,7 @@ def engine(database_url: str) -> Iterator[sa.Engine]:
 @pytest.fixture
 def app(kafka_admin: Any) -> App:
     prefix = f"t{uuid.uuid4().hex[:10]}."
-    app = build(prefix, group_prefix=prefix)
+    app = build(prefix, group_prefix=prefix, ways=True)
     kafka_admin.create_topics([NewTopic(app.topic, num_partitions=1)])[app.topic].result(30)
     return app
 
