@@ -214,6 +214,9 @@ def test_s3_a_zombie_relay_cannot_overwrite_the_new_owner(chaos: Pipeline, when:
     else:
         env["ONCELY_FAILPOINTS"] = "relay.after_record_before_commit=stop-after:20"
     zombie = chaos.relay("zombie", metrics=True).start(**env)
+    # Under load from its first row: a relay that leased its shards only after a quick writer
+    # was done would drain the backlog in a few recordings and never reach its failpoint.
+    wait_until(lambda: _zombie_shards(chaos) > 0, timeout=60)
     writer = chaos.write_in_background(1000, keys=20)
     if when == "at-random":
         wait_until(lambda: zombie.published() > 0, timeout=60, interval=0.05)
