@@ -21,6 +21,7 @@ lint: install
 	$(BIN)/ruff check src tests examples bench tools
 	$(BIN)/ruff format --check src tests examples bench tools
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/oncely schemas check --registry examples.payments.events:registry --dir schemas
 
 format: install

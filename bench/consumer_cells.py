@@ -49,7 +49,7 @@ from bench.harness import Cell, cpu_window, interleave
 from oncely.consumers.effects import Effects
 from oncely.consumers.runner import EffectConsumer
 from oncely.consumers.service import build_consumers
-from oncely.ops.metrics import ConsumerMetrics
+from oncely.runtime.metrics import ConsumerMetrics
 from oncely.schemas.codec import Codec
 from oncely.settings import ConsumerSettings, KafkaSettings
 from oncely.testing.services import libpq_dsn

@@ -28,8 +28,8 @@ from psycopg.types.json import Jsonb
 
 from bench.harness import cpu_window, open_loop
 from oncely.devstack._process import free_port
-from oncely.ops.metrics import RelayMetrics
 from oncely.relay import build_relay
+from oncely.runtime.metrics import RelayMetrics
 from oncely.settings import KafkaSettings, RelaySettings
 from oncely.storage import outbox
 from oncely.testing.services import libpq_dsn

@@ -15,8 +15,8 @@ import psycopg
 import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 
-from oncely.ops.metrics import RelayMetrics
 from oncely.relay import Relay, build_relay
+from oncely.runtime.metrics import RelayMetrics
 from oncely.settings import KafkaSettings, RelaySettings
 from oncely.storage import outbox
 
@@ -222,7 +222,7 @@ def running_consumers(
     ``settings`` are more :class:`~oncely.settings.ConsumerSettings` fields."""
     from oncely.consumers.effects import Effects
     from oncely.consumers.service import build_consumers
-    from oncely.ops.metrics import ConsumerMetrics
+    from oncely.runtime.metrics import ConsumerMetrics
     from oncely.settings import ConsumerSettings
 
     assert isinstance(effects, Effects)

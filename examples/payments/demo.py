@@ -51,9 +51,9 @@ from examples.payments.service import TransferService
 from oncely.consumers.replay import Earliest, execute_reset, plan_reset
 from oncely.devstack._process import free_port
 from oncely.ops.verify import verify_window
-from oncely.relay.topics import ensure_topics, planned_topics
 from oncely.settings import TopicSettings
 from oncely.storage import upgrade
+from oncely.topics import ensure_topics, planned_topics
 
 EFFECTS = ("send-receipt", "ledger-projection")
 MEASURED = "ledger-projection"  # the effect whose commit-to-effect trips the figures count

@@ -7,7 +7,6 @@ from oncely.consumers.effects import (
     Effects,
     FailurePolicy,
 )
-from oncely.consumers.tasks import LeaseLost, Task, Tasks, TaskWorker, enqueue_task
 from oncely.consumers.writes import WriteError
 from oncely.errors import ConfigurationError, OncelyError
 from oncely.events import EventType, Registry, RegistryError, UnknownEventTypeError
@@ -35,6 +34,7 @@ from oncely.schemas.compatibility import CompatibilityMode
 from oncely.schemas.errors import DecodeError, DecodeFailure, EncodeError
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import StageLimits
+from oncely.tasks import LeaseLost, Task, Tasks, TaskWorker, enqueue_task
 
 __all__ = [
     "AsyncDurableCommand",

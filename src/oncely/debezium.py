@@ -49,6 +49,7 @@ from sqlalchemy.engine import make_url
 from oncely.errors import ConfigurationError, OncelyError
 from oncely.storage.queries import query
 from oncely.storage.tables import validate_schema_name
+from oncely.wire import EVENT_TYPE_HEADER
 
 OUTBOX_TABLE = "oncely_outbox"
 CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
@@ -239,7 +240,7 @@ def connector_config(options: ConnectorOptions) -> dict[str, str]:
         "transforms.outbox.table.field.event.id": "id",
         "transforms.outbox.table.field.event.key": "aggregateid",
         "transforms.outbox.table.field.event.payload": "payload",
-        "transforms.outbox.table.fields.additional.placement": "type:header:eventType",
+        "transforms.outbox.table.fields.additional.placement": f"type:header:{EVENT_TYPE_HEADER}",
         "transforms.outbox.route.by.field": "topic",
         "transforms.outbox.route.topic.regex": options.route_regex,
         "transforms.outbox.route.topic.replacement": options.topic_prefix + ROUTED_BY_VALUE,

@@ -14,6 +14,17 @@ class OncelyError(Exception):
         super().__init__(message or (self.__doc__ or "").strip())
 
 
+#: The most characters of an error's text oncely stores (a DLQ header, a dead row, a task).
+MAX_ERROR_TEXT = 4000
+
+
+def error_text(error: BaseException | str) -> str:
+    """``Type: message`` of an error (or the text as is), cut to :data:`MAX_ERROR_TEXT`
+    characters: how oncely stores an error's text."""
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    return text[:MAX_ERROR_TEXT]
+
+
 class ConfigurationError(OncelyError):
     """oncely is configured wrongly."""
 

@@ -12,7 +12,7 @@ import time
 
 import sqlalchemy as sa
 
-from oncely.consumers.tasks import Task, Tasks
+from oncely.tasks import Task, Tasks
 
 tasks = Tasks()
 _engines: dict[str, sa.Engine] = {}

@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from oncely.consumers.tasks import enqueue_task
+from oncely.tasks import enqueue_task
 
 pytestmark = pytest.mark.acceptance
 
@@ -200,7 +200,7 @@ def test_the_worker_refuses_to_start_without_a_handler(
 
 
 def test_bad_targets_and_arguments_exit_2_and_unknown_tasks_exit_1(database_url: str) -> None:
-    not_an_app = _cli(database_url, "run", "oncely.consumers.tasks:TaskWorker")
+    not_an_app = _cli(database_url, "run", "oncely.tasks:TaskWorker")
     assert (not_an_app.returncode, "not a Tasks app" in not_an_app.stderr) == (2, True)
     missing = _cli(database_url, "run", "no_such_module:tasks")
     assert (missing.returncode, "cannot import module" in missing.stderr) == (2, True)

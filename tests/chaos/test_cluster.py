@@ -41,8 +41,8 @@ import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient
 
 from oncely.devstack import KafkaCluster
-from oncely.relay.topics import ensure_topics, planned_topics
 from oncely.settings import TopicSettings
+from oncely.topics import ensure_topics, planned_topics
 from tests.apps.ledger import build, create_tables
 from tests.chaos.harness import Pipeline, Proc, pipeline, unique_prefix
 from tests.chaos.ledger import check

@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from oncely.consumers.runner import EffectConsumer
 from oncely.devstack import KafkaNode
-from oncely.ops.http import HealthServer
+from oncely.runtime.http import HealthServer
 from oncely.schemas.codec import Codec
 from tests.apps.ledger import App, build, create_tables
 from tests.helpers import publish_events, running_consumers, scalar, wait_until

@@ -30,7 +30,7 @@ from oncely.consumers.dlq import DeadLetterError
 from oncely.consumers.effects import EffectContext, Effects
 from oncely.consumers.service import build_consumers
 from oncely.events import Registry
-from oncely.ops.metrics import ConsumerMetrics
+from oncely.runtime.metrics import ConsumerMetrics
 from oncely.settings import ConsumerSettings, KafkaSettings, TopicSettings
 from tests.integration.test_topics_ensure import create_topic, delete_topics
 

@@ -39,8 +39,8 @@ from oncely.debezium import (
 )
 from oncely.devstack.connect import ConnectNode
 from oncely.events import Encoding, Registry
-from oncely.ops.metrics import ConsumerMetrics
 from oncely.producer.staging import stage_many
+from oncely.runtime.metrics import ConsumerMetrics
 from oncely.schemas.codec import Codec
 from oncely.settings import ConsumerSettings, KafkaSettings
 from tests.helpers import (

@@ -50,15 +50,15 @@ from sqlalchemy.orm import Session
 import oncely
 from oncely import debezium
 from oncely.consumers.receipts import preview_receipts, purge_receipts
-from oncely.consumers.tasks import TaskStore
 from oncely.ops.republish import plan_republish, republish
 from oncely.ops.status import collect_status
 from oncely.ops.verify import verify_window
 from oncely.relay import dead
 from oncely.relay.publisher import Publisher
 from oncely.relay.store import RelayStore
-from oncely.relay.topics import ensure_topics, planned_topics
 from oncely.settings import TopicSettings
+from oncely.tasks import TaskStore
+from oncely.topics import ensure_topics, planned_topics
 from tests.helpers import (
     count_published,
     fast_settings,

@@ -14,8 +14,6 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session, registry
 
-from oncely.consumers.tasks import LeaseLost, Task, TaskError, Tasks, TaskStore, TaskWorker
-from oncely.consumers.tasks.rules import NOT_CONFIRMED, Backoff
 from oncely.producer.commands import (
     AsyncDurableCommand,
     DurableCommand,
@@ -24,6 +22,8 @@ from oncely.producer.commands import (
     TaskEffect,
 )
 from oncely.storage import DuplicateTaskKeyError
+from oncely.tasks import LeaseLost, Task, TaskError, Tasks, TaskStore, TaskWorker
+from oncely.tasks.rules import NOT_CONFIRMED, Backoff
 
 pytestmark = pytest.mark.integration
 

@@ -25,12 +25,12 @@ from sqlalchemy.orm import Session
 
 from oncely.consumers.dlq import DeadLetters
 from oncely.consumers.runner import EffectConsumer
-from oncely.ops.metrics import ConsumerMetrics, RelayMetrics
 from oncely.producer.staging import stage
 from oncely.relay.publisher import Publisher
 from oncely.relay.relay import Relay
 from oncely.relay.service import producer_config
 from oncely.relay.store import RelayStore
+from oncely.runtime.metrics import ConsumerMetrics, RelayMetrics
 from oncely.schemas.codec import Codec
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import ConsumerSettings, KafkaSettings

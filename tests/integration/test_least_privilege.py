@@ -23,7 +23,6 @@ from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
 from oncely.cli import app as cli
-from oncely.consumers.tasks.enqueue import enqueue_task
 from oncely.ops.republish import republish
 from oncely.ops.status import collect_status
 from oncely.ops.verify import verify_window
@@ -32,6 +31,7 @@ from oncely.producer.staging import stage
 from oncely.relay import dead
 from oncely.relay.publisher import Publisher
 from oncely.relay.store import RelayStore
+from oncely.tasks.enqueue import enqueue_task
 from tests.apps.ledger import build, create_tables
 from tests.helpers import (
     count_published,

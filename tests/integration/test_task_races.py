@@ -11,8 +11,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from oncely.consumers.tasks import Task, Tasks, TaskWorker, enqueue_task
 from oncely.producer.commands import DurableCommand, PostCommitResult, TaskEffect
+from oncely.tasks import Task, Tasks, TaskWorker, enqueue_task
 
 pytestmark = pytest.mark.integration
 

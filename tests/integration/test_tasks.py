@@ -18,7 +18,9 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from oncely.consumers.tasks import (
+from oncely.errors import ConfigurationError
+from oncely.storage import DuplicateTaskKeyError
+from oncely.tasks import (
     LeaseLost,
     MissingHandlerError,
     NotReclaimable,
@@ -30,9 +32,7 @@ from oncely.consumers.tasks import (
     TaskWorker,
     enqueue_task,
 )
-from oncely.consumers.tasks.rules import NOT_CONFIRMED
-from oncely.errors import ConfigurationError
-from oncely.storage import DuplicateTaskKeyError
+from oncely.tasks.rules import NOT_CONFIRMED
 from oncely.testing.services import libpq_dsn
 
 pytestmark = pytest.mark.integration

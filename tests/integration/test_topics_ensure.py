@@ -21,8 +21,8 @@ from typer.testing import CliRunner, Result
 
 from oncely.cli.topics import ensure
 from oncely.events import Registry
-from oncely.relay.topics import TopicSpec, ensure_topics, planned_topics
 from oncely.settings import TopicSettings
+from oncely.topics import TopicSpec, ensure_topics, planned_topics
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration

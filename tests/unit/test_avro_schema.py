@@ -14,8 +14,7 @@ import fastavro
 import pytest
 from pydantic import AwareDatetime, BaseModel, Field, condecimal
 
-from oncely.schemas.avro import avro_namespace, event_schema, record_name
-from oncely.schemas.errors import SchemaDerivationError
+from oncely.events.avro import SchemaDerivationError, avro_namespace, event_schema, record_name
 
 Money = Annotated[Decimal, Field(max_digits=18, decimal_places=2)]
 

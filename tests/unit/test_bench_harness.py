@@ -15,8 +15,8 @@ from bench.harness import Cell, Target, _take_idle, cpu_window, interleave, scal
 from bench.latency_cells import latencies
 
 from oncely.devstack._process import free_port
-from oncely.ops.http import HealthServer
-from oncely.ops.metrics import ConsumerMetrics
+from oncely.runtime.http import HealthServer
+from oncely.runtime.metrics import ConsumerMetrics
 
 
 def test_target_met_in_its_direction() -> None:

@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from oncely.events import Registry
-from oncely.schemas.canonical import dump_avsc, fingerprint
+from oncely.events.canonical import dump_avsc, fingerprint
 from oncely.schemas.catalog import ExportOutcome, SchemaCatalog, SchemaEntry, export_schemas
 from oncely.schemas.errors import CatalogError
 

@@ -13,8 +13,8 @@ from oncely.devstack.cluster import KafkaCluster
 from oncely.devstack.kafka import KafkaNodeConfig
 from oncely.errors import ConfigurationError, DevstackError
 from oncely.events import Registry
-from oncely.relay.topics import TopicSpec, dead_letter_topics, differences, planned_topics
 from oncely.settings import TopicLayout, TopicSettings
+from oncely.topics import TopicSpec, dead_letter_topics, differences, planned_topics
 
 
 class Opened(BaseModel):

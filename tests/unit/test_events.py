@@ -22,7 +22,7 @@ from oncely.events import (
     UnknownEventTypeError,
     validate_topic_name,
 )
-from oncely.schemas.errors import SchemaDerivationError
+from oncely.events.avro import SchemaDerivationError
 
 
 class Added(BaseModel):

@@ -279,7 +279,7 @@ def test_each_component_lists_exactly_the_statements_its_code_runs() -> None:
     )
     operator_only = {"task_reclaim", "task_get", "task_list"}
     assert set(COMPONENTS["task_worker"].statements) == (
-        _statements_named_in([SRC / "consumers/tasks/store.py"]) - operator_only
+        _statements_named_in([SRC / "tasks/store.py"]) - operator_only
     )
     operator_modules = ["ops/status.py", "ops/verify.py", "ops/republish.py", "relay/dead.py"]
     assert set(COMPONENTS["operator"].statements) == (

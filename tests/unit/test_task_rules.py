@@ -6,18 +6,16 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from oncely.consumers.tasks import MissingHandlerError, Task, Tasks
-from oncely.consumers.tasks.rules import (
-    MAX_ERROR_CHARS,
+from oncely.errors import MAX_ERROR_TEXT, ConfigurationError, error_text
+from oncely.tasks import MissingHandlerError, Task, Tasks
+from oncely.tasks.rules import (
     Backoff,
     FailureDecision,
     after_failure,
     after_lease_expiry,
     default_task_key,
-    error_text,
     iso_z,
 )
-from oncely.errors import ConfigurationError
 
 
 @pytest.mark.parametrize(
@@ -83,7 +81,7 @@ def test_a_retry_safe_task_leased_max_attempts_times_fails() -> None:
 
 def test_error_text_names_the_type_and_is_cut_to_4000_characters() -> None:
     assert error_text(ValueError("bad")) == "ValueError: bad"
-    assert error_text("x" * 5000) == "x" * MAX_ERROR_CHARS
+    assert error_text("x" * 5000) == "x" * MAX_ERROR_TEXT
 
 
 def test_the_default_key_is_the_name_and_a_hash_of_the_canonical_payload() -> None:

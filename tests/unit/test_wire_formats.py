@@ -15,9 +15,9 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from pydantic import BaseModel
 
 from oncely.events import Registry
+from oncely.events.avro import event_schema
+from oncely.events.canonical import canonical_form, dump_avsc, fingerprint
 from oncely.schemas import single_object
-from oncely.schemas.avro import event_schema
-from oncely.schemas.canonical import canonical_form, dump_avsc, fingerprint
 from oncely.schemas.codec import Codec
 from oncely.schemas.confluent import schema_id
 from oncely.schemas.errors import DecodeError, DecodeFailure

@@ -16,7 +16,7 @@ from oncely.consumers.dlq import DeadLetterError
 from oncely.consumers.effects import Effects
 from oncely.consumers.service import run_consumers
 from oncely.errors import ConfigurationError
-from oncely.ops.logs import configure_logging
+from oncely.runtime.logs import configure_logging
 from oncely.schemas.loader import codec_for
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import ConsumerSettings, KafkaSettings, SchemaSettings

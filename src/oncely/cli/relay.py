@@ -16,9 +16,9 @@ from oncely.cli._options import (
     settings_epilog,
 )
 from oncely.cli._output import err, out, print_dry_run
-from oncely.ops.logs import configure_logging
 from oncely.relay.service import run_relay
 from oncely.relay.store import RelayStore
+from oncely.runtime.logs import configure_logging
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import KafkaSettings, RelaySettings
 

@@ -21,18 +21,18 @@ from rich.table import Table
 from oncely.cli._imports import load_object
 from oncely.cli._options import DatabaseUrl, ExecuteNamed, parse_duration
 from oncely.cli._output import err, out, print_dry_run
-from oncely.consumers.tasks import (
+from oncely.errors import ConfigurationError
+from oncely.runtime.logs import configure_logging
+from oncely.storage.tables import TASK_STATUSES
+from oncely.tasks import (
     Backoff,
     MissingHandlerError,
     Tasks,
     TaskStore,
     TaskWorker,
 )
-from oncely.consumers.tasks.errors import TaskError
-from oncely.consumers.tasks.rules import iso_z
-from oncely.errors import ConfigurationError
-from oncely.ops.logs import configure_logging
-from oncely.storage.tables import TASK_STATUSES
+from oncely.tasks.errors import TaskError
+from oncely.tasks.rules import iso_z
 
 app = typer.Typer(
     help="Run durable tasks (emails, webhooks, API calls) and manage stale and dead ones.",

@@ -14,8 +14,8 @@ from oncely.cli._options import BootstrapServers
 from oncely.cli._output import err, out
 from oncely.errors import ConfigurationError
 from oncely.events import Registry
-from oncely.relay.topics import ensure_topics, planned_topics
 from oncely.settings import KafkaSettings, TopicSettings
+from oncely.topics import ensure_topics, planned_topics
 
 app = typer.Typer(help="Provision Kafka topics for the registered event types.")
 

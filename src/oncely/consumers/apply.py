@@ -41,8 +41,8 @@ from sqlalchemy.util import await_
 from oncely.consumers.effects import Effect, EffectContext, EffectDeclarationError, handler_name
 from oncely.consumers.records import Decoded, Envelope, Undecodable, decode_event
 from oncely.consumers.writes import Writes
-from oncely.ops.failpoints import failpoint
-from oncely.ops.metrics import ConsumerMetrics
+from oncely.runtime.failpoints import failpoint
+from oncely.runtime.metrics import ConsumerMetrics
 from oncely.schemas.codec import Codec
 from oncely.schemas.errors import DecodeFailure
 from oncely.storage.queries import query

@@ -25,36 +25,18 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from oncely.errors import OncelyError
-from oncely.relay.topics import TopicSpec, ensure_topics
 from oncely.security import AuthWatch, wait_for_metadata
+from oncely.topics import TopicSpec, ensure_topics
+from oncely.wire import DLQ_HEADER_PREFIX
 
 log = logging.getLogger(__name__)
 
-_MAX_MESSAGE = 4000
 _MAX_KEPT_KEY = 1024
 _TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 
 
 class DeadLetterError(OncelyError):
     """The record could not be written to its dead-letter topic."""
-
-
-def dlq_headers(
-    message: Message, *, effect: str, reason: str, error_class: str, error: str, attempts: int
-) -> list[tuple[str, str | bytes | None]]:
-    raw = message.headers() or []
-    original = list(raw.items() if isinstance(raw, dict) else raw)
-    return [
-        *original,
-        ("oncely.dlq.reason", reason),
-        ("oncely.dlq.error.class", error_class),
-        ("oncely.dlq.error.message", error[:_MAX_MESSAGE]),
-        ("oncely.dlq.attempts", str(attempts)),
-        ("oncely.dlq.effect", effect),
-        ("oncely.dlq.original.topic", message.topic() or ""),
-        ("oncely.dlq.original.partition", str(message.partition())),
-        ("oncely.dlq.original.offset", str(message.offset())),
-    ]
 
 
 class DeadLetters:
@@ -71,7 +53,7 @@ class DeadLetters:
         self, topics: Sequence[TopicSpec], *, until: threading.Event | None = None
     ) -> None:
         """Create missing DLQ topics as declared (``dead_letter_topics`` of
-        :mod:`oncely.relay.topics`), through the same provisioning as ``oncely topics ensure``;
+        :mod:`oncely.topics`), through the same provisioning as ``oncely topics ensure``;
         log existing ones weaker than declared as warnings (it never alters them).
 
         Raises :class:`~oncely.security.KafkaAuthenticationError` (within about a second) when
@@ -121,15 +103,15 @@ class DeadLetters:
         if error is not None and error.code() in _TOO_LARGE:
             key = message.key()
             value = message.value()
-            own = [(name, text) for name, text in headers if name.startswith("oncely.dlq.")]
+            own = [(name, text) for name, text in headers if name.startswith(DLQ_HEADER_PREFIX)]
             error = self._send(
                 topic,
                 key if key is None or len(key) <= _MAX_KEPT_KEY else None,
                 None,
                 [
                     *own,
-                    ("oncely.dlq.truncated", "true"),
-                    ("oncely.dlq.original.value.bytes", str(len(value or b""))),
+                    (f"{DLQ_HEADER_PREFIX}truncated", "true"),
+                    (f"{DLQ_HEADER_PREFIX}original.value.bytes", str(len(value or b""))),
                 ],
             )
         if error is not None:

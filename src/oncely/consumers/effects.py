@@ -37,11 +37,12 @@ from sqlalchemy.orm import Session
 from typing_extensions import TypeVar
 
 from oncely.consumers.records import Envelope
-from oncely.consumers.tasks.enqueue import enqueue_task
-from oncely.consumers.tasks.model import QueuedTask
 from oncely.consumers.writes import TableLike, Writes
 from oncely.errors import ConfigurationError
 from oncely.events import EventType, Registry
+from oncely.tasks.enqueue import enqueue_task
+from oncely.tasks.model import QueuedTask
+from oncely.wire import dlq_topic
 
 _EFFECT_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,99}")
 
@@ -216,7 +217,7 @@ class Effect:
         return sorted({t.topic for t in self.event_types})
 
     def dlq_topic(self, topic: str) -> str:
-        return f"{topic}.{self.name}.dlq"
+        return dlq_topic(topic, self.name)
 
 
 class Effects:

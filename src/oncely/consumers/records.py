@@ -1,9 +1,9 @@
 """Turning a consumed Kafka record into (event id, event), or the reason it cannot be applied.
 
-Records from oncely's relay and from Debezium's Outbox Event Router look the same to this
-module: the event id is the ``id`` header (36-character UUID text), the event type comes from
-the topic's registered type (the ``eventType`` header must agree when present), and the value
-is decoded by the codec. :func:`read_envelope` reads everything but the value, so that a
+Records from oncely's relay and from Debezium's Outbox Event Router look the same
+(:mod:`oncely.wire`): the event id is the ``id`` header (36-character UUID text), the event type
+comes from the topic's registered type (the ``eventType`` header must agree when present), and
+the value is decoded by the codec. :func:`read_envelope` reads everything but the value, so that a
 consumer can find the duplicates first and decode (and build models for) only the new events
 with :func:`decode_event`.
 
@@ -24,11 +24,7 @@ from confluent_kafka import Message
 from oncely.events import EventType
 from oncely.schemas.codec import Codec
 from oncely.schemas.errors import DecodeError, DecodeFailure
-
-MAX_HEADER_BYTES = 64 * 1024
-#: Bounds on all headers of one record together: no oncely record comes near them.
-MAX_HEADERS = 1000
-MAX_HEADERS_TOTAL_BYTES = 1024 * 1024
+from oncely.wire import EVENT_TYPE_HEADER, ID_HEADER, text_headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,34 +54,6 @@ class Undecodable:
     """The codec's classification, when the value itself could not be decoded."""
 
 
-def text_headers(message: Message) -> dict[str, str] | str:
-    """The record's headers as text, or the reason they are unusable."""
-    try:
-        raw = message.headers() or []
-    except (UnicodeDecodeError, ValueError) as exc:  # a header name that is not UTF-8
-        return f"the headers cannot be read: {type(exc).__name__}"
-    pairs = list(raw.items() if isinstance(raw, dict) else raw)
-    if len(pairs) > MAX_HEADERS:
-        return f"the record has {len(pairs)} headers, more than {MAX_HEADERS}"
-    headers: dict[str, str] = {}
-    total = 0
-    name = ""
-    try:
-        for name, value in pairs:
-            if value is None:
-                continue
-            size = len(value)  # bytes from the client; str only from a caller's fake
-            if size > MAX_HEADER_BYTES:
-                return f"header {name[:64]!r} is {size} bytes long"
-            total += len(name) + size
-            if total > MAX_HEADERS_TOTAL_BYTES:
-                return f"the headers are over {MAX_HEADERS_TOTAL_BYTES} bytes in all"
-            headers[name] = value if isinstance(value, str) else value.decode()
-    except UnicodeDecodeError:
-        return f"header {name[:64]!r} is not UTF-8"
-    return headers
-
-
 def read_envelope(
     message: Message, *, types_by_topic: Mapping[str, EventType[Any]]
 ) -> Envelope | Undecodable:
@@ -96,12 +64,13 @@ def read_envelope(
     event_type = types_by_topic.get(message.topic() or "")
     if event_type is None:
         return Undecodable(message, f"topic {message.topic()!r} carries no declared event type")
-    declared = headers.get("eventType")
+    declared = headers.get(EVENT_TYPE_HEADER)
     if declared is not None and declared != event_type.name:
         return Undecodable(
-            message, f"eventType header {declared!r} is not {event_type.name!r} of this topic"
+            message,
+            f"{EVENT_TYPE_HEADER} header {declared!r} is not {event_type.name!r} of this topic",
         )
-    raw_id = headers.get("id")
+    raw_id = headers.get(ID_HEADER)
     if raw_id is None:
         return Undecodable(message, "no 'id' header: the event id is unknown")
     try:

@@ -52,16 +52,17 @@ from oncely.consumers.apply import (
     Record,
     topic_partition,
 )
-from oncely.consumers.dlq import DeadLetterError, DeadLetters, dlq_headers
+from oncely.consumers.dlq import DeadLetterError, DeadLetters
 from oncely.consumers.effects import Effect
 from oncely.consumers.membership import Membership
 from oncely.consumers.records import read_envelope
-from oncely.ops.failpoints import failpoint
-from oncely.ops.metrics import ConsumerMetrics
+from oncely.runtime.failpoints import failpoint
+from oncely.runtime.metrics import ConsumerMetrics
 from oncely.schemas.codec import Codec
 from oncely.schemas.errors import DecodeFailure
 from oncely.security import AuthWatch
 from oncely.settings import ConsumerSettings, KafkaSettings
+from oncely.wire import dlq_headers
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ import sqlalchemy as sa
 from oncely.consumers.dlq import DeadLetters
 from oncely.consumers.effects import Effects
 from oncely.consumers.runner import EffectConsumer
-from oncely.ops.http import HealthServer
-from oncely.ops.metrics import ConsumerMetrics
-from oncely.relay.topics import dead_letter_topics
+from oncely.runtime.http import HealthServer
+from oncely.runtime.metrics import ConsumerMetrics
 from oncely.schemas.codec import Codec
 from oncely.schemas.loader import codec_for
 from oncely.settings import ConsumerSettings, KafkaSettings, TopicSettings
+from oncely.topics import dead_letter_topics
 
 log = logging.getLogger(__name__)
 

@@ -1,1 +1,1 @@
-"""Operating oncely's processes: metrics, the health endpoint, structured logs."""
+"""Operator views shared by the CLI and HTTP: status, verify, republish."""

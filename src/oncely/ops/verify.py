@@ -45,6 +45,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from oncely.consumers.effects import Effect
 from oncely.errors import OncelyError
 from oncely.storage.queries import query
+from oncely.wire import id_header
 
 #: Rows fetched per round trip from the server-side cursor.
 _CURSOR_ROWS = 2000
@@ -376,7 +377,7 @@ class _RecordChecker:
                             raise KafkaException(error)
                         ends.pop(partition if partition is not None else -1, None)
                         continue
-                    found = _id_header(message)
+                    found = id_header(message)
                     if found is not None:
                         wanted.pop(found, None)
                     read += 1
@@ -386,15 +387,6 @@ class _RecordChecker:
                         del ends[partition]
         finally:
             self._consumer.unassign()
-
-
-def _id_header(message: Message) -> str | None:
-    """The record's ``id`` header as text, ``None`` when it has none."""
-    raw = message.headers() or []
-    for name, value in raw.items() if isinstance(raw, dict) else raw:
-        if name == "id":
-            return value.decode() if isinstance(value, bytes) else value
-    return None
 
 
 def _offset(message: Message) -> int:

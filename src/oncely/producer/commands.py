@@ -16,7 +16,7 @@ settled with the same fence as the worker's (attempt and owner, on the database 
 - it raises: the task records ``attempts=1`` and ``last_error`` and is retried (or is dead
   after its last attempt), and :class:`PostCommitEffectError` is raised, carrying the
   :class:`PostCommitResult`: the business is committed, the worker retries the rest;
-- the settle finds the lease lost: :class:`~oncely.consumers.tasks.LeaseLost` is among the
+- the settle finds the lease lost: :class:`~oncely.tasks.LeaseLost` is among the
   errors of the :class:`PostCommitEffectError`; success is never reported over a newer owner.
 
 If a worker leased the task first (it wakes at the commit), the effect is simply pending.
@@ -35,28 +35,28 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-from oncely.consumers.tasks.enqueue import enqueue_task
-from oncely.consumers.tasks.model import Handler, Renewer
-from oncely.consumers.tasks.rules import Backoff, Policy
-from oncely.consumers.tasks.steps import Step, drive, drive_async
-from oncely.consumers.tasks.store import (
+from oncely.errors import OncelyError
+from oncely.tasks.enqueue import enqueue_task
+from oncely.tasks.model import Handler, Renewer
+from oncely.tasks.rules import Backoff, Policy
+from oncely.tasks.steps import Step, drive, drive_async
+from oncely.tasks.store import (
     DEFAULT_LEASE_SECONDS,
     TaskStore,
     attempt_steps,
     lease_by_key_sql,
 )
-from oncely.consumers.tasks.worker import new_worker_id
-from oncely.errors import OncelyError
+from oncely.tasks.worker import new_worker_id
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
 class TaskEffect:
-    """A task enqueued with the business writes (see :func:`~oncely.consumers.tasks.enqueue_task`
+    """A task enqueued with the business writes (see :func:`~oncely.tasks.enqueue_task`
     for the fields); with ``deliver``, it is also tried once right after the commit.
 
-    ``deliver`` is usually the handler the worker's :class:`~oncely.consumers.tasks.Tasks` app
+    ``deliver`` is usually the handler the worker's :class:`~oncely.tasks.Tasks` app
     registered for ``name``, which runs the retries.
     """
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError
 
-MAX_ERROR_LENGTH = 4000
+from oncely import errors
 
 _TRANSIENT = frozenset(
     {
@@ -60,4 +60,4 @@ def goes_dead(error: KafkaError, attempts: int, *, max_attempts: int) -> bool:
 
 def error_text(error: KafkaError) -> str:
     """The row's ``last_error``: the error's name and text, at most 4,000 characters."""
-    return f"{error.name()}: {error.str()}"[:MAX_ERROR_LENGTH]
+    return errors.error_text(f"{error.name()}: {error.str()}")

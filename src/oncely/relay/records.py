@@ -1,9 +1,6 @@
-"""Outbox rows as the relay reads them, and the Kafka records they become (the record contract).
+"""Outbox rows as the relay reads them, and the Kafka records they become (:mod:`oncely.wire`).
 
-topic = row ``topic``; key = ``aggregateid`` (UTF-8); value = ``payload`` as stored; headers
-``id`` and ``eventType`` first, then the row's own headers in their stored order (``jsonb``'s
-order), each value as text in UTF-8; timestamp = the row's ``created_at`` in whole milliseconds
-(rounded down). The relay never decodes a payload, so it needs no application code.
+The relay never decodes a payload, so it needs no application code.
 
 The statements that read rows to publish (``relay_read``, ``relay_rows``, ``republish_rows``)
 select the same columns, in :class:`OutboxRow`'s field order: the timestamp and the headers' text
@@ -12,21 +9,13 @@ come from PostgreSQL, so each row costs one constructor call here.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
-#: The row's own headers as Kafka headers: (name, UTF-8 value) in stored order.
-Headers = tuple[tuple[str, bytes], ...]
-
-
-@lru_cache(maxsize=4096)
-def _headers(text: str) -> Headers:
-    return tuple((name, str(value).encode()) for name, value in json.loads(text).items())
+from oncely.wire import Headers, record_headers, row_headers
 
 
 @dataclass(slots=True, eq=False)
@@ -60,7 +49,7 @@ class OutboxRow:
             key,
             type_,
             bytes(payload),
-            _headers(headers) if headers else (),
+            row_headers(headers) if headers else (),
             ms,
             available_at,
         )
@@ -91,4 +80,4 @@ class OutboxRow:
 
     def kafka_headers(self) -> list[tuple[str, str | bytes | None]]:
         """``id`` (36 lowercase characters, as Debezium sends it), ``eventType``, then extras."""
-        return [("id", self.event_id.encode()), ("eventType", self.type.encode()), *self.headers]
+        return record_headers(self.event_id, self.type, self.headers)

@@ -41,14 +41,14 @@ from uuid import UUID
 import sqlalchemy as sa
 from confluent_kafka import KafkaError, Message
 
-from oncely.ops.failpoints import failpoint
-from oncely.ops.metrics import RelayMetrics
 from oncely.relay import policy
 from oncely.relay.publisher import Publisher
 from oncely.relay.records import OutboxRow
 from oncely.relay.snapshots import Snapshot
 from oncely.relay.store import Held, Parking, Progress, RelayStore, ShardProgress
 from oncely.relay.wakeup import Wakeup
+from oncely.runtime.failpoints import failpoint
+from oncely.runtime.metrics import RelayMetrics
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import RelaySettings
 

@@ -12,12 +12,12 @@ from types import FrameType
 
 import sqlalchemy as sa
 
-from oncely.ops.http import HealthServer
-from oncely.ops.metrics import RelayMetrics
 from oncely.relay.publisher import Publisher
 from oncely.relay.relay import Relay
 from oncely.relay.store import RelayStore
 from oncely.relay.wakeup import Wakeup
+from oncely.runtime.http import HealthServer
+from oncely.runtime.metrics import RelayMetrics
 from oncely.settings import KafkaSettings, RelaySettings
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
-from oncely.ops.failpoints import failpoint
 from oncely.relay.records import OutboxRow
 from oncely.relay.snapshots import Difference, Snapshot
+from oncely.runtime.failpoints import failpoint
 from oncely.storage.queries import query
 
 

@@ -1,5 +1,2 @@
-"""Event schemas: pydantic to Avro, the committed schema catalog, encodings and compatibility.
-
-Import from the submodules (or from :mod:`oncely`); this package imports nothing so that
-:mod:`oncely.events` can use :mod:`oncely.schemas.avro` without an import cycle.
-"""
+"""Encoding events: single-object Avro, Confluent framing and JSON codecs, the committed schema
+catalog and its compatibility checks. Import from the submodules (or from :mod:`oncely`)."""

@@ -1,7 +1,7 @@
 """The schema catalog: the committed contract, ``<dir>/<event-type>/v<N>.avsc``.
 
 Each file holds one version of one event type's Avro schema in the stable form of
-:func:`oncely.schemas.canonical.dump_avsc`. A committed version is never rewritten: a changed
+:func:`oncely.events.canonical.dump_avsc`. A committed version is never rewritten: a changed
 schema gets a new version, and ``oncely schemas check`` proves it compatible with the old ones.
 The catalog answers two questions: the schema of (event type, version), and which schema a
 single-object fingerprint names.
@@ -20,7 +20,7 @@ from typing import Any
 from fastavro.schema import SchemaParseException, parse_schema
 
 from oncely.events import EventType
-from oncely.schemas.canonical import dump_avsc, fingerprint
+from oncely.events.canonical import dump_avsc, fingerprint
 from oncely.schemas.errors import CatalogError
 
 __all__ = ["ExportOutcome", "SchemaCatalog", "SchemaEntry", "export_schemas", "schema_path"]

@@ -36,21 +36,16 @@ from oncely.schemas.catalog import SchemaCatalog, SchemaEntry
 from oncely.schemas.confluent import ConfluentAvro
 from oncely.schemas.datum import from_datum, to_datum
 from oncely.schemas.errors import CatalogError, DecodeError, DecodeFailure, EncodeError
+from oncely.wire import CONTENT_TYPE_HEADER, EVENT_TYPE_HEADER, SCHEMA_VERSION_HEADER
 
 __all__ = [
     "CONTENT_TYPES",
-    "CONTENT_TYPE_HEADER",
-    "EVENT_TYPE_HEADER",
-    "SCHEMA_VERSION_HEADER",
     "Codec",
     "Headers",
 ]
 
 M = TypeVar("M", bound=BaseModel)
 
-CONTENT_TYPE_HEADER = "content-type"
-EVENT_TYPE_HEADER = "eventType"
-SCHEMA_VERSION_HEADER = "schema-version"
 CONTENT_TYPES: dict[Encoding, str] = {
     "avro": "application/vnd.oncely.avro",
     "avro-confluent": "application/vnd.confluent.avro",

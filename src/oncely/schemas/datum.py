@@ -1,6 +1,6 @@
 """Convert between an event model instance and its Avro datum (what fastavro reads and writes).
 
-The datum mirrors :func:`oncely.schemas.avro.event_schema`: nested models become dicts keyed by
+The datum mirrors :func:`oncely.events.avro.event_schema`: nested models become dicts keyed by
 field name, enum members become their values; ``Decimal``, ``UUID``, ``datetime`` and ``date``
 stay Python objects, which fastavro encodes with their logical types. Reading back gives the
 same values: timestamps come back as UTC-aware datetimes (the same instant), decimals at the

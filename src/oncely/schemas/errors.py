@@ -1,6 +1,6 @@
-"""The errors of the schema layer: deriving schemas, the catalog, encoding and decoding events.
+"""The errors of the schema layer: the catalog, encoding and decoding events.
 
-Configuration problems (a model that has no Avro schema, a catalog that disagrees with the code)
+Configuration problems (a catalog that disagrees with the code)
 are :class:`~oncely.errors.ConfigurationError`: they are found at start-up and fixed in code.
 A record that cannot be decoded is a :class:`DecodeError`, whatever the cause, so a consumer
 has one thing to catch to dead-letter a poison record.
@@ -11,10 +11,6 @@ from __future__ import annotations
 from enum import StrEnum
 
 from oncely.errors import ConfigurationError, OncelyError
-
-
-class SchemaDerivationError(ConfigurationError):
-    """An event model cannot be described by an Avro schema."""
 
 
 class CatalogError(ConfigurationError):

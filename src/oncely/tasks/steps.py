@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from oncely.consumers.tasks.model import Handler, Task
+from oncely.tasks.model import Handler, Task
 
 R = TypeVar("R")
 T = TypeVar("T")

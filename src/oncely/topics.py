@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
@@ -34,9 +34,17 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from oncely.errors import ConfigurationError
 from oncely.events import Registry
 from oncely.settings import TopicSettings
+from oncely.wire import dlq_topic
 
-if TYPE_CHECKING:
-    from oncely.consumers.effects import Effect
+
+class Consuming(Protocol):
+    """What provisioning needs of an effect: its name and the topics it consumes."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def topics(self) -> Iterable[str]: ...
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,7 @@ class EnsureReport:
 
 
 def planned_topics(
-    registry: Registry, settings: TopicSettings, *, effects: Iterable[Effect] = ()
+    registry: Registry, settings: TopicSettings, *, effects: Iterable[Consuming] = ()
 ) -> list[TopicSpec]:
     """Every topic of ``registry``'s event types and their named effects, sorted by name, and
     the dead-letter topics of ``effects`` (see :func:`dead_letter_topics`).
@@ -84,7 +92,7 @@ def planned_topics(
 
 
 def dead_letter_topics(
-    registry: Registry, settings: TopicSettings, effects: Iterable[Effect]
+    registry: Registry, settings: TopicSettings, effects: Iterable[Consuming]
 ) -> list[TopicSpec]:
     """The dead-letter topics ``<topic>.<effect>.dlq`` of ``effects``, sorted by name.
 
@@ -105,7 +113,7 @@ def dead_letter_topics(
                     f"effect {effect.name!r} consumes topic {topic!r}, which no event type of "
                     "the registry has: pass the registry the effects app is built on"
                 )
-            name = effect.dlq_topic(topic)
+            name = dlq_topic(topic, effect.name)
             specs[name] = TopicSpec(
                 name, source.partitions, source.replication_factor, source.min_insync_replicas
             )

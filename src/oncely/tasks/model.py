@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from oncely.consumers.tasks.errors import TaskError
-from oncely.consumers.tasks.rules import Policy
 from oncely.errors import ConfigurationError
+from oncely.tasks.errors import TaskError
+from oncely.tasks.rules import Policy
 
 Renewer = Callable[["Task"], datetime]
 """Extends a task's lease on the database; returns the new ``lease_until``."""
@@ -75,7 +75,7 @@ class Task:
 
 @dataclass(frozen=True, kw_only=True)
 class QueuedTask:
-    """What :func:`~oncely.consumers.tasks.enqueue_task` added (durable once committed)."""
+    """What :func:`~oncely.tasks.enqueue_task` added (durable once committed)."""
 
     id: UUID
     task_key: str

@@ -48,9 +48,14 @@ from fastavro.schema import SchemaParseException, parse_schema
 from pydantic import AwareDatetime, BaseModel
 from pydantic.fields import FieldInfo
 
-from oncely.schemas.errors import SchemaDerivationError
+from oncely.errors import ConfigurationError
 
-__all__ = ["avro_namespace", "event_schema", "record_name"]
+__all__ = ["SchemaDerivationError", "avro_namespace", "event_schema", "record_name"]
+
+
+class SchemaDerivationError(ConfigurationError):
+    """An event model cannot be described by an Avro schema."""
+
 
 _AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PRIMITIVES: dict[object, str] = {

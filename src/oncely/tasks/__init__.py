@@ -6,16 +6,16 @@ Enqueue in the business transaction with :func:`enqueue_task`; register handlers
 The states and decisions are in :mod:`.rules`; the statements in ``storage/sql/tasks.sql``.
 """
 
-from oncely.consumers.tasks.app import Tasks
-from oncely.consumers.tasks.enqueue import enqueue_task
-from oncely.consumers.tasks.errors import (
+from oncely.tasks.app import Tasks
+from oncely.tasks.enqueue import enqueue_task
+from oncely.tasks.errors import (
     LeaseLost,
     MissingHandlerError,
     NotReclaimable,
     TaskError,
     TaskNotFound,
 )
-from oncely.consumers.tasks.model import (
+from oncely.tasks.model import (
     Attempt,
     Handler,
     Observer,
@@ -24,9 +24,9 @@ from oncely.consumers.tasks.model import (
     TaskFailure,
     TaskRecord,
 )
-from oncely.consumers.tasks.rules import Backoff, Policy, default_task_key
-from oncely.consumers.tasks.store import TaskStore
-from oncely.consumers.tasks.worker import TaskWorker
+from oncely.tasks.rules import Backoff, Policy, default_task_key
+from oncely.tasks.store import TaskStore
+from oncely.tasks.worker import TaskWorker
 
 __all__ = [
     "Attempt",

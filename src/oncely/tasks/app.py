@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
 
-from oncely.consumers.tasks.errors import MissingHandlerError
-from oncely.consumers.tasks.model import Handler, Task
 from oncely.errors import ConfigurationError
+from oncely.tasks.errors import MissingHandlerError
+from oncely.tasks.model import Handler, Task
 
 
 class Tasks:

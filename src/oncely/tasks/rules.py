@@ -31,7 +31,6 @@ Policy = Literal["retry_safe", "irreversible"]
 LapsedStatus = Literal["queued", "stale", "failed", "expired"]
 
 DEFAULT_MAX_ATTEMPTS = 5
-MAX_ERROR_CHARS = 4000
 NOT_CONFIRMED = "not confirmed: the handler returned False"
 
 
@@ -90,12 +89,6 @@ def after_lease_expiry(
     if attempt >= max_attempts:
         return LapseDecision("failed", f"leased {attempt} times without a result")
     return LapseDecision("queued", f"{lapsed}; re-queued")
-
-
-def error_text(error: BaseException | str) -> str:
-    """``Type: message`` of an error (or the text as is), cut to 4,000 characters."""
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    return text[:MAX_ERROR_CHARS]
 
 
 def canonical_json(payload: Mapping[str, Any]) -> str:

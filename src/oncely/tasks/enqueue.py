@@ -18,18 +18,17 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, registry
 
-from oncely.consumers.tasks.model import QueuedTask
-from oncely.consumers.tasks.rules import (
+# Importing storage.errors also installs the hook that raises DuplicateTaskKeyError for a
+# duplicate task_key found by the database (at flush, commit or a Connection's insert).
+from oncely.storage.errors import DuplicateTaskKeyError
+from oncely.storage.tables import TASK_POLICIES, tasks
+from oncely.tasks.model import QueuedTask
+from oncely.tasks.rules import (
     DEFAULT_MAX_ATTEMPTS,
     Policy,
     canonical_json,
     default_task_key,
 )
-
-# Importing storage.errors also installs the hook that raises DuplicateTaskKeyError for a
-# duplicate task_key found by the database (at flush, commit or a Connection's insert).
-from oncely.storage.errors import DuplicateTaskKeyError
-from oncely.storage.tables import TASK_POLICIES, tasks
 
 Transactional = Session | AsyncSession | sa.Connection
 """What ``enqueue_task()`` writes through: the caller's session or connection."""
@@ -72,7 +71,7 @@ def enqueue_task(
             expired lease makes it ``stale`` until an operator reclaims it).
         task_key: unique key of the task; by default ``<name>:<hash of the canonical JSON
             payload>``, so the same (name, payload) is one task (see
-            :func:`~oncely.consumers.tasks.rules.default_task_key`).
+            :func:`~oncely.tasks.rules.default_task_key`).
         ttl: the task expires (never runs again) this long after the transaction started.
         max_attempts: attempts before it is ``dead`` (default 5).
         available_at: not before this time (a ``timedelta``: after the database's ``now()``).

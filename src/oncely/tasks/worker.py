@@ -30,12 +30,12 @@ from typing import Any, cast
 import psycopg
 import sqlalchemy as sa
 
-from oncely.consumers.tasks.app import Tasks
-from oncely.consumers.tasks.errors import MissingHandlerError
-from oncely.consumers.tasks.model import Attempt, Observer, TaskFailure
-from oncely.consumers.tasks.rules import Backoff
-from oncely.consumers.tasks.store import DEFAULT_LEASE_SECONDS, TaskStore, lease_sql
 from oncely.storage.tables import TASKS_NOTIFY_CHANNEL
+from oncely.tasks.app import Tasks
+from oncely.tasks.errors import MissingHandlerError
+from oncely.tasks.model import Attempt, Observer, TaskFailure
+from oncely.tasks.rules import Backoff
+from oncely.tasks.store import DEFAULT_LEASE_SECONDS, TaskStore, lease_sql
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,10 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
-from oncely.consumers.tasks.errors import LeaseLost, NotReclaimable, TaskError, TaskNotFound
-from oncely.consumers.tasks.model import (
+from oncely.errors import error_text
+from oncely.storage.queries import query
+from oncely.tasks.errors import LeaseLost, NotReclaimable, TaskError, TaskNotFound
+from oncely.tasks.model import (
     Attempt,
     Handler,
     Renewer,
@@ -27,16 +29,14 @@ from oncely.consumers.tasks.model import (
     TaskFailure,
     TaskRecord,
 )
-from oncely.consumers.tasks.rules import (
+from oncely.tasks.rules import (
     NOT_CONFIRMED,
     Backoff,
     FailureDecision,
     after_failure,
     after_lease_expiry,
-    error_text,
 )
-from oncely.consumers.tasks.steps import Call, Ran, Sql, Step, drive
-from oncely.storage.queries import query
+from oncely.tasks.steps import Call, Ran, Sql, Step, drive
 
 DEFAULT_LEASE_SECONDS = 60.0
 SWEEP_BATCH = 100

@@ -31,7 +31,7 @@ class MissingHandlerError(ConfigurationError):
     """Some task names have no handler, so the worker refuses to start.
 
     ``names`` lists them, sorted: tasks waiting in the database (queued or leased) or names the
-    :class:`~oncely.consumers.tasks.Tasks` app declares as required.
+    :class:`~oncely.tasks.Tasks` app declares as required.
     """
 
     def __init__(self, names: Iterable[str]) -> None:

@@ -1,18 +1,4 @@
-"""The event registry: each durable event type's topic, key, aggregate, schema version and encoding.
-
-An application declares its event types once, as pydantic models::
-
-    registry = Registry(topic_prefix="payments.")
-
-    @registry.event("transfer.completed", key="transfer_id", aggregate="transfer", version=2)
-    class TransferCompleted(BaseModel): ...
-
-Each type has exactly one topic (``topic_prefix`` + its name unless ``topic=`` says otherwise),
-and may fan out to named effect topics, ``<topic>.<effect>`` (``effects=("notification",)``).
-Declaring derives the type's Avro schema, so a model without an Avro mapping fails at import
-time, naming the field. Every error is a :class:`RegistryError` (a ``ConfigurationError``)
-that names the offending type, topic or field.
-"""
+"""The event registry: each durable event type's topic, key, aggregate, version and encoding."""
 
 from __future__ import annotations
 
@@ -28,8 +14,8 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from oncely.errors import ConfigurationError
-from oncely.schemas.avro import event_schema
-from oncely.schemas.canonical import fingerprint
+from oncely.events.avro import event_schema
+from oncely.events.canonical import fingerprint
 
 __all__ = [
     "ENCODINGS",
@@ -237,7 +223,7 @@ class Registry:
         """Declare ``model`` as the durable event type ``name`` and return its :class:`EventType`.
 
         Args:
-            model: a pydantic model with an Avro mapping (see :mod:`oncely.schemas.avro`).
+            model: a pydantic model with an Avro mapping (see :mod:`oncely.events.avro`).
             name: event type name: dot-separated parts of ``[A-Za-z0-9_-]``.
             key: the model field holding the aggregate id (``str``, ``int`` or ``UUID``).
             aggregate: the aggregate type the key identifies, e.g. ``transfer``.

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the relay (one registry per process, served by :mod:`oncely.ops.http`)."""
+"""Prometheus metrics of oncely's processes (one registry each, served by :mod:`.http`)."""
 
 from __future__ import annotations
 

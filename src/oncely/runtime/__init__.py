@@ -1,0 +1,1 @@
+"""What every oncely process runs on: metrics, the health endpoint, failpoints, structured logs."""

@@ -1,0 +1,132 @@
+"""The Kafka record contract: what a record of an outbox row carries, whoever relays it.
+
+A row becomes one record, the same from oncely's relay and from Debezium's Outbox Event Router
+(the parity test holds them to it):
+
+- topic: the row's ``topic``; key: ``aggregateid`` in UTF-8; value: ``payload`` as stored;
+- headers: :data:`ID_HEADER` (the event id, 36 lowercase characters), :data:`EVENT_TYPE_HEADER`
+  (the ``type`` column), then the row's own ``headers`` in their stored (``jsonb``) order, each
+  value as UTF-8 text; the codec puts :data:`CONTENT_TYPE_HEADER` and
+  :data:`SCHEMA_VERSION_HEADER` there;
+- timestamp: the row's ``created_at`` in whole milliseconds, rounded down (computed by the
+  statements that read rows, so it is the database's clock).
+
+A consumer reads headers as text with :func:`text_headers`, within :data:`MAX_HEADERS`,
+:data:`MAX_HEADER_BYTES` and :data:`MAX_HEADERS_TOTAL_BYTES`. A record an effect gives up on
+goes to :func:`dlq_topic` with the original headers and the ``oncely.dlq.*`` ones of
+:func:`dlq_headers`.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+from confluent_kafka import Message
+
+from oncely.errors import error_text
+
+__all__ = [
+    "CONTENT_TYPE_HEADER",
+    "DLQ_HEADER_PREFIX",
+    "EVENT_TYPE_HEADER",
+    "ID_HEADER",
+    "MAX_HEADERS",
+    "MAX_HEADERS_TOTAL_BYTES",
+    "MAX_HEADER_BYTES",
+    "SCHEMA_VERSION_HEADER",
+    "Headers",
+    "dlq_headers",
+    "dlq_topic",
+    "id_header",
+    "record_headers",
+    "row_headers",
+    "text_headers",
+]
+
+ID_HEADER = "id"
+EVENT_TYPE_HEADER = "eventType"
+CONTENT_TYPE_HEADER = "content-type"
+SCHEMA_VERSION_HEADER = "schema-version"
+
+MAX_HEADER_BYTES = 64 * 1024
+#: Bounds on all headers of one record together: no oncely record comes near them.
+MAX_HEADERS = 1000
+MAX_HEADERS_TOTAL_BYTES = 1024 * 1024
+
+DLQ_HEADER_PREFIX = "oncely.dlq."
+
+#: A row's own headers as Kafka headers: (name, UTF-8 value) in stored order.
+Headers = tuple[tuple[str, bytes], ...]
+
+
+@lru_cache(maxsize=4096)
+def row_headers(text: str) -> Headers:
+    """The Kafka headers of a row's ``headers`` column, given as ``jsonb`` text."""
+    return tuple((name, str(value).encode()) for name, value in json.loads(text).items())
+
+
+def record_headers(
+    event_id: str, event_type: str, headers: Headers
+) -> list[tuple[str, str | bytes | None]]:
+    """A record's headers: the id, the event type, then the row's own headers."""
+    return [(ID_HEADER, event_id.encode()), (EVENT_TYPE_HEADER, event_type.encode()), *headers]
+
+
+def text_headers(message: Message) -> dict[str, str] | str:
+    """The record's headers as text (the last value of a repeated name; no ``None`` values), or
+    the reason they are unusable (not UTF-8, too many, too large)."""
+    try:
+        raw = message.headers() or []
+    except (UnicodeDecodeError, ValueError) as exc:  # a header name that is not UTF-8
+        return f"the headers cannot be read: {type(exc).__name__}"
+    pairs = list(raw.items() if isinstance(raw, dict) else raw)
+    if len(pairs) > MAX_HEADERS:
+        return f"the record has {len(pairs)} headers, more than {MAX_HEADERS}"
+    headers: dict[str, str] = {}
+    total = 0
+    name = ""
+    try:
+        for name, value in pairs:
+            if value is None:
+                continue
+            size = len(value)  # bytes from the client; str only from a caller's fake
+            if size > MAX_HEADER_BYTES:
+                return f"header {name[:64]!r} is {size} bytes long"
+            total += len(name) + size
+            if total > MAX_HEADERS_TOTAL_BYTES:
+                return f"the headers are over {MAX_HEADERS_TOTAL_BYTES} bytes in all"
+            headers[name] = value if isinstance(value, str) else value.decode()
+    except UnicodeDecodeError:
+        return f"header {name[:64]!r} is not UTF-8"
+    return headers
+
+
+def id_header(message: Message) -> str | None:
+    """The record's :data:`ID_HEADER` as text, ``None`` when it has none or it is not UTF-8."""
+    headers = text_headers(message)
+    return None if isinstance(headers, str) else headers.get(ID_HEADER)
+
+
+def dlq_topic(topic: str, effect: str) -> str:
+    """The dead-letter topic of ``effect`` for records of ``topic``."""
+    return f"{topic}.{effect}.dlq"
+
+
+def dlq_headers(
+    message: Message, *, effect: str, reason: str, error_class: str, error: str, attempts: int
+) -> list[tuple[str, str | bytes | None]]:
+    """The dead-letter record's headers: ``message``'s own, then why and where it came from."""
+    raw = message.headers() or []
+    original = list(raw.items() if isinstance(raw, dict) else raw)
+    return [
+        *original,
+        (f"{DLQ_HEADER_PREFIX}reason", reason),
+        (f"{DLQ_HEADER_PREFIX}error.class", error_class),
+        (f"{DLQ_HEADER_PREFIX}error.message", error_text(error)),
+        (f"{DLQ_HEADER_PREFIX}attempts", str(attempts)),
+        (f"{DLQ_HEADER_PREFIX}effect", effect),
+        (f"{DLQ_HEADER_PREFIX}original.topic", message.topic() or ""),
+        (f"{DLQ_HEADER_PREFIX}original.partition", str(message.partition())),
+        (f"{DLQ_HEADER_PREFIX}original.offset", str(message.offset())),
+    ]
