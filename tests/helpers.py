@@ -6,6 +6,8 @@ import contextlib
 import struct
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -329,3 +331,23 @@ class SlotReader:
                     time.sleep(self.interval)
         except BaseException as exc:  # reported by __exit__
             self.error = exc
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """The status and body of ``GET http://127.0.0.1:<port><path>``."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, ""
+
+
+def metric(port: int, name: str) -> float:
+    """The sum of the samples on ``port``'s ``/metrics`` whose line starts with ``name``."""
+    _, text = http_get(port, "/metrics")
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and not line.startswith("#")
+    ]
+    return sum(values)

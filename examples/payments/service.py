@@ -48,8 +48,8 @@ class TransferService:
         """Book a transfer once per idempotency key and return ``{"transfer_id", "status"}``.
 
         A repeated key returns the first result with ``"duplicate": True``. Raises
-        ``oncely.Busy`` while the first request is still running, ``oncely.Mismatch`` if the key
-        was used for a different request.
+        ``oncely.IdempotencyBusyError`` while the first request is still running,
+        ``oncely.IdempotencyMismatchError`` if the key was used for a different request.
         """
         request = {"from": from_account, "to": to_account, "amount": str(amount), "cur": currency}
         fingerprint = hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()

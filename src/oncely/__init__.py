@@ -12,10 +12,10 @@ from oncely.errors import ConfigurationError, OncelyError
 from oncely.events import EventType, Registry, RegistryError, UnknownEventTypeError
 from oncely.producer import (
     AsyncIdempotencyKeys,
-    Busy,
     Claim,
+    IdempotencyBusyError,
     IdempotencyKeys,
-    Mismatch,
+    IdempotencyMismatchError,
     StagedEvent,
     stage,
     stage_many,
@@ -34,13 +34,12 @@ from oncely.schemas.compatibility import CompatibilityMode
 from oncely.schemas.errors import DecodeError, DecodeFailure, EncodeError
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import StageLimits
-from oncely.tasks import LeaseLost, Task, Tasks, TaskWorker, enqueue_task
+from oncely.tasks import LeaseLostError, Task, Tasks, TaskWorker, enqueue_task
 
 __all__ = [
     "AsyncDurableCommand",
     "AsyncEffectContext",
     "AsyncIdempotencyKeys",
-    "Busy",
     "Claim",
     "Codec",
     "CompatibilityMode",
@@ -54,10 +53,11 @@ __all__ = [
     "EncodeError",
     "EventType",
     "FailurePolicy",
+    "IdempotencyBusyError",
     "IdempotencyKeys",
+    "IdempotencyMismatchError",
     "KafkaAuthenticationError",
-    "LeaseLost",
-    "Mismatch",
+    "LeaseLostError",
     "OncelyError",
     "PostCommitEffectError",
     "PostCommitResult",

@@ -47,7 +47,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from oncely.errors import ConfigurationError, OncelyError
-from oncely.storage.queries import query
+from oncely.storage.queries import purge_in_batches, query
 from oncely.storage.tables import validate_schema_name
 from oncely.wire import EVENT_TYPE_HEADER
 
@@ -518,18 +518,8 @@ def purge_marked(
     Call it only once the connector's slot confirmed ``mark.lsn`` (:func:`wait_for_slot`).
     Deletes in batches of ``batch_size``, one transaction each.
     """
-    deleted = 0
-    params: dict[str, object] = {
-        "older_than": older_than_seconds,
-        "mark_xmin": mark.xmin,
-        "batch_size": batch_size,
-    }
-    while True:
-        with engine.begin() as conn:
-            count = conn.execute(query("debezium_purge"), params).rowcount
-        deleted += count
-        if count < batch_size:
-            return deleted
+    params = {"older_than": older_than_seconds, "mark_xmin": mark.xmin}
+    return purge_in_batches(engine, "debezium_purge", params, batch_size=batch_size)
 
 
 def purge(

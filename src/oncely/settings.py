@@ -1,7 +1,8 @@
 """Typed settings read from ``ONCELY_*`` environment variables (pydantic-settings).
 
 Each group has its own prefix, so ``ONCELY_KAFKA_BOOTSTRAP_SERVERS`` sets
-``KafkaSettings.bootstrap_servers`` and ``ONCELY_DATABASE_URL`` sets ``DatabaseSettings.url``.
+``KafkaSettings.bootstrap_servers``; the commands read the database URL from
+``ONCELY_DATABASE_URL`` (``--database-url``).
 Raw librdkafka options go through ``ONCELY_KAFKA_EXTRA`` as a JSON object.
 
 Secrets (``ONCELY_KAFKA_SASL_PASSWORD``, ``ONCELY_DATABASE_URL``, secret-looking keys of
@@ -120,18 +121,6 @@ class KafkaSettings(BaseSettings):
             elif value is not None:
                 config[key] = value
         return {**config, **self.extra}
-
-
-class DatabaseSettings(BaseSettings):
-    """How to reach PostgreSQL."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="ONCELY_DATABASE_", extra="ignore", hide_input_in_errors=True
-    )
-
-    url: SecretStr = Field(
-        description="SQLAlchemy URL, e.g. postgresql+psycopg://user:password@host:5432/db."
-    )
 
 
 class RelaySettings(BaseSettings):
@@ -337,6 +326,38 @@ class ConsumerSettings(BaseSettings):
                 " ONCELY_CONSUMER_SESSION_TIMEOUT_MS"
             )
         return self
+
+
+class TaskSettings(BaseSettings):
+    """How the task worker leases, retries and purges tasks (``ONCELY_TASKS_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="ONCELY_TASKS_", extra="ignore")
+
+    lease_seconds: float = Field(default=60.0, ge=0.1, description="Lease of one attempt.")
+    poll_seconds: float = Field(
+        default=2.0,
+        ge=0.01,
+        description="Longest idle wait between sweeps (NOTIFY wakes the worker sooner).",
+    )
+    retention_seconds: float = Field(
+        default=7 * 24 * 3600.0,
+        ge=0,
+        description="Delete finished tasks this long after they finished (stale ones are kept).",
+    )
+    purge_interval_seconds: float = Field(
+        default=60.0, gt=0, description="How often the worker purges finished tasks."
+    )
+    max_backoff_seconds: float = Field(
+        default=3600.0,
+        ge=0,
+        description="Longest wait between retries (the first is 1 s, doubling).",
+    )
+    worker_id: str | None = Field(
+        default=None, description="Lease owner name (default: hostname-pid-random)."
+    )
+    metrics_port: int | None = Field(
+        default=None, description="Serve /metrics, /healthz and /readyz on this port."
+    )
 
 
 #: librdkafka's default ``message.max.bytes`` (the relay's producer refuses larger records);

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -19,7 +18,9 @@ from oncely.devstack._process import free_port
 from tests.helpers import (
     count_published,
     fast_settings,
+    http_get,
     insert_rows,
+    metric,
     outbox_rows,
     read_topics,
     running_relay,
@@ -69,29 +70,11 @@ def _start_relay(
     )
 
 
-def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, ""
-
-
-def _metric(port: int, name: str) -> float:
-    _, text = _get(port, "/metrics")
-    values = [
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name) and not line.startswith("#")
-    ]
-    return sum(values)
-
-
 def _wait_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
     def ready() -> bool:
         assert proc.poll() is None, (proc.stderr.read() if proc.stderr else b"").decode()
         try:
-            return _get(port, "/readyz")[0] == 200
+            return http_get(port, "/readyz")[0] == 200
         except OSError:
             return False
 
@@ -135,17 +118,17 @@ def test_metrics_and_health_are_served_and_counters_move(
     proc = _start_relay(database_url, kafka_bootstrap, "--metrics-port", str(port))
     try:
         _wait_ready(port, proc)
-        assert _get(port, "/healthz")[0] == 200
-        wait_until(lambda: _metric(port, "oncely_relay_published_total") == 10, timeout=30)
+        assert http_get(port, "/healthz")[0] == 200
+        wait_until(lambda: metric(port, "oncely_relay_published_total") == 10, timeout=30)
         insert_rows(engine, outbox_rows(50, topics=[topic], keys=5))
-        wait_until(lambda: _metric(port, "oncely_relay_published_total") == 60, timeout=30)
-        assert _metric(port, "oncely_relay_publish_latency_seconds_count") == 60
-        assert _metric(port, "oncely_relay_shards") == 32
-        assert _metric(port, "oncely_relay_progress_refused_total") == 0
+        wait_until(lambda: metric(port, "oncely_relay_published_total") == 60, timeout=30)
+        assert metric(port, "oncely_relay_publish_latency_seconds_count") == 60
+        assert metric(port, "oncely_relay_shards") == 32
+        assert metric(port, "oncely_relay_progress_refused_total") == 0
         wait_until(lambda: count_published(engine) == 60, timeout=15)
         # The backlog gauges are refreshed every few seconds: every shard drains to 0.
-        wait_until(lambda: _metric(port, "oncely_outbox_unpublished_rows{") == 0, timeout=15)
-        _, text = _get(port, "/metrics")
+        wait_until(lambda: metric(port, "oncely_outbox_unpublished_rows{") == 0, timeout=15)
+        _, text = http_get(port, "/metrics")
         assert text.count("oncely_outbox_unpublished_rows{shard=") == 32
     finally:
         code, stderr = _stop(proc)
@@ -261,7 +244,7 @@ def test_a_paused_relay_cannot_record_progress_on_shards_another_relay_took_over
             # The takeover bumped every shard's epoch: the zombie's writes are fenced.
             assert scalar(engine, "SELECT sum(epoch) FROM oncely_relay_shards") == epochs + 32
             assert _shards(engine) == {"owner": 32}
-            wait_until(lambda: _metric(port, "oncely_relay_lease_lost_total") == 32, timeout=30)
+            wait_until(lambda: metric(port, "oncely_relay_lease_lost_total") == 32, timeout=30)
         # Its copies reached the broker (and may be counted as confirmed), but it recorded nothing.
     finally:
         code, stderr = _stop(zombie)

@@ -18,7 +18,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from oncely.devstack._process import free_port
 from oncely.tasks import enqueue_task
+from tests.helpers import http_get, metric
 
 pytestmark = pytest.mark.acceptance
 
@@ -184,6 +186,29 @@ def test_sigterm_finishes_the_current_task_then_exits_0(
     with engine.connect() as conn:
         leased = conn.execute(sa.text("SELECT count(*) FROM oncely_tasks WHERE status = 'leased'"))
         assert leased.scalar_one() == 0
+
+
+def test_the_worker_serves_metrics_and_health_like_the_relay_and_consumers(
+    engine: sa.Engine, workers: _Workers
+) -> None:
+    port = free_port()
+    worker = workers.start("--metrics-port", str(port))
+    _wait_for(lambda: _answers(port, "/readyz") == 200, "the worker to be ready")
+    assert http_get(port, "/healthz")[0] == 200
+    ids = [_enqueue(engine, "fake.retry_safe", {}) for _ in range(3)]
+    _wait_for(lambda: all(_status(engine, i) == "completed" for i in ids), "the tasks to run")
+    completed = 'oncely_tasks_attempts_total{name="fake.retry_safe",outcome="completed"}'
+    _wait_for(lambda: metric(port, completed) == 3, "the attempts to be counted")
+    assert metric(port, "oncely_tasks_purged_total") == 0
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=15) == 0
+
+
+def _answers(port: int, path: str) -> int | None:
+    try:
+        return http_get(port, path)[0]
+    except OSError:
+        return None
 
 
 def test_the_worker_refuses_to_start_without_a_handler(

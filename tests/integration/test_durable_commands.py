@@ -22,7 +22,7 @@ from oncely.producer.commands import (
     TaskEffect,
 )
 from oncely.storage import DuplicateTaskKeyError
-from oncely.tasks import LeaseLost, Task, TaskError, Tasks, TaskStore, TaskWorker
+from oncely.tasks import LeaseLostError, Task, TaskError, Tasks, TaskStore, TaskWorker
 from oncely.tasks.rules import NOT_CONFIRMED, Backoff
 
 pytestmark = pytest.mark.integration
@@ -236,7 +236,7 @@ def test_a_settle_after_the_lease_was_lost_raises_lease_lost(
     with pytest.raises(PostCommitEffectError) as info:
         command.execute(_place(5), [effect])
     [lost] = info.value.errors
-    assert isinstance(lost, LeaseLost)
+    assert isinstance(lost, LeaseLostError)
     [task] = _tasks(engine)
     assert info.value.result.pending_effects == (task["task_key"],)
     assert (task["status"], task["attempts"]) == ("leased", 1)  # for the sweep to decide
@@ -251,7 +251,7 @@ def test_the_worker_finishes_what_the_immediate_path_left_pending(
         TaskEffect(name="receipt.send", payload={"order": 6, "copy": True}, task_key="r-6-copy"),
     ]
     with pytest.raises(PostCommitEffectError):
-        command.execute(_place(6), effects, backoff=Backoff(cap=0))
+        command.execute(_place(6), effects, backoff=Backoff(first=0, maximum=0))
     tasks = Tasks()
     provider = _Provider(result=True)
     tasks.handler("receipt.send")(provider)

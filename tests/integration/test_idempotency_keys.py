@@ -13,12 +13,12 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from oncely.producer.idempotency import (
     AsyncIdempotencyKeys,
-    Busy,
     Claim,
-    ClaimLost,
+    ClaimLostError,
+    IdempotencyBusyError,
     IdempotencyKeys,
-    InvalidKey,
-    Mismatch,
+    IdempotencyMismatchError,
+    InvalidIdempotencyKeyError,
 )
 
 pytestmark = pytest.mark.integration
@@ -118,7 +118,7 @@ def test_rejected_is_claimed_again_with_the_new_fingerprint(keys: _Keys, databas
 
 def test_fresh_processing_is_busy(keys: _Keys) -> None:
     keys.claim("hook-1", "k3")
-    with pytest.raises(Busy, match="being processed") as info:
+    with pytest.raises(IdempotencyBusyError, match="being processed") as info:
         keys.claim("hook-1", "k3")
     assert info.value.http_status == 409
 
@@ -128,7 +128,7 @@ def test_stale_processing_is_reclaimed(keys: _Keys, database_url: str) -> None:
     _age(database_url, "hook-1", "k4", 601)
     assert keys.claim("hook-1", "k4") == Claim(None, reclaimed=True)
     # The re-claim restarted the clock: a third request is busy again.
-    with pytest.raises(Busy):
+    with pytest.raises(IdempotencyBusyError):
         keys.claim("hook-1", "k4")
 
 
@@ -146,7 +146,7 @@ def test_a_different_fingerprint_is_a_mismatch(keys: _Keys, state: str) -> None:
     keys.claim("user-9", f"pay-{state}", fingerprint="body-1")
     if state == "accepted":
         keys.finish("user-9", f"pay-{state}", "accepted", result={"id": 1})
-    with pytest.raises(Mismatch, match="different request") as info:
+    with pytest.raises(IdempotencyMismatchError, match="different request") as info:
         keys.claim("user-9", f"pay-{state}", fingerprint="body-2")
     assert info.value.http_status == 422
 
@@ -158,18 +158,18 @@ def test_owners_do_not_share_keys(keys: _Keys) -> None:
 
 def test_keys_longer_than_200_characters_are_refused(keys: _Keys) -> None:
     assert keys.claim("hook-1", "x" * 200) == Claim(None, reclaimed=False)
-    with pytest.raises(InvalidKey, match="201 characters"):
+    with pytest.raises(InvalidIdempotencyKeyError, match="201 characters"):
         keys.claim("hook-1", "x" * 201)
-    with pytest.raises(InvalidKey):
+    with pytest.raises(InvalidIdempotencyKeyError):
         keys.claim("hook-1", "")
 
 
 def test_finish_without_a_processing_claim_is_refused(keys: _Keys) -> None:
-    with pytest.raises(ClaimLost):
+    with pytest.raises(ClaimLostError):
         keys.finish("hook-1", "never-claimed", "accepted")
     keys.claim("hook-1", "k6")
     keys.finish("hook-1", "k6", "accepted")
-    with pytest.raises(ClaimLost):
+    with pytest.raises(ClaimLostError):
         keys.finish("hook-1", "k6", "rejected")
 
 
@@ -183,7 +183,7 @@ def _racer(url: str, barrier: Any, results: Any) -> None:
         barrier.wait()
         try:
             outcome = "won" if keys.claim("hook-race", f"key-{round_no}").reclaimed else "fresh"
-        except Busy:
+        except IdempotencyBusyError:
             outcome = "busy"
         results.put((round_no, outcome))
     engine.dispose()

@@ -21,12 +21,12 @@ from sqlalchemy.orm import Session
 from oncely.errors import ConfigurationError
 from oncely.storage import DuplicateTaskKeyError
 from oncely.tasks import (
-    LeaseLost,
+    LeaseLostError,
     MissingHandlerError,
-    NotReclaimable,
+    NotReclaimableError,
     Task,
     TaskFailure,
-    TaskNotFound,
+    TaskNotFoundError,
     Tasks,
     TaskStore,
     TaskWorker,
@@ -311,9 +311,9 @@ def test_a_late_result_is_refused(engine: sa.Engine) -> None:
     task = store.lease("worker-a", ["email.send"])
     assert task is not None
     _lapse(engine, task_id)
-    with pytest.raises(LeaseLost, match="success is not recorded"):
+    with pytest.raises(LeaseLostError, match="success is not recorded"):
         store.complete(task)
-    with pytest.raises(LeaseLost, match="failure is not recorded"):
+    with pytest.raises(LeaseLostError, match="failure is not recorded"):
         store.fail(task, RuntimeError("late"))
     row = _row(engine, task_id)
     assert (row["status"], row["last_error"], row["lease_owner"]) == ("leased", None, "worker-a")
@@ -329,11 +329,11 @@ def test_a_settle_with_a_stale_attempt_is_refused_after_a_newer_lease(engine: sa
     new = store.lease("worker-b", ["email.send"])
     assert new is not None
     assert new.attempt == 2
-    with pytest.raises(LeaseLost):
+    with pytest.raises(LeaseLostError):
         store.complete(old)
     # Even the same owner cannot settle an older attempt.
     stale_attempt = Task(**{**vars(new), "attempt": 1})
-    with pytest.raises(LeaseLost):
+    with pytest.raises(LeaseLostError):
         store.complete(stale_attempt)
     store.complete(new)
     assert _row(engine, task_id)["status"] == "completed"
@@ -352,7 +352,7 @@ def test_a_worker_counts_a_lost_lease_and_never_reports_success(engine: sa.Engin
     attempt = worker.run_once()
     assert attempt is not None
     assert attempt.outcome == "lease_lost"
-    assert isinstance(attempt.error, LeaseLost)
+    assert isinstance(attempt.error, LeaseLostError)
     assert [f.outcome for f in seen] == ["lease_lost"]
     assert _row(engine, task_id)["status"] == "leased"
     assert [c.outcome for c in worker.sweep()] == ["requeued"]
@@ -403,14 +403,14 @@ def test_an_irreversible_lease_expiry_is_stale_until_reclaimed(engine: sa.Engine
 
 def test_reclaim_refuses_unknown_and_live_tasks(engine: sa.Engine) -> None:
     store = TaskStore(engine=engine)
-    with pytest.raises(TaskNotFound):
+    with pytest.raises(TaskNotFoundError):
         store.reclaim(uuid.uuid4())
-    with pytest.raises(TaskNotFound):
+    with pytest.raises(TaskNotFoundError):
         store.reclaimable(uuid.uuid4())
     task_id = _enqueue(engine, "email.send", {})
-    with pytest.raises(NotReclaimable, match="is queued"):
+    with pytest.raises(NotReclaimableError, match="is queued"):
         store.reclaim(task_id)
-    with pytest.raises(NotReclaimable, match="is queued"):
+    with pytest.raises(NotReclaimableError, match="is queued"):
         store.reclaimable(task_id)
 
 
@@ -450,7 +450,7 @@ def test_renewal_is_refused_for_retry_safe_tasks_and_lost_leases(engine: sa.Engi
     before = order.lease_until
     assert order.renew_lease() > before
     _lapse(engine, irreversible)
-    with pytest.raises(LeaseLost, match="cannot be renewed"):
+    with pytest.raises(LeaseLostError, match="cannot be renewed"):
         order.renew_lease()
 
 

@@ -10,16 +10,16 @@ from confluent_kafka import KafkaError
 
 from oncely.relay import policy
 from oncely.relay.records import OutboxRow
+from oncely.runtime.retry import Backoff
 
 
 @pytest.mark.parametrize(
     ("attempts", "expected"), [(1, 1.0), (2, 2.0), (3, 4.0), (9, 256.0), (10, 300.0), (50, 300.0)]
 )
 def test_backoff_doubles_up_to_the_maximum(attempts: int, expected: float) -> None:
-    assert policy.backoff_seconds(attempts, base=1.0, maximum=300.0, jitter=lambda: 1.0) == expected
-    assert policy.backoff_seconds(attempts, base=1.0, maximum=300.0, jitter=lambda: 0.0) == (
-        expected / 2
-    )
+    backoff = Backoff(first=1.0, maximum=300.0, jitter=0.5)  # the relay's
+    assert backoff.delay(attempts, rand=lambda: 1.0) == expected
+    assert backoff.delay(attempts, rand=lambda: 0.0) == expected / 2
 
 
 @pytest.mark.parametrize(

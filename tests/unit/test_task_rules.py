@@ -9,6 +9,7 @@ import pytest
 from oncely.errors import MAX_ERROR_TEXT, ConfigurationError, error_text
 from oncely.tasks import MissingHandlerError, Task, Tasks
 from oncely.tasks.rules import (
+    DEFAULT_BACKOFF,
     Backoff,
     FailureDecision,
     after_failure,
@@ -22,21 +23,21 @@ from oncely.tasks.rules import (
     ("attempt", "seconds"), [(1, 1), (2, 2), (3, 4), (10, 512), (12, 2048), (13, 3600), (40, 3600)]
 )
 def test_backoff_doubles_up_to_an_hour(attempt: int, seconds: float) -> None:
-    assert Backoff().delay(attempt) == seconds
+    assert DEFAULT_BACKOFF.delay(attempt) == seconds
 
 
 def test_backoff_is_configurable() -> None:
-    assert Backoff(base=3, cap=10).delay(3) == 9
-    assert Backoff(base=3, cap=10).delay(4) == 10
-    assert Backoff(cap=0).delay(5) == 0
+    assert Backoff(first=1, multiplier=3, maximum=10).delay(3) == 9
+    assert Backoff(first=1, multiplier=3, maximum=10).delay(4) == 10
+    assert Backoff(first=1, maximum=0).delay(5) == 0
 
 
 def test_a_failure_is_retried_until_the_last_attempt_which_is_dead() -> None:
-    assert after_failure(1, 5, Backoff()) == FailureDecision(dead=False, delay=1)
-    assert after_failure(4, 5, Backoff()) == FailureDecision(dead=False, delay=8)
-    assert after_failure(5, 5, Backoff()) == FailureDecision(dead=True, delay=0)
+    assert after_failure(1, 5, DEFAULT_BACKOFF) == FailureDecision(dead=False, delay=1)
+    assert after_failure(4, 5, DEFAULT_BACKOFF) == FailureDecision(dead=False, delay=8)
+    assert after_failure(5, 5, DEFAULT_BACKOFF) == FailureDecision(dead=True, delay=0)
     # A reclaimed dead task that fails again is dead at once.
-    assert after_failure(6, 5, Backoff()).dead
+    assert after_failure(6, 5, DEFAULT_BACKOFF).dead
 
 
 def test_an_irreversible_lease_expiry_is_stale_never_requeued() -> None:

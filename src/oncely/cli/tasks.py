@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
 import sqlalchemy as sa
 import typer
@@ -19,18 +19,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from oncely.cli._imports import load_object
-from oncely.cli._options import DatabaseUrl, ExecuteNamed, parse_duration
+from oncely.cli._options import DatabaseUrl, ExecuteNamed, parse_duration, settings_epilog
 from oncely.cli._output import err, out, print_dry_run
 from oncely.errors import ConfigurationError
 from oncely.runtime.logs import configure_logging
+from oncely.settings import TaskSettings
 from oncely.storage.tables import TASK_STATUSES
-from oncely.tasks import (
-    Backoff,
-    MissingHandlerError,
-    Tasks,
-    TaskStore,
-    TaskWorker,
-)
+from oncely.tasks import MissingHandlerError, Tasks, TaskStore, run_worker
 from oncely.tasks.errors import TaskError
 from oncely.tasks.rules import iso_z
 
@@ -68,7 +63,7 @@ def _load_tasks(target: str) -> Tasks:
     return tasks
 
 
-@app.command()
+@app.command(epilog=settings_epilog(TaskSettings, "task worker"))
 def run(
     target: Annotated[
         str,
@@ -76,60 +71,62 @@ def run(
     ],
     database_url: DatabaseUrl,
     lease_seconds: Annotated[
-        float,
-        typer.Option(envvar="ONCELY_TASKS_LEASE_SECONDS", help="Lease of one attempt.", min=0.1),
-    ] = 60.0,
+        float | None, typer.Option(help="Lease of one attempt.", min=0.1, show_default=False)
+    ] = None,
     poll_seconds: Annotated[
-        float,
+        float | None,
         typer.Option(
-            envvar="ONCELY_TASKS_POLL_SECONDS",
             help="Longest idle wait between sweeps (NOTIFY wakes the worker sooner).",
             min=0.01,
-        ),
-    ] = 2.0,
-    retention: Annotated[
-        str,
-        typer.Option(
-            envvar="ONCELY_TASKS_RETENTION",
-            help="Delete finished tasks after this long (e.g. 7d, 12h); stale ones are kept.",
-        ),
-    ] = "7d",
-    max_backoff_seconds: Annotated[
-        float,
-        typer.Option(
-            envvar="ONCELY_TASKS_MAX_BACKOFF_SECONDS",
-            help="Cap of the retry backoff min(cap, 2 ** (attempt - 1)).",
-            min=0,
-        ),
-    ] = 3600.0,
-    worker_id: Annotated[
-        str | None,
-        typer.Option(
-            envvar="ONCELY_TASKS_WORKER_ID",
-            help="Lease owner name (default: hostname-pid-random).",
             show_default=False,
         ),
+    ] = None,
+    retention: Annotated[
+        str | None,
+        typer.Option(
+            help="Delete finished tasks after this long (e.g. 7d, 12h); stale ones are kept.",
+            show_default=False,
+        ),
+    ] = None,
+    max_backoff_seconds: Annotated[
+        float | None,
+        typer.Option(
+            help="Longest wait between retries (the first is 1 s, doubling).",
+            min=0,
+            show_default=False,
+        ),
+    ] = None,
+    worker_id: Annotated[
+        str | None,
+        typer.Option(help="Lease owner name (default: hostname-pid-random).", show_default=False),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="Serve /metrics, /healthz, /readyz on this port.", show_default=False),
     ] = None,
 ) -> None:
     """Run the tasks of an app until SIGTERM; refuse to start if a task name lacks a handler."""
     tasks = _load_tasks(target)
-    retention_seconds = parse_duration(retention).total_seconds()
+    flags: dict[str, Any] = {
+        "lease_seconds": lease_seconds,
+        "poll_seconds": poll_seconds,
+        "retention_seconds": None
+        if retention is None
+        else parse_duration(retention).total_seconds(),
+        "max_backoff_seconds": max_backoff_seconds,
+        "worker_id": worker_id,
+        "metrics_port": metrics_port,
+    }
+    settings = TaskSettings(**{k: v for k, v in flags.items() if v is not None})
     configure_logging(json=True)
-    with _database(database_url) as engine:
-        worker = TaskWorker(
-            engine=engine,
-            tasks=tasks,
-            lease_seconds=lease_seconds,
-            poll_seconds=poll_seconds,
-            retention_seconds=retention_seconds,
-            backoff=Backoff(cap=max_backoff_seconds),
-            worker_id=worker_id,
-        )
-        try:
-            worker.run()
-        except MissingHandlerError as exc:
-            err.print(f"[red]error:[/] refusing to start: {escape(str(exc))}")
-            raise typer.Exit(_CANNOT_RUN) from None
+    try:
+        run_worker(tasks, database_url=database_url, settings=settings)
+    except MissingHandlerError as exc:
+        err.print(f"[red]error:[/] refusing to start: {escape(str(exc))}")
+        raise typer.Exit(_CANNOT_RUN) from None
+    except sa.exc.OperationalError as exc:
+        err.print(f"[red]error:[/] database failure: {escape(str(exc.orig))}")
+        raise typer.Exit(_FAILED) from None
 
 
 @app.command(name="list")

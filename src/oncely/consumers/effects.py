@@ -40,6 +40,7 @@ from oncely.consumers.records import Envelope
 from oncely.consumers.writes import TableLike, Writes
 from oncely.errors import ConfigurationError
 from oncely.events import EventType, Registry
+from oncely.runtime.retry import Backoff
 from oncely.tasks.enqueue import enqueue_task
 from oncely.tasks.model import QueuedTask
 from oncely.wire import dlq_topic
@@ -89,7 +90,10 @@ class FailurePolicy:
     then: Literal["dead_letter", "block"] = "dead_letter"
 
     def backoff(self, attempt: int) -> float:
-        return min(self.max_backoff_seconds, self.initial_backoff_seconds * 2.0 ** (attempt - 1))
+        """Seconds to wait before retrying after failed attempt ``attempt``."""
+        return Backoff(first=self.initial_backoff_seconds, maximum=self.max_backoff_seconds).delay(
+            attempt
+        )
 
 
 S = TypeVar("S", Session, AsyncSession, default=Session)

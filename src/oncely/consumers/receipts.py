@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from oncely.errors import OncelyError
-from oncely.storage.queries import query
+from oncely.storage.queries import purge_in_batches, query
 
 
 class UnsafePurgeError(OncelyError):
@@ -78,17 +78,5 @@ def purge_receipts(
     Raises :class:`UnsafePurgeError` when ``older_than < retention`` and not ``force``.
     """
     check_horizon(older_than, retention, force=force)
-    total = 0
-    while True:
-        with engine.begin() as conn:
-            deleted = conn.execute(
-                query("receipts_purge"),
-                {
-                    "effect": effect,
-                    "older_than": older_than.total_seconds(),
-                    "batch_size": batch_size,
-                },
-            ).rowcount
-        total += deleted
-        if deleted < batch_size:
-            return total
+    params = {"effect": effect, "older_than": older_than.total_seconds()}
+    return purge_in_batches(engine, "receipts_purge", params, batch_size=batch_size)

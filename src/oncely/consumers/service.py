@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from collections.abc import Sequence
-from types import FrameType
 
 import sqlalchemy as sa
 
 from oncely.consumers.dlq import DeadLetters
 from oncely.consumers.effects import Effects
 from oncely.consumers.runner import EffectConsumer
-from oncely.runtime.http import HealthServer
 from oncely.runtime.metrics import ConsumerMetrics
+from oncely.runtime.process import database, serving, stop_on_signals
 from oncely.schemas.codec import Codec
 from oncely.schemas.loader import codec_for
 from oncely.settings import ConsumerSettings, KafkaSettings, TopicSettings
@@ -83,37 +81,34 @@ def run_consumers(
     When one effect's consumer fails (e.g. :class:`~oncely.security.KafkaAuthenticationError`
     for refused credentials), the others are stopped too and its exception is raised.
     """
-    stop = threading.Event()
-
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        log.info("stopping on signal %s", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    engine = sa.create_engine(
-        database_url, pool_pre_ping=True, pool_size=max(2, len(names) * settings.lanes)
-    )
-    metrics = ConsumerMetrics()
-    consumers = build_consumers(
-        effects=effects,
-        names=names,
-        engine=engine,
-        kafka=kafka,
-        settings=settings,
-        metrics=metrics,
-        codec=codec,
-        stop=stop,
-    )
-    server = None
-    if settings.metrics_port is not None:
-        server = HealthServer(
+    pool_size = max(2, len(names) * settings.lanes)
+    with (
+        stop_on_signals() as stop,
+        database(database_url, pool_pre_ping=True, pool_size=pool_size) as engine,
+    ):
+        metrics = ConsumerMetrics()
+        consumers = build_consumers(
+            effects=effects,
+            names=names,
+            engine=engine,
+            kafka=kafka,
+            settings=settings,
+            metrics=metrics,
+            codec=codec,
+            stop=stop,
+        )
+        with serving(
+            settings.metrics_port,
             registry=metrics.registry,
             healthy=lambda: all(c.healthy() for c in consumers),
             ready=lambda: all(c.ready() for c in consumers),
-            port=settings.metrics_port,
-        )
-        server.start()
+        ):
+            _run_threads(consumers, stop)
+    log.info("consumers stopped", extra={"effects": list(names)})
+
+
+def _run_threads(consumers: Sequence[EffectConsumer], stop: threading.Event) -> None:
+    """Run each consumer on its own thread until ``stop`` or one fails (then raise its error)."""
     failures: list[BaseException] = []
 
     def run(consumer: EffectConsumer) -> None:
@@ -128,17 +123,11 @@ def run_consumers(
     ]
     for thread in threads:
         thread.start()
-    log.info("consumers started", extra={"effects": list(names)})
-    try:
-        while any(t.is_alive() for t in threads) and not stop.is_set():
-            stop.wait(0.5)
-        stop.set()
-        for thread in threads:
-            thread.join()
-    finally:
-        if server is not None:
-            server.stop()
-        engine.dispose()
+    log.info("consumers started", extra={"effects": [c.effect.name for c in consumers]})
+    while any(t.is_alive() for t in threads) and not stop.is_set():
+        stop.wait(0.5)
+    stop.set()
+    for thread in threads:
+        thread.join()
     if failures:
         raise failures[0]
-    log.info("consumers stopped", extra={"effects": list(names)})

@@ -2,26 +2,26 @@
 
 from oncely.producer.idempotency import (
     AsyncIdempotencyKeys,
-    Busy,
     Claim,
-    ClaimLost,
+    ClaimLostError,
+    IdempotencyBusyError,
     IdempotencyError,
     IdempotencyKeys,
-    InvalidKey,
-    Mismatch,
+    IdempotencyMismatchError,
+    InvalidIdempotencyKeyError,
 )
 from oncely.producer.staging import DuplicateInTransactionError, StagedEvent, stage, stage_many
 
 __all__ = [
     "AsyncIdempotencyKeys",
-    "Busy",
     "Claim",
-    "ClaimLost",
+    "ClaimLostError",
     "DuplicateInTransactionError",
+    "IdempotencyBusyError",
     "IdempotencyError",
     "IdempotencyKeys",
-    "InvalidKey",
-    "Mismatch",
+    "IdempotencyMismatchError",
+    "InvalidIdempotencyKeyError",
     "StagedEvent",
     "stage",
     "stage_many",

@@ -16,7 +16,7 @@ settled with the same fence as the worker's (attempt and owner, on the database 
 - it raises: the task records ``attempts=1`` and ``last_error`` and is retried (or is dead
   after its last attempt), and :class:`PostCommitEffectError` is raised, carrying the
   :class:`PostCommitResult`: the business is committed, the worker retries the rest;
-- the settle finds the lease lost: :class:`~oncely.tasks.LeaseLost` is among the
+- the settle finds the lease lost: :class:`~oncely.tasks.LeaseLostError` is among the
   errors of the :class:`PostCommitEffectError`; success is never reported over a newer owner.
 
 If a worker leased the task first (it wakes at the commit), the effect is simply pending.
@@ -36,17 +36,19 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from oncely.errors import OncelyError
-from oncely.tasks.enqueue import enqueue_task
-from oncely.tasks.model import Handler, Renewer
-from oncely.tasks.rules import Backoff, Policy
-from oncely.tasks.steps import Step, drive, drive_async
-from oncely.tasks.store import (
+from oncely.runtime.process import process_id
+from oncely.runtime.retry import Backoff
+from oncely.runtime.steps import Step, drive, drive_async
+from oncely.tasks import (
+    DEFAULT_BACKOFF,
     DEFAULT_LEASE_SECONDS,
+    Handler,
+    Policy,
+    Renewer,
     TaskStore,
-    attempt_steps,
-    lease_by_key_sql,
+    deliver_steps,
+    enqueue_task,
 )
-from oncely.tasks.worker import new_worker_id
 
 T = TypeVar("T")
 
@@ -146,8 +148,9 @@ def _post_commit_steps(
     for task_key, deliver in staged:
         if deliver is None:
             continue
-        claim = lease_by_key_sql(owner, task_key, lease_seconds)
-        attempt = yield from attempt_steps(claim, deliver, backoff=backoff, renewer=renewer)
+        attempt = yield from deliver_steps(
+            owner, task_key, deliver, lease_seconds=lease_seconds, backoff=backoff, renewer=renewer
+        )
         if attempt is None:
             continue
         if attempt.outcome == "completed":
@@ -184,8 +187,10 @@ class DurableCommand:
         backoff: Backoff | None = None,
     ) -> None:
         self.engine = engine
-        self.store = TaskStore(engine=engine, lease_seconds=lease_seconds, backoff=backoff)
-        self.owner = f"command-{new_worker_id()}"
+        self.lease_seconds = lease_seconds
+        self.backoff = backoff or DEFAULT_BACKOFF
+        self.renewer = TaskStore(engine=engine, lease_seconds=lease_seconds).renew
+        self.owner = f"command-{process_id()}"
 
     def execute(
         self, stage_business: Callable[[Session], T], *, effects: Effects[T] = ()
@@ -202,9 +207,9 @@ class DurableCommand:
             value,
             staged,
             owner=self.owner,
-            lease_seconds=self.store.lease_seconds,
-            backoff=self.store.backoff,
-            renewer=self.store.renew,
+            lease_seconds=self.lease_seconds,
+            backoff=self.backoff,
+            renewer=self.renewer,
         )
         return _finish(*drive(self.engine, steps))
 
@@ -225,8 +230,8 @@ class AsyncDurableCommand:
     ) -> None:
         self.engine = engine
         self.lease_seconds = lease_seconds
-        self.backoff = backoff or Backoff()
-        self.owner = f"command-{new_worker_id()}"
+        self.backoff = backoff or DEFAULT_BACKOFF
+        self.owner = f"command-{process_id()}"
 
     async def execute(
         self,

@@ -4,24 +4,24 @@ One row per ``(owner, key)`` in ``oncely_idempotency_keys``. The owner is whoeve
 keys: a webhook, or the *user* behind an API key (so rotating the key still recognises the same
 request). The rules, applied by :meth:`IdempotencyKeys.claim`:
 
-======================================  ==============================================
+======================================  ================================================
 existing row                            result
-======================================  ==============================================
+======================================  ================================================
 none (the insert wins)                  ``Claim(previous=None, reclaimed=False)``: process it
 ``accepted``                            ``Claim(previous={..., "duplicate": True})``: do not
 ``rejected``                            claimed again (a rejected request may be resent)
 ``processing``, older than stale limit  ``Claim(previous=None, reclaimed=True)``: the first
                                         worker most likely died; look for work already done
-``processing``, fresh                   :class:`Busy` (HTTP 409)
-vanished between conflict and read      :class:`Busy`
-different fingerprint, accepted or      :class:`Mismatch` (HTTP 422): never hand back
-processing                              another request's result
-======================================  ==============================================
+``processing``, fresh                   :class:`IdempotencyBusyError` (HTTP 409)
+vanished between conflict and read      :class:`IdempotencyBusyError`
+different fingerprint, accepted or      :class:`IdempotencyMismatchError` (HTTP 422): never
+processing                              hand back another request's result
+======================================  ================================================
 
 Re-claiming is a conditional UPDATE (status and ``received_at`` must still match), so of two
-concurrent re-claims exactly one wins and the other gets :class:`Busy`. Staleness is measured on
-the database clock. Each call runs in its own short transaction, so a claim is visible to
-concurrent requests at once.
+concurrent re-claims exactly one wins and the other gets :class:`IdempotencyBusyError`.
+Staleness is measured on the database clock. Each call runs in its own short transaction, so a
+claim is visible to concurrent requests at once.
 
 The rules are written once, as generators of statements (:func:`_claim_steps`), driven by a
 sync (:class:`IdempotencyKeys`) and an async (:class:`AsyncIdempotencyKeys`) runner.
@@ -32,45 +32,46 @@ from __future__ import annotations
 import json
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from oncely.errors import OncelyError
+from oncely.runtime.steps import Sql, Step, drive, drive_async
 from oncely.storage.queries import query
 from oncely.storage.tables import IDEMPOTENCY_KEY_MAX
 
 STALE_AFTER_SECONDS = 600.0
 
 Outcome = Literal["accepted", "rejected"]
-_Step = tuple[sa.TextClause, dict[str, Any]]
-_Steps = Generator[_Step, "sa.Row[Any] | None", Any]
+R = TypeVar("R")
+_Steps = Generator[Step, "list[sa.Row[Any]]", R]
 
 
 class IdempotencyError(OncelyError):
     """An idempotency key could not be claimed or finished."""
 
 
-class Busy(IdempotencyError):
+class IdempotencyBusyError(IdempotencyError):
     """A request with this idempotency key is being processed; retry later (HTTP 409)."""
 
     http_status = 409
 
 
-class Mismatch(IdempotencyError):
+class IdempotencyMismatchError(IdempotencyError):
     """This idempotency key was used for a different request (HTTP 422)."""
 
     http_status = 422
 
 
-class InvalidKey(IdempotencyError):
+class InvalidIdempotencyKeyError(IdempotencyError):
     """The idempotency key is empty or longer than 200 characters (HTTP 400)."""
 
     http_status = 400
 
 
-class ClaimLost(IdempotencyError):
+class ClaimLostError(IdempotencyError):
     """The claim is no longer processing: it was finished or taken over by another request."""
 
 
@@ -94,7 +95,7 @@ class Claim:
 
 def _check_key(key: str) -> None:
     if not key or len(key) > IDEMPOTENCY_KEY_MAX:
-        raise InvalidKey(
+        raise InvalidIdempotencyKeyError(
             f"idempotency key of {len(key)} characters: use 1 to {IDEMPOTENCY_KEY_MAX} characters"
         )
 
@@ -109,23 +110,19 @@ def _claim_steps(
     fingerprint: str | None,
     extra: Mapping[str, Any] | None,
     stale_after: float,
-) -> _Steps:
+) -> _Steps[Claim]:
     _check_key(key)
     ident = {"owner": owner, "key": key}
-    inserted = yield (
+    inserted = yield Sql(
         query("idempotency_insert"),
-        {
-            **ident,
-            "fingerprint": fingerprint,
-            "extra": _json(extra),
-        },
+        {**ident, "fingerprint": fingerprint, "extra": _json(extra)},
     )
-    if inserted is not None:
+    if inserted:
         return Claim(previous=None, reclaimed=False)
-    row = yield query("idempotency_get"), ident
-    if row is None:
-        raise Busy(f"idempotency key {key!r} changed while being read; retry")
-    existing = row._mapping
+    rows = yield Sql(query("idempotency_get"), ident)
+    if not rows:
+        raise IdempotencyBusyError(f"idempotency key {key!r} changed while being read; retry")
+    existing = rows[0]._mapping
     status = existing["status"]
     if (
         status in ("accepted", "processing")
@@ -133,7 +130,9 @@ def _claim_steps(
         and existing["fingerprint"] is not None
         and fingerprint != existing["fingerprint"]
     ):
-        raise Mismatch(f"idempotency key {key!r} was already used for a different request")
+        raise IdempotencyMismatchError(
+            f"idempotency key {key!r} was already used for a different request"
+        )
     if status == "accepted":
         previous = {
             "status": "accepted",
@@ -144,8 +143,10 @@ def _claim_steps(
         return Claim(previous=previous, reclaimed=False)
     stale = status == "processing" and float(existing["age_seconds"]) >= stale_after
     if status == "processing" and not stale:
-        raise Busy(f"a request with idempotency key {key!r} is being processed; retry later")
-    updated = yield (
+        raise IdempotencyBusyError(
+            f"a request with idempotency key {key!r} is being processed; retry later"
+        )
+    updated = yield Sql(
         query("idempotency_reclaim"),
         {
             **ident,
@@ -155,8 +156,10 @@ def _claim_steps(
             "expected_received_at": existing["received_at"],
         },
     )
-    if updated is None:
-        raise Busy(f"another request re-claimed idempotency key {key!r} first; retry later")
+    if not updated:
+        raise IdempotencyBusyError(
+            f"another request re-claimed idempotency key {key!r} first; retry later"
+        )
     return Claim(previous=None, reclaimed=stale)
 
 
@@ -166,10 +169,10 @@ def _finish_steps(
     status: Outcome,
     detail: str | None,
     result: Mapping[str, Any] | None,
-) -> _Steps:
+) -> _Steps[None]:
     if status not in ("accepted", "rejected"):
         raise ValueError(f"finish status must be 'accepted' or 'rejected', not {status!r}")
-    finished = yield (
+    finished = yield Sql(
         query("idempotency_finish"),
         {
             "owner": owner,
@@ -179,24 +182,15 @@ def _finish_steps(
             "result": _json(result),
         },
     )
-    if finished is None:
-        raise ClaimLost(f"idempotency key {key!r} of {owner!r} is not being processed")
-
-
-def _drive(conn: sa.Connection, steps: _Steps) -> Any:
-    try:
-        statement, params = next(steps)
-        while True:
-            row = conn.execute(statement, params).one_or_none()
-            statement, params = steps.send(row)
-    except StopIteration as done:
-        return done.value
+    if not finished:
+        raise ClaimLostError(f"idempotency key {key!r} of {owner!r} is not being processed")
 
 
 class IdempotencyKeys:
     """Claim and finish inbound idempotency keys on a (sync) SQLAlchemy ``Engine``.
 
-    Raises :class:`Busy`, :class:`Mismatch`, :class:`InvalidKey` or :class:`ClaimLost` (all
+    Raises :class:`IdempotencyBusyError`, :class:`IdempotencyMismatchError`,
+    :class:`InvalidIdempotencyKeyError` or :class:`ClaimLostError` (all
     :class:`IdempotencyError`) as the rules in this module's docstring say.
     """
 
@@ -213,11 +207,7 @@ class IdempotencyKeys:
         extra: Mapping[str, Any] | None = None,
     ) -> Claim:
         """Claim ``(owner, key)`` for processing; see the module docstring for the rules."""
-        with self.engine.begin() as conn:
-            claim: Claim = _drive(
-                conn, _claim_steps(owner, key, fingerprint, extra, self.stale_after)
-            )
-        return claim
+        return drive(self.engine, _claim_steps(owner, key, fingerprint, extra, self.stale_after))
 
     def finish(
         self,
@@ -228,8 +218,7 @@ class IdempotencyKeys:
         result: Mapping[str, Any] | None = None,
     ) -> None:
         """Record the outcome of a claim: ``accepted`` (with its result) or ``rejected``."""
-        with self.engine.begin() as conn:
-            _drive(conn, _finish_steps(owner, key, status, detail, result))
+        drive(self.engine, _finish_steps(owner, key, status, detail, result))
 
 
 class AsyncIdempotencyKeys:
@@ -248,11 +237,9 @@ class AsyncIdempotencyKeys:
         extra: Mapping[str, Any] | None = None,
     ) -> Claim:
         """Claim ``(owner, key)`` for processing; see the module docstring for the rules."""
-        async with self.engine.begin() as conn:
-            claim: Claim = await conn.run_sync(
-                _drive, _claim_steps(owner, key, fingerprint, extra, self.stale_after)
-            )
-        return claim
+        return await drive_async(
+            self.engine, _claim_steps(owner, key, fingerprint, extra, self.stale_after)
+        )
 
     async def finish(
         self,
@@ -263,5 +250,4 @@ class AsyncIdempotencyKeys:
         result: Mapping[str, Any] | None = None,
     ) -> None:
         """Record the outcome of a claim: ``accepted`` (with its result) or ``rejected``."""
-        async with self.engine.begin() as conn:
-            await conn.run_sync(_drive, _finish_steps(owner, key, status, detail, result))
+        await drive_async(self.engine, _finish_steps(owner, key, status, detail, result))

@@ -9,9 +9,6 @@ other error (record too large, unknown topic, authorisation) is *permanent*: aft
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable
-
 from confluent_kafka import KafkaError
 
 from oncely import errors
@@ -39,18 +36,6 @@ _TRANSIENT = frozenset(
 def is_transient(error: KafkaError) -> bool:
     """Whether a failed delivery should retry forever (broker trouble) or count toward dead."""
     return error.code() in _TRANSIENT
-
-
-def backoff_seconds(
-    attempts: int,
-    *,
-    base: float,
-    maximum: float,
-    jitter: Callable[[], float] = random.random,
-) -> float:
-    """``min(maximum, base * 2 ** (attempts - 1))``, scaled by a random factor in [0.5, 1)."""
-    delay = min(maximum, base * 2.0 ** max(0, attempts - 1))
-    return delay * (0.5 + jitter() / 2)
 
 
 def goes_dead(error: KafkaError, attempts: int, *, max_attempts: int) -> bool:

@@ -46,9 +46,11 @@ from oncely.relay.publisher import Publisher
 from oncely.relay.records import OutboxRow
 from oncely.relay.snapshots import Snapshot
 from oncely.relay.store import Held, Parking, Progress, RelayStore, ShardProgress
-from oncely.relay.wakeup import Wakeup
 from oncely.runtime.failpoints import failpoint
 from oncely.runtime.metrics import RelayMetrics
+from oncely.runtime.process import Every
+from oncely.runtime.retry import Backoff
+from oncely.runtime.wakeup import Wakeup
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import RelaySettings
 
@@ -151,6 +153,9 @@ class Relay:
         self.settings = settings
         self.metrics = metrics
         self._wakeup = wakeup
+        self._backoff = Backoff(
+            first=settings.backoff_base_seconds, maximum=settings.backoff_max_seconds, jitter=0.5
+        )
         self._publisher = publisher_factory()
         self._shards: dict[int, _Shard] = {}
         self._parked: dict[tuple[str, str], Parking] = {}
@@ -193,20 +198,19 @@ class Relay:
         Raises :class:`KafkaAuthenticationError` (after giving back its shards) when the broker
         refuses the credentials.
         """
-        next_tick = next_gauges = next_purge = time.monotonic()
+        tick = Every(self.settings.lease_seconds / 3)
+        gauges = Every(_GAUGE_INTERVAL)
+        purge = Every(self.settings.purge_interval_seconds)
         while not stop.is_set():
-            self.heartbeat = now = time.monotonic()
+            self.heartbeat = time.monotonic()
             if self._publisher.auth_failed is not None:
                 break
-            if now >= next_tick:
+            if tick.due():
                 self._tick()
-                next_tick = now + self.settings.lease_seconds / 3
-            if now >= next_gauges:
+            if gauges.due():
                 self._update_gauges()
-                next_gauges = now + _GAUGE_INTERVAL
-            if now >= next_purge:
+            if purge.due():
                 self._purge()
-                next_purge = now + self.settings.purge_interval_seconds
             self._publisher.poll(0)
             self._settle()
             self._release_parked()
@@ -227,9 +231,7 @@ class Relay:
                 self._set_asleep(True)  # then read once more before waiting
                 continue
             else:
-                self._wakeup.wait(
-                    min(self.settings.poll_interval_seconds, max(0.0, next_tick - now))
-                )
+                self._wakeup.wait(min(self.settings.poll_interval_seconds, tick.remaining()))
             self._poll = min(_POLL_MAX, self._poll * 2)
         self._drain()
         if self._publisher.auth_failed is not None:
@@ -723,11 +725,7 @@ class Relay:
             shard.cursor = shard.recorded
             if backoff:
                 shard.attempts += 1
-                shard.retry_at = now + policy.backoff_seconds(
-                    shard.attempts,
-                    base=self.settings.backoff_base_seconds,
-                    maximum=self.settings.backoff_max_seconds,
-                )
+                shard.retry_at = now + self._backoff.delay(shard.attempts)
         self._refresh_parked()
 
     def _dead_letter(self, row: OutboxRow, error: str) -> None:

@@ -3,32 +3,23 @@
 from __future__ import annotations
 
 import logging
-import os
-import secrets
-import signal
-import socket
 import threading
-from types import FrameType
 
 import sqlalchemy as sa
 
 from oncely.relay.publisher import Publisher
 from oncely.relay.relay import Relay
 from oncely.relay.store import RelayStore
-from oncely.relay.wakeup import Wakeup
-from oncely.runtime.http import HealthServer
 from oncely.runtime.metrics import RelayMetrics
+from oncely.runtime.process import database, process_id, serving, stop_on_signals
+from oncely.runtime.wakeup import Wakeup
 from oncely.settings import KafkaSettings, RelaySettings
+from oncely.storage.tables import NOTIFY_CHANNEL
 
 log = logging.getLogger(__name__)
 
 #: How long start-up waits for the broker's answer to find refused credentials.
 _CREDENTIALS_TIMEOUT = 10.0
-
-
-def default_relay_id() -> str:
-    """``hostname-pid-random``: unique per process, readable as a shard's ``owner``."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 def producer_config(kafka: KafkaSettings, relay: RelaySettings) -> dict[str, object]:
@@ -72,7 +63,7 @@ def build_relay(
     Raises :class:`~oncely.security.KafkaAuthenticationError` when the broker refuses the
     credentials (checked before anything is read; an unreachable broker is not an error).
     """
-    owner = settings.relay_id or default_relay_id()
+    owner = settings.relay_id or process_id()
     config = producer_config(kafka, settings)
 
     def publisher() -> Publisher:
@@ -80,13 +71,12 @@ def build_relay(
         made.check_credentials(timeout=_CREDENTIALS_TIMEOUT)
         return made
 
-    dsn = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
     return Relay(
         store=RelayStore(engine, owner=owner),
         publisher_factory=publisher,
         settings=settings,
         metrics=metrics or RelayMetrics(),
-        wakeup=Wakeup(dsn, stop=stop),
+        wakeup=Wakeup.of(engine, channel=NOTIFY_CHANNEL, stop=stop),
     )
 
 
@@ -96,42 +86,26 @@ def run_relay(*, database_url: str, kafka: KafkaSettings, settings: RelaySetting
     Raises :class:`~oncely.security.KafkaAuthenticationError` when the broker refuses the
     credentials, at start-up or later (the leases it holds are given back first).
     """
-    stop = threading.Event()
-
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        log.info("stopping on signal %s", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
     # No pre-ping: every database error is handled by the loop, and a broken connection is
     # replaced on the next call.
-    engine = sa.create_engine(
-        database_url,
-        pool_size=2,
-        connect_args={"options": session_options(database_url, settings)},
-    )
-    relay = build_relay(engine=engine, kafka=kafka, settings=settings, stop=stop)
-    server = None
-    if settings.metrics_port is not None:
-        server = HealthServer(
+    options = {"options": session_options(database_url, settings)}
+    with (
+        stop_on_signals() as stop,
+        database(database_url, pool_size=2, connect_args=options) as engine,
+    ):
+        relay = build_relay(engine=engine, kafka=kafka, settings=settings, stop=stop)
+        with serving(
+            settings.metrics_port,
             registry=relay.metrics.registry,
             healthy=relay.healthy,
             ready=relay.ready,
-            port=settings.metrics_port,
-        )
-        server.start()
-    log.info(
-        "relay started",
-        extra={
-            "relay_id": relay.store.owner,
-            "bootstrap_servers": kafka.bootstrap_servers,
-            "metrics_port": server.port if server else None,
-        },
-    )
-    try:
-        relay.run(stop)
-    finally:
-        if server is not None:
-            server.stop()
-        engine.dispose()
+        ) as server:
+            log.info(
+                "relay started",
+                extra={
+                    "relay_id": relay.store.owner,
+                    "bootstrap_servers": kafka.bootstrap_servers,
+                    "metrics_port": server.port if server else None,
+                },
+            )
+            relay.run(stop)

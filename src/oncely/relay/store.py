@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from oncely.relay.records import OutboxRow
 from oncely.relay.snapshots import Difference, Snapshot
 from oncely.runtime.failpoints import failpoint
-from oncely.storage.queries import query
+from oncely.storage.queries import purge_in_batches, query
 
 
 @dataclass(frozen=True, slots=True)
@@ -476,16 +476,8 @@ class RelayStore:
 
     def purge(self, *, older_than_seconds: float, batch_size: int = 5000) -> int:
         """Delete rows older than the horizon that every read has passed, in batches."""
-        total = 0
-        while True:
-            with self.engine.begin() as conn:
-                deleted = conn.execute(
-                    query("relay_purge"),
-                    {"older_than": older_than_seconds, "batch_size": batch_size},
-                ).rowcount
-            total += deleted
-            if deleted < batch_size:
-                return total
+        params = {"older_than": older_than_seconds}
+        return purge_in_batches(self.engine, "relay_purge", params, batch_size=batch_size)
 
     def purge_preview(self, *, older_than_seconds: float) -> list[TopicPurge]:
         """What :meth:`purge` would delete now, per topic; changes nothing."""

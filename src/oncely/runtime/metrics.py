@@ -128,3 +128,26 @@ class ConsumerMetrics:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
             registry=r,
         )
+
+
+class TaskMetrics:
+    """Counters of one task worker process."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.attempts = Counter(
+            "oncely_tasks_attempts",
+            "Attempts run, by task name and outcome (completed, retry, dead, lease_lost).",
+            ["name", "outcome"],
+            registry=r,
+        )
+        self.swept = Counter(
+            "oncely_tasks_swept",
+            "Tasks the sweep settled (TTL passed or lease expired), by outcome.",
+            ["outcome"],
+            registry=r,
+        )
+        self.purged = Counter(
+            "oncely_tasks_purged", "Finished tasks deleted after the retention.", registry=r
+        )

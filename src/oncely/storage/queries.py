@@ -9,6 +9,7 @@ receipt statement is one reviewed piece of SQL with bound ``:parameters``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 
@@ -39,3 +40,22 @@ def query(name: str) -> sa.TextClause:
 
 def query_names() -> frozenset[str]:
     return frozenset(_load())
+
+
+def purge_in_batches(
+    engine: sa.Engine, name: str, params: Mapping[str, object], *, batch_size: int
+) -> int:
+    """Run the named ``DELETE`` (of at most ``:batch_size`` rows) in one transaction at a time
+    until it deletes fewer than ``batch_size``; return how many rows it deleted in all.
+
+    Short transactions keep a large purge from holding locks (or bloating one snapshot) long.
+    """
+    statement = query(name)
+    bound = {**params, "batch_size": batch_size}
+    total = 0
+    while True:
+        with engine.begin() as conn:
+            deleted = conn.execute(statement, bound).rowcount
+        total += deleted
+        if deleted < batch_size:
+            return total

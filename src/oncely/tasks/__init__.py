@@ -6,46 +6,53 @@ Enqueue in the business transaction with :func:`enqueue_task`; register handlers
 The states and decisions are in :mod:`.rules`; the statements in ``storage/sql/tasks.sql``.
 """
 
+from oncely.runtime.retry import Backoff
 from oncely.tasks.app import Tasks
 from oncely.tasks.enqueue import enqueue_task
 from oncely.tasks.errors import (
-    LeaseLost,
+    LeaseLostError,
     MissingHandlerError,
-    NotReclaimable,
+    NotReclaimableError,
     TaskError,
-    TaskNotFound,
+    TaskNotFoundError,
 )
 from oncely.tasks.model import (
     Attempt,
     Handler,
     Observer,
     QueuedTask,
+    Renewer,
     Task,
     TaskFailure,
     TaskRecord,
 )
-from oncely.tasks.rules import Backoff, Policy, default_task_key
-from oncely.tasks.store import TaskStore
-from oncely.tasks.worker import TaskWorker
+from oncely.tasks.rules import DEFAULT_BACKOFF, Policy, default_task_key
+from oncely.tasks.store import DEFAULT_LEASE_SECONDS, TaskStore, deliver_steps
+from oncely.tasks.worker import TaskWorker, run_worker
 
 __all__ = [
+    "DEFAULT_BACKOFF",
+    "DEFAULT_LEASE_SECONDS",
     "Attempt",
     "Backoff",
     "Handler",
-    "LeaseLost",
+    "LeaseLostError",
     "MissingHandlerError",
-    "NotReclaimable",
+    "NotReclaimableError",
     "Observer",
     "Policy",
     "QueuedTask",
+    "Renewer",
     "Task",
     "TaskError",
     "TaskFailure",
-    "TaskNotFound",
+    "TaskNotFoundError",
     "TaskRecord",
     "TaskStore",
     "TaskWorker",
     "Tasks",
     "default_task_key",
+    "deliver_steps",
     "enqueue_task",
+    "run_worker",
 ]

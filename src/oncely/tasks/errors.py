@@ -11,7 +11,7 @@ class TaskError(OncelyError):
     """A durable task could not be leased, settled or changed."""
 
 
-class LeaseLost(TaskError):
+class LeaseLostError(TaskError):
     """The lease of this attempt is gone (it expired, was swept or re-leased): result refused.
 
     Raised by a settle or a renewal whose fenced UPDATE matched no row. The task's state belongs
@@ -19,11 +19,11 @@ class LeaseLost(TaskError):
     """
 
 
-class TaskNotFound(TaskError):
+class TaskNotFoundError(TaskError):
     """No task has this id."""
 
 
-class NotReclaimable(TaskError):
+class NotReclaimableError(TaskError):
     """Only a stale, dead or failed task can be reclaimed."""
 
 

@@ -57,7 +57,7 @@ class Task:
                 again"; give the worker a longer lease instead).
             TaskError: the task runs where renewal is not available (an
                 :class:`~oncely.producer.commands.AsyncDurableCommand`'s immediate delivery).
-            LeaseLost: the lease already ran out or belongs to a newer attempt.
+            LeaseLostError: the lease already ran out or belongs to a newer attempt.
         """
         if self.policy != "irreversible":
             raise ConfigurationError(
@@ -114,7 +114,7 @@ Outcome = Literal["completed", "retry", "dead", "lease_lost"]
 class Attempt:
     """How one leased attempt ended.
 
-    ``error`` is the handler's exception (``retry``/``dead``), or the :class:`LeaseLost` that
+    ``error`` is the handler's exception (``retry``/``dead``), or the :class:`LeaseLostError` that
     refused the settle; ``message`` is what was stored as ``last_error``; ``retry_in`` the
     backoff in seconds of a ``retry``.
     """

@@ -27,22 +27,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from oncely.runtime.retry import Backoff
+
+#: A task's retries: 1 s after the first failure, doubling, at most an hour.
+DEFAULT_BACKOFF = Backoff(first=1.0, maximum=3600.0)
+
 Policy = Literal["retry_safe", "irreversible"]
 LapsedStatus = Literal["queued", "stale", "failed", "expired"]
 
 DEFAULT_MAX_ATTEMPTS = 5
 NOT_CONFIRMED = "not confirmed: the handler returned False"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Backoff:
-    """The wait before retrying after failed attempt ``n``: ``min(cap, base ** (n - 1))`` s."""
-
-    base: float = 2.0
-    cap: float = 3600.0
-
-    def delay(self, attempt: int) -> float:
-        return float(min(self.cap, self.base ** max(0, attempt - 1)))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ the sync API over them, for the worker, the CLI and operators' scripts.
 
 Every settle (complete, retry, dead) and every renewal is fenced: it matches only the task's
 current attempt, leased by the same owner, while the lease runs on the database clock. A
-settle that matches nothing raises :class:`LeaseLost`; nothing is overwritten.
+settle that matches nothing raises :class:`LeaseLostError`; nothing is overwritten.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from uuid import UUID
 import sqlalchemy as sa
 
 from oncely.errors import error_text
-from oncely.storage.queries import query
-from oncely.tasks.errors import LeaseLost, NotReclaimable, TaskError, TaskNotFound
+from oncely.runtime.retry import Backoff
+from oncely.runtime.steps import Call, Ran, Sql, Step, drive
+from oncely.storage.queries import purge_in_batches, query
+from oncely.tasks.errors import LeaseLostError, NotReclaimableError, TaskError, TaskNotFoundError
 from oncely.tasks.model import (
     Attempt,
     Handler,
@@ -30,13 +32,12 @@ from oncely.tasks.model import (
     TaskRecord,
 )
 from oncely.tasks.rules import (
+    DEFAULT_BACKOFF,
     NOT_CONFIRMED,
-    Backoff,
     FailureDecision,
     after_failure,
     after_lease_expiry,
 )
-from oncely.tasks.steps import Call, Ran, Sql, Step, drive
 
 DEFAULT_LEASE_SECONDS = 60.0
 SWEEP_BATCH = 100
@@ -59,6 +60,22 @@ def lease_by_key_sql(owner: str, task_key: str, lease_seconds: float) -> Sql:
     )
 
 
+def deliver_steps(
+    owner: str,
+    task_key: str,
+    handler: Handler,
+    *,
+    lease_seconds: float,
+    backoff: Backoff,
+    renewer: Renewer | None,
+) -> Generator[Step, Any, Attempt | None]:
+    """Lease the task with ``task_key`` if it is queued and due, run ``handler`` on it and
+    settle the result with the worker's fence; ``None`` when it was not leased (a worker was
+    first). Drive with :func:`oncely.runtime.steps.drive` (or ``drive_async``)."""
+    claim = lease_by_key_sql(owner, task_key, lease_seconds)
+    return (yield from attempt_steps(claim, handler, backoff=backoff, renewer=renewer))
+
+
 def _task(row: sa.Row[Any], renewer: Renewer | None) -> Task:
     return Task(
         id=row.id,
@@ -79,8 +96,8 @@ def _fence(task: Task) -> dict[str, Any]:
     return {"id": task.id, "attempt": task.attempt, "owner": task.lease_owner}
 
 
-def _lost(task: Task, refused: str) -> LeaseLost:
-    return LeaseLost(
+def _lost(task: Task, refused: str) -> LeaseLostError:
+    return LeaseLostError(
         f"attempt {task.attempt} of task {task.name!r} ({task.id}) is no longer leased by "
         f"{task.lease_owner}: {refused}"
     )
@@ -92,7 +109,7 @@ def claim_steps(claim: Sql, renewer: Renewer | None) -> Generator[Step, Any, Tas
 
 
 def complete_steps(task: Task) -> Generator[Step, Any, None]:
-    """Mark the attempt completed; :class:`LeaseLost` if the fence refuses it."""
+    """Mark the attempt completed; :class:`LeaseLostError` if the fence refuses it."""
     if not (yield Sql(query("task_complete"), _fence(task))):
         raise _lost(task, "its success is not recorded")
 
@@ -124,7 +141,7 @@ def attempt_steps(
     """Claim one task, run ``handler`` on it outside any transaction, settle the result.
 
     Returns ``None`` when nothing was claimed. A lost lease is an ``Attempt`` with outcome
-    ``lease_lost`` (its ``error`` is the :class:`LeaseLost`), never a success.
+    ``lease_lost`` (its ``error`` is the :class:`LeaseLostError`), never a success.
     """
     task = yield from claim_steps(claim, renewer)
     if task is None:
@@ -136,7 +153,7 @@ def attempt_steps(
             return Attempt(task=task, outcome="completed")
         message = NOT_CONFIRMED if ran.error is None else error_text(ran.error)
         decision = yield from fail_steps(task, message, backoff)
-    except LeaseLost as lost:
+    except LeaseLostError as lost:
         return Attempt(task=task, outcome="lease_lost", error=lost)
     return Attempt(
         task=task,
@@ -207,8 +224,8 @@ RECLAIMABLE = ("stale", "dead", "failed")
 
 def _not_reclaimable(task_id: UUID, found: Sequence[sa.Row[Any]]) -> TaskError:
     if not found:
-        return TaskNotFound(f"no task has id {task_id}")
-    return NotReclaimable(
+        return TaskNotFoundError(f"no task has id {task_id}")
+    return NotReclaimableError(
         f"task {task_id} is {found[0].status}: only a stale, dead or failed task can be reclaimed"
     )
 
@@ -238,9 +255,9 @@ class TaskStore:
 
     Tasks it leases can renew their lease (``task.renew_lease()``) for ``lease_seconds``.
 
-    Each method is one short transaction. Settles and renewals raise :class:`LeaseLost` when
-    the fence refuses them; :meth:`reclaim` raises :class:`TaskNotFound` or
-    :class:`NotReclaimable`; database errors propagate.
+    Each method is one short transaction. Settles and renewals raise :class:`LeaseLostError` when
+    the fence refuses them; :meth:`reclaim` raises :class:`TaskNotFoundError` or
+    :class:`NotReclaimableError`; database errors propagate.
     """
 
     def __init__(
@@ -252,7 +269,7 @@ class TaskStore:
     ) -> None:
         self.engine = engine
         self.lease_seconds = lease_seconds
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or DEFAULT_BACKOFF
 
     def lease(self, owner: str, names: Iterable[str]) -> Task | None:
         """Lease the oldest due task named in ``names`` for ``lease_seconds``, or ``None``."""
@@ -284,13 +301,8 @@ class TaskStore:
 
     def purge(self, retention_seconds: float, batch: int = PURGE_BATCH) -> int:
         """Delete terminal tasks finished over ``retention_seconds`` ago, ``batch`` at a time."""
-        params = {"retention_seconds": float(retention_seconds), "batch": batch}
-        purged = 0
-        while True:
-            deleted = len(drive(self.engine, _rows("task_purge", params)))
-            purged += deleted
-            if deleted < batch:
-                return purged
+        params = {"retention_seconds": float(retention_seconds)}
+        return purge_in_batches(self.engine, "task_purge", params, batch_size=batch)
 
     def reclaim(self, task_id: UUID) -> TaskRecord:
         """Queue a stale, dead or failed task again, due now (an operator's decision)."""
@@ -299,7 +311,7 @@ class TaskStore:
     def reclaimable(self, task_id: UUID) -> TaskRecord:
         """The task :meth:`reclaim` would queue again, as it is now; changes nothing.
 
-        Raises :class:`TaskNotFound` or :class:`NotReclaimable` as :meth:`reclaim` would.
+        Raises :class:`TaskNotFoundError` or :class:`NotReclaimableError` as :meth:`reclaim` would.
         """
         return drive(self.engine, reclaimable_steps(task_id))
 

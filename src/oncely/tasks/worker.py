@@ -5,6 +5,7 @@ sweep (TTLs and expired leases, see :mod:`.rules`), lease the oldest due task it
 for (``FOR UPDATE SKIP LOCKED``, so workers run side by side), run its handler outside any
 transaction, and settle the result fenced by attempt and owner. When nothing is due it waits
 for ``NOTIFY oncely_tasks`` (sent at the commit of every enqueue) for at most ``poll_seconds``.
+:func:`run_worker` runs it as a process, with ``/metrics``, ``/healthz`` and ``/readyz``.
 
 Guarantees: it refuses to start while a queued or leased task's name (or a required name) has
 no handler (:class:`MissingHandlerError`); a result whose lease was lost is refused and
@@ -15,37 +16,28 @@ the worker (the supervisor restarts it): the lease it held expires and the sweep
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
-import secrets
-import signal
-import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
-from typing import Any, cast
 
-import psycopg
 import sqlalchemy as sa
 
+from oncely.runtime.metrics import TaskMetrics
+from oncely.runtime.process import Every, database, process_id, serving, stop_on_signals
+from oncely.runtime.retry import Backoff
+from oncely.runtime.wakeup import Wakeup
+from oncely.settings import TaskSettings
 from oncely.storage.tables import TASKS_NOTIFY_CHANNEL
 from oncely.tasks.app import Tasks
 from oncely.tasks.errors import MissingHandlerError
 from oncely.tasks.model import Attempt, Observer, TaskFailure
-from oncely.tasks.rules import Backoff
 from oncely.tasks.store import DEFAULT_LEASE_SECONDS, TaskStore, lease_sql
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600.0
 PURGE_EVERY_SECONDS = 60.0
-
-
-def new_worker_id() -> str:
-    """``<hostname>-<pid>-<6 random hex digits>``: unique per process, readable in listings."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 class TaskWorker:
@@ -66,6 +58,8 @@ class TaskWorker:
         backoff: Backoff | None = None,
         observer: Observer | None = None,
         worker_id: str | None = None,
+        purge_interval_seconds: float = PURGE_EVERY_SECONDS,
+        metrics: TaskMetrics | None = None,
     ) -> None:
         self.engine = engine
         self.tasks = tasks
@@ -73,8 +67,22 @@ class TaskWorker:
         self.poll_seconds = poll_seconds
         self.retention_seconds = retention_seconds
         self.observer = observer
-        self.worker_id = worker_id or new_worker_id()
-        self._stopping = False
+        self.worker_id = worker_id or process_id()
+        self.purge_interval_seconds = purge_interval_seconds
+        self.metrics = metrics or TaskMetrics()
+        #: When the loop last turned (``time.monotonic()``).
+        self.heartbeat = time.monotonic()
+        self._running = False
+        self._stop = threading.Event()
+
+    def healthy(self) -> bool:
+        """The loop turned recently: within a lease and a poll (a task runs at most its lease)."""
+        limit = self.store.lease_seconds + max(30.0, self.poll_seconds)
+        return time.monotonic() - self.heartbeat < limit
+
+    def ready(self) -> bool:
+        """The worker is serving (a database error stops it) and its loop is not stuck."""
+        return self._running and self.healthy()
 
     def check(self) -> None:
         """Refuse to start without a handler for every waiting (or required) task name.
@@ -90,6 +98,7 @@ class TaskWorker:
         claim = lease_sql(self.worker_id, self.tasks.names, self.store.lease_seconds)
         attempt = self.store.run(claim, self.tasks.dispatch)
         if attempt is not None:
+            self.metrics.attempts.labels(attempt.task.name, attempt.outcome).inc()
             self._report(attempt)
         return attempt
 
@@ -108,6 +117,7 @@ class TaskWorker:
         """Expire tasks past their TTL and settle expired leases; report each change."""
         changes = self.store.sweep()
         for change in changes:
+            self.metrics.swept.labels(change.outcome).inc()
             logger.warning(
                 "task %s %s (%s) %s after attempt %d: %s",
                 change.name,
@@ -124,13 +134,14 @@ class TaskWorker:
     def purge(self) -> int:
         """Delete terminal tasks finished longer than ``retention_seconds`` ago."""
         purged = self.store.purge(self.retention_seconds)
+        self.metrics.purged.inc(purged)
         if purged:
             logger.info("purged %d finished tasks", purged, extra={"purged": purged})
         return purged
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the current task (what SIGTERM does); final."""
-        self._stopping = True
+        self._stop.set()
 
     def run(self) -> None:
         """Serve tasks until :meth:`stop`, SIGTERM or SIGINT; check handlers first.
@@ -139,52 +150,30 @@ class TaskWorker:
         database errors propagate.
         """
         self.check()
-        with self._listening() as listener, self._stop_on_signals():
+        wakeup = Wakeup.of(self.engine, channel=TASKS_NOTIFY_CHANNEL, stop=self._stop)
+        with stop_on_signals(self._stop) as stop, contextlib.closing(wakeup):
+            wakeup.listen()
             logger.info(
                 "task worker %s serving %s",
                 self.worker_id,
                 ", ".join(sorted(self.tasks.names)),
                 extra={"worker_id": self.worker_id},
             )
-            next_sweep = next_purge = time.monotonic()
-            while not self._stopping:
-                if time.monotonic() >= next_purge:
-                    self.purge()
-                    next_purge = time.monotonic() + PURGE_EVERY_SECONDS
-                if time.monotonic() >= next_sweep:
-                    self.sweep()
-                    next_sweep = time.monotonic() + self.poll_seconds
-                if self.run_once() is None and not self._stopping:
-                    timeout = max(0.0, next_sweep - time.monotonic())
-                    for _ in listener.notifies(timeout=timeout, stop_after=1):
-                        pass
-        logger.info("task worker %s stopped", self.worker_id, extra={"worker_id": self.worker_id})
-
-    @contextmanager
-    def _listening(self) -> Iterator[psycopg.Connection[Any]]:
-        with self.engine.connect() as conn:
-            conn.execution_options(isolation_level="AUTOCOMMIT")
-            conn.exec_driver_sql(f"LISTEN {TASKS_NOTIFY_CHANNEL}")
+            purge = Every(self.purge_interval_seconds)
+            sweep = Every(self.poll_seconds)
+            self._running = True
             try:
-                yield cast("psycopg.Connection[Any]", conn.connection.driver_connection)
+                while not stop.is_set():
+                    self.heartbeat = time.monotonic()
+                    if purge.due():
+                        self.purge()
+                    if sweep.due():
+                        self.sweep()
+                    if self.run_once() is None and not stop.is_set():
+                        wakeup.wait(sweep.remaining())
             finally:
-                conn.exec_driver_sql("UNLISTEN *")
-
-    @contextmanager
-    def _stop_on_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def stop(signum: int, frame: FrameType | None) -> None:
-            self._stopping = True
-
-        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                self._running = False
+        logger.info("task worker %s stopped", self.worker_id, extra={"worker_id": self.worker_id})
 
     def _report(self, attempt: Attempt) -> None:
         task = attempt.task
@@ -227,3 +216,30 @@ class TaskWorker:
             self.observer(failure)
         except Exception:
             logger.exception("the task observer failed on %s", failure)
+
+
+def run_worker(tasks: Tasks, *, database_url: str, settings: TaskSettings) -> None:
+    """Run a :class:`TaskWorker` over ``database_url`` until SIGTERM or SIGINT, serving
+    ``/metrics``, ``/healthz`` and ``/readyz`` on ``settings.metrics_port`` when set.
+
+    Raises :class:`MissingHandlerError` before leasing anything if a handler is missing;
+    database errors propagate (the lease held expires and the sweep settles it).
+    """
+    with database(database_url) as engine:
+        worker = TaskWorker(
+            engine=engine,
+            tasks=tasks,
+            lease_seconds=settings.lease_seconds,
+            poll_seconds=settings.poll_seconds,
+            retention_seconds=settings.retention_seconds,
+            purge_interval_seconds=settings.purge_interval_seconds,
+            backoff=Backoff(first=1.0, maximum=settings.max_backoff_seconds),
+            worker_id=settings.worker_id,
+        )
+        with serving(
+            settings.metrics_port,
+            registry=worker.metrics.registry,
+            healthy=worker.healthy,
+            ready=worker.ready,
+        ):
+            worker.run()

@@ -4,6 +4,6 @@ The plugin is registered through the ``pytest11`` entry point, so installing ``o
 makes its fixtures available; see :mod:`oncely.testing.plugin`.
 """
 
-from oncely.testing.services import Services, ServicesUnavailable, provide_services
+from oncely.testing.services import Services, ServicesUnavailableError, provide_services
 
-__all__ = ["Services", "ServicesUnavailable", "provide_services"]
+__all__ = ["Services", "ServicesUnavailableError", "provide_services"]

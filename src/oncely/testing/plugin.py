@@ -28,7 +28,7 @@ from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from oncely.storage.migrations import upgrade
-from oncely.testing.services import Services, ServicesUnavailable, libpq_dsn, provide_services
+from oncely.testing.services import Services, ServicesUnavailableError, libpq_dsn, provide_services
 
 TEMPLATE_DATABASE = "oncely_test_template"
 _services_key = pytest.StashKey[Services]()
@@ -41,7 +41,7 @@ def oncely_services(request: pytest.FixtureRequest) -> Iterator[Services]:
         with provide_services() as services:
             request.config.stash[_services_key] = services
             yield services
-    except ServicesUnavailable as exc:
+    except ServicesUnavailableError as exc:
         pytest.fail(str(exc), pytrace=False)
 
 

@@ -4,7 +4,7 @@
 2. testcontainers, when a Docker engine answers.
 3. :class:`oncely.devstack.DevStack`: a real broker from Maven Central and embedded PostgreSQL.
 
-:func:`provide_services` raises :class:`ServicesUnavailable` with every source's reason when
+:func:`provide_services` raises :class:`ServicesUnavailableError` with every source's reason when
 none works; the pytest plugin turns that into a failure, never a skip.
 """
 
@@ -24,7 +24,7 @@ from oncely.devstack import DevStack
 from oncely.errors import DevstackError, OncelyError
 
 
-class ServicesUnavailable(OncelyError):
+class ServicesUnavailableError(OncelyError):
     """No Kafka and PostgreSQL could be found or started for the tests."""
 
 
@@ -121,7 +121,7 @@ def provide_services() -> Iterator[Services]:
     try:
         from_env = _from_environment()
     except psycopg.Error as exc:
-        raise ServicesUnavailable(
+        raise ServicesUnavailableError(
             f"ONCELY_TEST_DATABASE_URL is set but PostgreSQL did not answer: {exc}"
         ) from exc
     if from_env is not None:
@@ -139,7 +139,7 @@ def provide_services() -> Iterator[Services]:
         info = stack.start()
     except DevstackError as exc:
         reasons.append(f"the devstack failed: {exc}")
-        raise ServicesUnavailable(
+        raise ServicesUnavailableError(
             "no Kafka and PostgreSQL for the tests:\n- " + "\n- ".join(reasons)
         ) from exc
     try:

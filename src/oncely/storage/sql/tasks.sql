@@ -126,7 +126,7 @@ WITH doomed AS (
     WHERE status = ANY (ARRAY['completed'::text, 'dead'::text, 'failed'::text, 'expired'::text])
       AND finished_at < now() - make_interval(secs => :retention_seconds)
     ORDER BY finished_at
-    LIMIT :batch
+    LIMIT :batch_size
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM oncely_tasks AS t

@@ -1,7 +1,9 @@
-"""Task rules written once, as generators of steps, and the two drivers that run them.
+"""Rules written once, as generators of steps, and the two drivers that run them, sync and async.
 
-A generator yields :class:`Sql` steps (it receives the rows) and :class:`Call` steps (a
-handler runs; it receives a :class:`Ran`), then returns its result. Consecutive statements run
+The task store, post-commit commands and idempotency keys write their rules this way, so that
+the sync and async APIs cannot drift. A generator yields :class:`Sql` steps (it receives the
+rows) and :class:`Call` steps (a handler runs; it receives a :class:`Ran`), then returns its
+result. Consecutive statements run
 in one transaction; that transaction commits before a handler runs, so no transaction is open
 while an effect happens. :func:`drive` runs steps on a sync ``Engine``; :func:`drive_async`
 runs the very same statement loop on an ``AsyncEngine`` through ``AsyncConnection.run_sync``
@@ -12,14 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
-
-from oncely.tasks.model import Handler, Task
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -35,10 +35,11 @@ class Sql:
 
 @dataclass(frozen=True)
 class Call:
-    """Run a handler outside any transaction; the generator receives a :class:`Ran`."""
+    """Run ``handler(arg)`` outside any transaction (awaited if it returns an awaitable); the
+    generator receives a :class:`Ran`."""
 
-    handler: Handler
-    task: Task
+    handler: Callable[[Any], object]
+    arg: Any
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ async def _awaited(awaitable: Awaitable[T]) -> T:
 
 def _call(step: Call) -> Ran:
     try:
-        value = step.handler(step.task)
+        value = step.handler(step.arg)
         if inspect.isawaitable(value):
             value = asyncio.run(_awaited(value))
     except Exception as exc:
@@ -89,7 +90,7 @@ def _call(step: Call) -> Ran:
 
 async def _call_async(step: Call) -> Ran:
     try:
-        value = step.handler(step.task)
+        value = step.handler(step.arg)
         if inspect.isawaitable(value):
             value = await value
     except Exception as exc:
