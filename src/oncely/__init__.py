@@ -23,9 +23,9 @@ from oncely.producer import (
 from oncely.producer.commands import (
     AsyncDurableCommand,
     DurableCommand,
-    PostCommitEffectError,
     PostCommitResult,
-    TaskEffect,
+    PostCommitTask,
+    PostCommitTaskError,
 )
 from oncely.producer.staging import StageLimitError
 from oncely.schemas.catalog import SchemaCatalog
@@ -59,8 +59,9 @@ __all__ = [
     "KafkaAuthenticationError",
     "LeaseLostError",
     "OncelyError",
-    "PostCommitEffectError",
     "PostCommitResult",
+    "PostCommitTask",
+    "PostCommitTaskError",
     "Registry",
     "RegistryError",
     "SchemaCatalog",
@@ -68,7 +69,6 @@ __all__ = [
     "StageLimits",
     "StagedEvent",
     "Task",
-    "TaskEffect",
     "TaskWorker",
     "Tasks",
     "UnknownEventTypeError",

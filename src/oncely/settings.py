@@ -201,7 +201,7 @@ class TopicOverride(BaseModel):
 class TopicSettings(BaseSettings):
     """How ``oncely topics ensure`` creates topics (``ONCELY_TOPICS_*``).
 
-    The global values apply to every event type's topic (and its effect topics) unless
+    The global values apply to every event type's topic unless
     ``overrides`` names the event type, e.g. ``ONCELY_TOPICS_OVERRIDES='{"transfer.completed":
     {"partitions": 24}}'``; a key left out keeps the global value. The defaults suit one
     development broker: production declares ``replication_factor`` 3 and

@@ -1,4 +1,4 @@
-"""Topic provisioning: create each event type's topic (and effect topics) before relaying.
+"""Topic provisioning: create each event type's topic before relaying.
 
 Effect consumers' dead-letter topics ``<topic>.<effect>.dlq`` are provisioned the same way
 (:func:`dead_letter_topics`): each takes its source topic's declared partitions, replication
@@ -78,7 +78,7 @@ class EnsureReport:
 def planned_topics(
     registry: Registry, settings: TopicSettings, *, effects: Iterable[Consuming] = ()
 ) -> list[TopicSpec]:
-    """Every topic of ``registry``'s event types and their named effects, sorted by name, and
+    """Every topic of ``registry``'s event types, sorted by name, and
     the dead-letter topics of ``effects`` (see :func:`dead_letter_topics`).
 
     Each event type's topics take ``settings.layout(name)`` (its override over the global
@@ -131,13 +131,12 @@ def _event_topics(registry: Registry, settings: TopicSettings) -> list[TopicSpec
     layouts: dict[str, tuple[int, int, int]] = {}
     for event_type in registry:
         layout = tuple(settings.layout(event_type.name))
-        for topic in [event_type.topic, *event_type.effect_topics.values()]:
-            before = layouts.get(topic, (0, 0, 0))
-            layouts[topic] = (
-                max(before[0], layout[0]),
-                max(before[1], layout[1]),
-                max(before[2], layout[2]),
-            )
+        before = layouts.get(event_type.topic, (0, 0, 0))
+        layouts[event_type.topic] = (
+            max(before[0], layout[0]),
+            max(before[1], layout[1]),
+            max(before[2], layout[2]),
+        )
     return [TopicSpec(name, *layouts[name]) for name in sorted(layouts)]
 
 

@@ -392,13 +392,13 @@ def _exercise_roles(
     command = oncely.DurableCommand(engine=writer)
     result = command.execute(
         lambda session: oncely.stage(session, _Credited(account="d", amount=4)),
-        effects=[
-            oncely.TaskEffect(
+        tasks=[
+            oncely.PostCommitTask(
                 name="note", payload={"n": 4}, deliver=lambda task: delivered.append(task.name)
             )
         ],
     )
-    assert delivered == ["note"] and result.completed_effects
+    assert delivered == ["note"] and result.completed_tasks
 
     # The relay publishes them all, then purges.
     relay = as_role("oncely_relay")

@@ -17,9 +17,9 @@ from sqlalchemy.orm import Session, registry
 from oncely.producer.commands import (
     AsyncDurableCommand,
     DurableCommand,
-    PostCommitEffectError,
     PostCommitResult,
-    TaskEffect,
+    PostCommitTask,
+    PostCommitTaskError,
 )
 from oncely.storage import DuplicateTaskKeyError
 from oncely.tasks import LeaseLostError, Task, TaskError, Tasks, TaskStore, TaskWorker
@@ -57,7 +57,7 @@ class _Command:
         if not self.use_async:
             engine = sa.create_engine(self.url)
             try:
-                return DurableCommand(engine=engine, **options).execute(business, effects=effects)
+                return DurableCommand(engine=engine, **options).execute(business, tasks=effects)
             finally:
                 engine.dispose()
 
@@ -68,7 +68,7 @@ class _Command:
             engine = create_async_engine(self.url)
             try:
                 command = AsyncDurableCommand(engine=engine, **options)
-                return await command.execute(stage, effects=effects)
+                return await command.execute(stage, tasks=effects)
             finally:
                 await engine.dispose()
 
@@ -129,7 +129,7 @@ def test_a_business_error_commits_nothing(command: _Command, engine: sa.Engine) 
         session.add(Order(1))
         raise RuntimeError("insufficient funds")
 
-    effect = TaskEffect(name="receipt.send", payload={"order": 1}, deliver=provider)
+    effect = PostCommitTask(name="receipt.send", payload={"order": 1}, deliver=provider)
     with pytest.raises(RuntimeError, match="insufficient funds"):
         command.execute(business, [effect])
     assert (_orders_in(engine), _tasks(engine), provider.calls) == ([], [], {})
@@ -139,8 +139,8 @@ def test_duplicate_task_keys_in_one_transaction_commit_nothing(
     command: _Command, engine: sa.Engine
 ) -> None:
     effects = [
-        TaskEffect(name="receipt.send", payload={"order": 1}, task_key="receipt-1"),
-        TaskEffect(name="receipt.mail", payload={"order": 1}, task_key="receipt-1"),
+        PostCommitTask(name="receipt.send", payload={"order": 1}, task_key="receipt-1"),
+        PostCommitTask(name="receipt.mail", payload={"order": 1}, task_key="receipt-1"),
     ]
     with pytest.raises(DuplicateTaskKeyError, match="receipt-1"):
         command.execute(_place(1), effects)
@@ -150,7 +150,7 @@ def test_duplicate_task_keys_in_one_transaction_commit_nothing(
 def test_a_key_enqueued_by_an_earlier_transaction_commits_nothing(
     command: _Command, engine: sa.Engine
 ) -> None:
-    effect = TaskEffect(name="receipt.send", payload={"order": 1}, task_key="receipt-1")
+    effect = PostCommitTask(name="receipt.send", payload={"order": 1}, task_key="receipt-1")
     command.execute(_place(1), [effect])
     with pytest.raises(DuplicateTaskKeyError, match="already exists"):
         command.execute(_place(2), [effect])
@@ -161,17 +161,17 @@ def test_a_key_enqueued_by_an_earlier_transaction_commits_nothing(
 def test_an_immediate_delivery_completes_the_task(command: _Command, engine: sa.Engine) -> None:
     provider = _Provider(result=True)
     effects = [
-        TaskEffect(
+        PostCommitTask(
             name="receipt.send", payload={"order": 7}, task_key="a-receipt", deliver=provider
         ),
-        TaskEffect(name="audit.write", payload={"order": 7}, task_key="b-audit"),
+        PostCommitTask(name="audit.write", payload={"order": 7}, task_key="b-audit"),
     ]
     result = command.execute(_place(7), effects)
     assert result == PostCommitResult(
         value=7,
         business_committed=True,
-        completed_effects=("a-receipt",),
-        pending_effects=("b-audit",),
+        completed_tasks=("a-receipt",),
+        pending_tasks=("b-audit",),
     )
     receipt, audit = _tasks(engine)
     assert (receipt["status"], receipt["attempts"]) == ("completed", 1)
@@ -183,26 +183,26 @@ def test_an_immediate_delivery_completes_the_task(command: _Command, engine: sa.
 def test_effects_can_depend_on_the_business_value(command: _Command, engine: sa.Engine) -> None:
     provider = _Provider()
 
-    def effects(order_id: int) -> list[TaskEffect]:
-        return [TaskEffect(name="receipt.send", payload={"order": order_id}, deliver=provider)]
+    def effects(order_id: int) -> list[PostCommitTask]:
+        return [PostCommitTask(name="receipt.send", payload={"order": order_id}, deliver=provider)]
 
     result = command.execute(_place(9), effects)
     [task] = _tasks(engine)
     assert task["payload"] == {"order": 9}
-    assert result.completed_effects == (task["task_key"],)
+    assert result.completed_tasks == (task["task_key"],)
 
 
 def test_a_failed_delivery_is_committed_pending_and_raised_with_the_result(
     command: _Command, engine: sa.Engine
 ) -> None:
     provider = _Provider(error=ConnectionError("smtp down"))
-    effect = TaskEffect(name="receipt.send", payload={"order": 3}, deliver=provider)
-    with pytest.raises(PostCommitEffectError, match="committed; 1 immediate") as info:
+    effect = PostCommitTask(name="receipt.send", payload={"order": 3}, deliver=provider)
+    with pytest.raises(PostCommitTaskError, match="committed; 1 immediate") as info:
         command.execute(_place(3), [effect])
     [task] = _tasks(engine)
     result = info.value.result
     assert (result.value, result.business_committed) == (3, True)
-    assert (result.completed_effects, result.pending_effects) == ((), (task["task_key"],))
+    assert (result.completed_tasks, result.pending_tasks) == ((), (task["task_key"],))
     assert [type(e) for e in info.value.errors] == [ConnectionError]
     assert (task["status"], task["attempts"]) == ("queued", 1)
     assert task["last_error"] == "ConnectionError: smtp down"
@@ -211,10 +211,10 @@ def test_a_failed_delivery_is_committed_pending_and_raised_with_the_result(
 
 def test_an_unconfirmed_delivery_schedules_a_retry(command: _Command, engine: sa.Engine) -> None:
     provider = _Provider(result=False)
-    effect = TaskEffect(name="receipt.send", payload={"order": 4}, deliver=provider)
+    effect = PostCommitTask(name="receipt.send", payload={"order": 4}, deliver=provider)
     result = command.execute(_place(4), [effect])
     [task] = _tasks(engine)
-    assert (result.completed_effects, result.pending_effects) == ((), (task["task_key"],))
+    assert (result.completed_tasks, result.pending_tasks) == ((), (task["task_key"],))
     assert (task["status"], task["attempts"], task["last_error"]) == ("queued", 1, NOT_CONFIRMED)
     assert task["available_at"] > task["created_at"]
 
@@ -232,13 +232,13 @@ def test_a_settle_after_the_lease_was_lost_raises_lease_lost(
                 {"id": task.id},
             )
 
-    effect = TaskEffect(name="receipt.send", payload={"order": 5}, deliver=deliver)
-    with pytest.raises(PostCommitEffectError) as info:
+    effect = PostCommitTask(name="receipt.send", payload={"order": 5}, deliver=deliver)
+    with pytest.raises(PostCommitTaskError) as info:
         command.execute(_place(5), [effect])
     [lost] = info.value.errors
     assert isinstance(lost, LeaseLostError)
     [task] = _tasks(engine)
-    assert info.value.result.pending_effects == (task["task_key"],)
+    assert info.value.result.pending_tasks == (task["task_key"],)
     assert (task["status"], task["attempts"]) == ("leased", 1)  # for the sweep to decide
 
 
@@ -247,10 +247,12 @@ def test_the_worker_finishes_what_the_immediate_path_left_pending(
 ) -> None:
     failing = _Provider(error=TimeoutError("provider timed out"))
     effects = [
-        TaskEffect(name="receipt.send", payload={"order": 6}, task_key="r-6", deliver=failing),
-        TaskEffect(name="receipt.send", payload={"order": 6, "copy": True}, task_key="r-6-copy"),
+        PostCommitTask(name="receipt.send", payload={"order": 6}, task_key="r-6", deliver=failing),
+        PostCommitTask(
+            name="receipt.send", payload={"order": 6, "copy": True}, task_key="r-6-copy"
+        ),
     ]
-    with pytest.raises(PostCommitEffectError):
+    with pytest.raises(PostCommitTaskError):
         command.execute(_place(6), effects, backoff=Backoff(first=0, maximum=0))
     tasks = Tasks()
     provider = _Provider(result=True)
@@ -273,12 +275,14 @@ def test_a_task_leased_by_a_worker_first_is_left_pending(
         assert TaskStore(engine=engine).lease("a-worker", ["audit.write"]) is not None
 
     effects = [
-        TaskEffect(name="receipt.send", payload={}, task_key="a", deliver=first),
-        TaskEffect(name="audit.write", payload={}, task_key="b", deliver=second),
-        TaskEffect(name="audit.later", payload={}, task_key="c", available_at=timedelta(hours=1)),
+        PostCommitTask(name="receipt.send", payload={}, task_key="a", deliver=first),
+        PostCommitTask(name="audit.write", payload={}, task_key="b", deliver=second),
+        PostCommitTask(
+            name="audit.later", payload={}, task_key="c", available_at=timedelta(hours=1)
+        ),
     ]
     result = command.execute(_place(8), effects)
-    assert (result.completed_effects, result.pending_effects) == (("a",), ("b", "c"))
+    assert (result.completed_tasks, result.pending_tasks) == (("a",), ("b", "c"))
     assert second.calls == {}
     assert [(t["task_key"], t["status"], t["lease_owner"]) for t in _tasks(engine)] == [
         ("a", "completed", None),
@@ -306,16 +310,16 @@ def test_an_async_deliver_is_awaited(database_url: str, engine: sa.Engine) -> No
                 session.add(Order(11))
                 return 11
 
-            effect = TaskEffect(
+            effect = PostCommitTask(
                 name="order.place",
                 payload={"order": 11},
                 policy="irreversible",
                 task_key="o-11",
                 deliver=deliver,
             )
-            return await command.execute(stage, effects=[effect])
+            return await command.execute(stage, tasks=[effect])
         finally:
             await async_engine.dispose()
 
     result = asyncio.run(main())
-    assert (result.completed_effects, seen) == (("o-11",), [1])
+    assert (result.completed_tasks, seen) == (("o-11",), [1])

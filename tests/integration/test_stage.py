@@ -106,9 +106,9 @@ def test_async_session_commit_and_rollback(database_url: str, engine: sa.Engine)
         async_engine = create_async_engine(database_url)
         async with AsyncSession(async_engine) as session:
             async with session.begin():
-                stage(session, _event(), event_key="async-1")
+                stage(session, _event(), idempotency_key="async-1")
             await session.begin()
-            stage(session, _event(), event_key="async-2")
+            stage(session, _event(), idempotency_key="async-2")
             await session.flush()
             await session.rollback()
         await async_engine.dispose()
@@ -120,7 +120,7 @@ def test_async_session_commit_and_rollback(database_url: str, engine: sa.Engine)
 def test_stage_many_writes_a_batch_in_order(engine: sa.Engine) -> None:
     events = [_event() for _ in range(5)]
     with Session(engine) as session, session.begin():
-        staged = stage_many(session, events, event_keys=[f"k{i}" for i in range(5)])
+        staged = stage_many(session, events, idempotency_keys=[f"k{i}" for i in range(5)])
     rows = _outbox(engine)
     assert [row.event_key for row in rows] == [f"k{i}" for i in range(5)]
     assert [row.id for row in rows] == [s.id for s in staged]
@@ -141,26 +141,26 @@ def test_the_active_span_s_traceparent_is_recorded(engine: sa.Engine) -> None:
 
 def test_the_same_event_key_twice_in_one_transaction_is_refused(engine: sa.Engine) -> None:
     with Session(engine) as session, session.begin():
-        stage(session, _event(), event_key="once")
+        stage(session, _event(), idempotency_key="once")
         with pytest.raises(DuplicateInTransactionError, match="'once'"):
-            stage(session, _event(), event_key="once")
+            stage(session, _event(), idempotency_key="once")
         with pytest.raises(DuplicateInTransactionError, match="'twice'"):
-            stage_many(session, [_event(), _event()], event_keys=["twice", "twice"])
+            stage_many(session, [_event(), _event()], idempotency_keys=["twice", "twice"])
     assert [row.event_key for row in _outbox(engine)] == ["once"]
 
 
 def test_duplicates_are_caught_when_the_transaction_began_implicitly(engine: sa.Engine) -> None:
     with Session(engine) as session:
-        stage(session, _event(), event_key="autobegun")
+        stage(session, _event(), idempotency_key="autobegun")
         with pytest.raises(DuplicateInTransactionError):
-            stage(session, _event(), event_key="autobegun")
+            stage(session, _event(), idempotency_key="autobegun")
         session.commit()
-        stage(session, _event(), event_key="next-transaction")
+        stage(session, _event(), idempotency_key="next-transaction")
         session.commit()
     with engine.connect() as conn:
-        stage(conn, _event(), event_key="conn-autobegun")
+        stage(conn, _event(), idempotency_key="conn-autobegun")
         with pytest.raises(DuplicateInTransactionError):
-            stage(conn, _event(), event_key="conn-autobegun")
+            stage(conn, _event(), idempotency_key="conn-autobegun")
         conn.commit()
     keys = [row.event_key for row in _outbox(engine)]
     assert keys == ["autobegun", "next-transaction", "conn-autobegun"]
@@ -168,13 +168,13 @@ def test_duplicates_are_caught_when_the_transaction_began_implicitly(engine: sa.
 
 def test_an_event_key_from_an_earlier_transaction_is_refused_naming_it(engine: sa.Engine) -> None:
     with Session(engine) as session, session.begin():
-        stage(session, _event(), event_key="transfer-42-completed")
+        stage(session, _event(), idempotency_key="transfer-42-completed")
     with (
         pytest.raises(DuplicateEventKeyError, match="transfer-42-completed"),
         Session(engine) as session,
         session.begin(),
     ):
-        stage(session, _event(), event_key="transfer-42-completed")
+        stage(session, _event(), idempotency_key="transfer-42-completed")
     assert len(_outbox(engine)) == 1
 
 

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from oncely.producer.commands import DurableCommand, PostCommitResult, TaskEffect
+from oncely.producer.commands import DurableCommand, PostCommitResult, PostCommitTask
 from oncely.tasks import Task, Tasks, TaskWorker, enqueue_task
 
 pytestmark = pytest.mark.integration
@@ -51,12 +51,12 @@ def _commands(url: str, barrier: Any, done: Any) -> None:
     command = DurableCommand(engine=engine)
     barrier.wait()
     for n in range(TASKS):
-        effect = TaskEffect(
+        effect = PostCommitTask(
             name="race.run",
             payload={"n": n},
             deliver=lambda task: _record(url, task, "command"),
         )
-        result: PostCommitResult[None] = command.execute(lambda session: None, effects=[effect])
+        result: PostCommitResult[None] = command.execute(lambda session: None, tasks=[effect])
         assert result.business_committed
     done.set()
     engine.dispose()

@@ -27,7 +27,7 @@ class Closed(BaseModel):
 
 def _registry() -> Registry:
     registry = Registry(topic_prefix="p.")
-    registry.register(Opened, name="acct.opened", key="id", aggregate="acct", effects=("mail",))
+    registry.register(Opened, name="acct.opened", key="id", aggregate="acct")
     registry.register(Closed, name="acct.closed", key="id", aggregate="acct")
     return registry
 
@@ -42,7 +42,6 @@ def test_overrides_apply_per_event_type_over_the_globals(monkeypatch: pytest.Mon
     assert planned_topics(_registry(), settings) == [
         TopicSpec("p.acct.closed", 6, 3, 2),
         TopicSpec("p.acct.opened", 24, 3, 2),
-        TopicSpec("p.acct.opened.mail", 24, 3, 2),  # effect topics follow their event type
     ]
 
 
@@ -66,7 +65,6 @@ def test_dead_letter_topics_take_their_source_topics_layout() -> None:
         "p.acct.closed.notify.dlq",
         "p.acct.opened",
         "p.acct.opened.audit.dlq",
-        "p.acct.opened.mail",
     ]
     other = Effects(Registry(topic_prefix="q."))
     other.registry.register(Opened, name="acct.opened", key="id", aggregate="acct")

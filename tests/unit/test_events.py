@@ -1,4 +1,4 @@
-"""The event registry: one topic per type, keys, effects, and errors that name the offender."""
+"""The event registry: one topic per type, keys, and errors that name the offender."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from oncely.events import (
     Registry,
     RegistryError,
     TopicNameWarning,
-    UnknownEffectError,
     UnknownEventTypeError,
     validate_topic_name,
 )
@@ -79,28 +78,6 @@ def test_key_of_gives_the_kafka_key() -> None:
     assert event_type.key_of(Added(download_id=download_id, title="t")) == str(download_id)
 
 
-def test_named_effects_fan_out_to_their_own_topics() -> None:
-    registry = Registry()
-    event_type = registry.register(
-        Added, name="download.added", key="download_id", aggregate="download",
-        effects=("notification", "module", "subtitle"),
-    )  # fmt: skip
-    assert event_type.effect_topic("notification") == "download.added.notification"
-    assert dict(event_type.effect_topics) == {
-        "notification": "download.added.notification",
-        "module": "download.added.module",
-        "subtitle": "download.added.subtitle",
-    }
-    assert registry.topics() == [
-        "download.added",
-        "download.added.module",
-        "download.added.notification",
-        "download.added.subtitle",
-    ]
-    with pytest.raises(UnknownEffectError, match=r"'download.added' has no effect 'audit'"):
-        event_type.effect_topic("audit")
-
-
 def test_unknown_event_type_is_named() -> None:
     registry = Registry()
     with pytest.raises(UnknownEventTypeError) as caught:
@@ -138,13 +115,6 @@ def test_duplicate_topic_is_rejected_naming_both_owners() -> None:
         registry.register(
             Removed, name="download.removed", key="download_id", aggregate="d", topic="t"
         )
-
-
-def test_effect_topic_may_not_take_an_event_topic() -> None:
-    registry = Registry()
-    registry.register(Added, name="a.b.c", key="download_id", aggregate="d")
-    with pytest.raises(DuplicateTopicError, match=r"effect 'c' of event type 'a.b'"):
-        registry.register(Removed, name="a.b", key="download_id", aggregate="d", effects=("c",))
 
 
 def test_topics_colliding_in_metric_names_are_rejected() -> None:
@@ -235,8 +205,6 @@ def test_str_key_is_accepted() -> None:
         ({"version": True}, "version must be an integer >= 1"),
         ({"aggregate": ""}, "aggregate must not be empty"),
         ({"encoding": "protobuf"}, "encoding 'protobuf' is not one of"),
-        ({"effects": ("a.b",)}, "effect name 'a.b'"),
-        ({"effects": ("x", "x")}, "repeat a name"),
     ],
 )
 def test_invalid_declarations_are_named(kwargs: dict[str, object], message: str) -> None:

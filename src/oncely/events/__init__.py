@@ -7,8 +7,8 @@ An application declares its event types once, as pydantic models::
     @registry.event("transfer.completed", key="transfer_id", aggregate="transfer", version=2)
     class TransferCompleted(BaseModel): ...
 
-Each type has exactly one topic (``topic_prefix`` + its name unless ``topic=`` says otherwise),
-and may fan out to named effect topics, ``<topic>.<effect>`` (``effects=("notification",)``).
+Each type has exactly one topic (``topic_prefix`` + its name unless ``topic=`` says otherwise);
+one event reaches several effects through one consumer group per effect on that topic.
 Declaring derives the type's Avro schema, so a model without an Avro mapping fails at import
 time, naming the field. Every error is a :class:`RegistryError` (a ``ConfigurationError``)
 that names the offending type, topic or field.
@@ -26,7 +26,6 @@ from oncely.events.registry import (
     Registry,
     RegistryError,
     TopicNameWarning,
-    UnknownEffectError,
     UnknownEventTypeError,
     registry_of,
     validate_topic_name,
@@ -44,7 +43,6 @@ __all__ = [
     "RegistryError",
     "SchemaDerivationError",
     "TopicNameWarning",
-    "UnknownEffectError",
     "UnknownEventTypeError",
     "registry_of",
     "validate_topic_name",

@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Annotated, Any, Generic, Literal, TypeVar, get_args, get_origin
 from uuid import UUID
 
@@ -28,7 +27,6 @@ __all__ = [
     "Registry",
     "RegistryError",
     "TopicNameWarning",
-    "UnknownEffectError",
     "UnknownEventTypeError",
     "registry_of",
     "validate_topic_name",
@@ -43,7 +41,6 @@ ENCODINGS: tuple[Encoding, ...] = ("avro", "avro-confluent", "json")
 
 _TOPIC_CHARS = re.compile(r"[a-zA-Z0-9._-]+")
 _EVENT_TYPE_NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
-_EFFECT_NAME = re.compile(r"[A-Za-z0-9_-]+")
 _MAX_TOPIC_LENGTH = 249
 _KEY_TYPES = (str, int, UUID)
 
@@ -56,16 +53,12 @@ class UnknownEventTypeError(RegistryError):
     """No durable topic is registered for this event type."""
 
 
-class UnknownEffectError(RegistryError):
-    """The event type has no such named effect."""
-
-
 class DuplicateEventTypeError(RegistryError):
     """The event type (or its model class) is already registered."""
 
 
 class DuplicateTopicError(RegistryError):
-    """The topic already belongs to another event type or effect."""
+    """The topic already belongs to another event type."""
 
 
 class InvalidTopicNameError(RegistryError):
@@ -123,7 +116,6 @@ class EventType(Generic[M]):
         aggregate: the aggregate type, e.g. ``transfer``.
         version: the schema version, the ``N`` of ``schemas/<name>/v<N>.avsc``.
         encoding: how values are written (see :data:`Encoding`).
-        effect_topics: named effect -> its topic, ``<topic>.<effect>``.
         schema: the Avro schema derived from the model (the committed contract).
         fingerprint: the 8-byte CRC-64-AVRO fingerprint of ``schema``'s canonical form.
     """
@@ -137,25 +129,10 @@ class EventType(Generic[M]):
     encoding: Encoding
     schema: dict[str, Any]
     fingerprint: bytes
-    effect_topics: Mapping[str, str]
 
     def key_of(self, event: M) -> str:
         """Return the Kafka key of ``event``: its key field as a string (UUIDs hyphenated)."""
         return str(getattr(event, self.key))
-
-    def effect_topic(self, effect: str) -> str:
-        """Return the topic of the named ``effect``.
-
-        Raises:
-            UnknownEffectError: the event type declares no such effect.
-        """
-        try:
-            return self.effect_topics[effect]
-        except KeyError:
-            declared = ", ".join(sorted(self.effect_topics)) or "none"
-            raise UnknownEffectError(
-                f"event type {self.name!r} has no effect {effect!r} (declared: {declared})"
-            ) from None
 
 
 class Registry:
@@ -189,7 +166,6 @@ class Registry:
         version: int = 1,
         topic: str | None = None,
         encoding: Encoding = "avro",
-        effects: tuple[str, ...] = (),
     ) -> Callable[[type[M]], type[M]]:
         """Class decorator form of :meth:`register`; returns the model class unchanged."""
 
@@ -202,7 +178,6 @@ class Registry:
                 version=version,
                 topic=topic,
                 encoding=encoding,
-                effects=effects,
             )
             return model
 
@@ -218,7 +193,6 @@ class Registry:
         version: int = 1,
         topic: str | None = None,
         encoding: Encoding = "avro",
-        effects: tuple[str, ...] = (),
     ) -> EventType[M]:
         """Declare ``model`` as the durable event type ``name`` and return its :class:`EventType`.
 
@@ -230,13 +204,12 @@ class Registry:
             version: schema version, from 1; bump it whenever the schema changes.
             topic: the topic, by default ``topic_prefix + name``.
             encoding: ``"avro"`` (default), ``"avro-confluent"`` or ``"json"``.
-            effects: named effects, each getting the topic ``<topic>.<effect>``.
 
         Raises:
             DuplicateEventTypeError: ``name`` or ``model`` is already registered.
             DuplicateTopicError: a topic is taken, or collides with one in Kafka metric names.
             InvalidTopicNameError: a topic is not a legal Kafka topic name.
-            EventDeclarationError: bad name, key field, version, encoding or effect name.
+            EventDeclarationError: bad name, key field, version or encoding.
             SchemaDerivationError: the model has no Avro mapping (names the field).
         """
         self._check_declaration(model, name=name, key=key, aggregate=aggregate, version=version)
@@ -245,21 +218,8 @@ class Registry:
                 f"event type {name!r}: encoding {encoding!r} is not one of {', '.join(ENCODINGS)}"
             )
         main_topic = self.topic_prefix + name if topic is None else topic
-        effect_topics = {effect: f"{main_topic}.{effect}" for effect in effects}
-        for effect in effects:
-            if not _EFFECT_NAME.fullmatch(effect):
-                raise EventDeclarationError(
-                    f"event type {name!r}: effect name {effect!r} must be [A-Za-z0-9_-]+"
-                )
-        if len(effect_topics) != len(effects):
-            raise EventDeclarationError(f"event type {name!r}: effects {effects!r} repeat a name")
-        owners = {main_topic: f"event type {name!r}"} | {
-            effect_topic: f"effect {effect!r} of event type {name!r}"
-            for effect, effect_topic in effect_topics.items()
-        }
-        for new_topic in owners:
-            validate_topic_name(new_topic)
-            self._check_topic_free(new_topic, owner=owners[new_topic])
+        validate_topic_name(main_topic)
+        self._check_topic_free(main_topic, owner=f"event type {name!r}")
         schema = event_schema(model, event_type=name)
         event_type = EventType(
             name=name,
@@ -271,12 +231,11 @@ class Registry:
             encoding=encoding,
             schema=schema,
             fingerprint=fingerprint(schema),
-            effect_topics=MappingProxyType(effect_topics),
         )
         self._by_name[name] = event_type
         self._by_model[model] = event_type
         _registry_of_model[model] = self
-        self._topic_owners.update(owners)
+        self._topic_owners[main_topic] = f"event type {name!r}"
         return event_type
 
     def get(self, name: str) -> EventType[Any]:
@@ -313,7 +272,7 @@ class Registry:
         return self.get(name).topic
 
     def topics(self) -> list[str]:
-        """Return every topic of the registry, event and effect topics, sorted."""
+        """Return every topic of the registry, sorted."""
         return sorted(self._topic_owners)
 
     def __iter__(self) -> Iterator[EventType[Any]]:

@@ -3,23 +3,23 @@ immediate delivery of the tasks that can be tried at once.
 
 :meth:`DurableCommand.execute` runs the caller's business function on a new session inside one
 transaction; the function may stage Kafka events itself (``stage(session, event)``) and
-enqueue tasks; the command then enqueues the ``effects`` (:class:`TaskEffect`) and commits.
-Any error before the commit rolls everything back, and is raised as is. Two effects with the
+enqueue tasks; the command then enqueues the ``tasks`` (:class:`PostCommitTask`) and commits.
+Any error before the commit rolls everything back, and is raised as is. Two tasks with the
 same task key in one transaction are refused (:class:`~oncely.storage.DuplicateTaskKeyError`).
 
-After the commit, each effect with a ``deliver`` callable is leased by its key, delivered, and
+After the commit, each task with a ``deliver`` callable is leased by its key, delivered, and
 settled with the same fence as the worker's (attempt and owner, on the database clock):
 
 - ``deliver`` returns anything but ``False``: the task is ``completed``;
 - it returns ``False`` ("not confirmed"): a retry is scheduled with the worker's backoff; the
-  effect is reported pending, not as an error;
+  task is reported pending, not as an error;
 - it raises: the task records ``attempts=1`` and ``last_error`` and is retried (or is dead
-  after its last attempt), and :class:`PostCommitEffectError` is raised, carrying the
+  after its last attempt), and :class:`PostCommitTaskError` is raised, carrying the
   :class:`PostCommitResult`: the business is committed, the worker retries the rest;
 - the settle finds the lease lost: :class:`~oncely.tasks.LeaseLostError` is among the
-  errors of the :class:`PostCommitEffectError`; success is never reported over a newer owner.
+  errors of the :class:`PostCommitTaskError`; success is never reported over a newer owner.
 
-If a worker leased the task first (it wakes at the commit), the effect is simply pending.
+If a worker leased the task first (it wakes at the commit), it is simply pending.
 The rules are written once (:func:`_stage`, :func:`_post_commit_steps`) and driven by a sync
 (:class:`DurableCommand`) and an async (:class:`AsyncDurableCommand`) runner.
 """
@@ -54,7 +54,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
-class TaskEffect:
+class PostCommitTask:
     """A task enqueued with the business writes (see :func:`~oncely.tasks.enqueue_task`
     for the fields); with ``deliver``, it is also tried once right after the commit.
 
@@ -72,24 +72,24 @@ class TaskEffect:
     deliver: Handler | None = None
 
 
-Effects = Iterable[TaskEffect] | Callable[[T], Iterable[TaskEffect]]
-"""The effects, or a function of the business function's return value that gives them."""
+PostCommitTasks = Iterable[PostCommitTask] | Callable[[T], Iterable[PostCommitTask]]
+"""The tasks, or a function of the business function's return value that gives them."""
 
 
 @dataclass(frozen=True)
 class PostCommitResult(Generic[T]):
     """What a command did: the business value, and which task keys completed or are pending.
 
-    ``pending_effects`` are committed tasks the worker will run (or retry).
+    ``pending_tasks`` are committed tasks the worker will run (or retry).
     """
 
     value: T
     business_committed: bool
-    completed_effects: tuple[str, ...] = ()
-    pending_effects: tuple[str, ...] = ()
+    completed_tasks: tuple[str, ...] = ()
+    pending_tasks: tuple[str, ...] = ()
 
 
-class PostCommitEffectError(OncelyError):
+class PostCommitTaskError(OncelyError):
     """The business transaction committed, but an immediate delivery failed.
 
     ``result`` is the :class:`PostCommitResult` (``business_committed`` is true); ``errors``
@@ -102,31 +102,31 @@ class PostCommitEffectError(OncelyError):
         reasons = "; ".join(f"{type(e).__name__}: {e}" for e in self.errors)
         super().__init__(
             f"committed; {len(self.errors)} immediate delivery(ies) failed, the rest will be "
-            f"retried by the worker (pending: {', '.join(result.pending_effects)}): {reasons}"
+            f"retried by the worker (pending: {', '.join(result.pending_tasks)}): {reasons}"
         )
 
 
 _Staged = list[tuple[str, Handler | None]]
 
 
-def _stage(session: Session | AsyncSession, effects: Effects[T], value: T) -> _Staged:
-    """Enqueue the effects in the session's transaction (no I/O); keys paired with deliver."""
-    resolved = effects(value) if callable(effects) else effects
+def _stage(session: Session | AsyncSession, tasks: PostCommitTasks[T], value: T) -> _Staged:
+    """Enqueue the tasks in the session's transaction (no I/O); keys paired with deliver."""
+    resolved = tasks(value) if callable(tasks) else tasks
     return [
         (
             enqueue_task(
                 session,
-                effect.name,
-                effect.payload,
-                policy=effect.policy,
-                task_key=effect.task_key,
-                ttl=effect.ttl,
-                max_attempts=effect.max_attempts,
-                available_at=effect.available_at,
+                task.name,
+                task.payload,
+                policy=task.policy,
+                task_key=task.task_key,
+                ttl=task.ttl,
+                max_attempts=task.max_attempts,
+                available_at=task.available_at,
             ).task_key,
-            effect.deliver,
+            task.deliver,
         )
-        for effect in resolved
+        for task in resolved
     ]
 
 
@@ -139,7 +139,7 @@ def _post_commit_steps(
     backoff: Backoff,
     renewer: Renewer | None,
 ) -> Generator[Step, Any, tuple[PostCommitResult[T], list[BaseException]]]:
-    """Deliver each effect that has ``deliver``, in order; return the result and the errors.
+    """Deliver each task that has ``deliver``, in order; return the result and the errors.
 
     Errors are returned, not raised, so no settle is ever rolled back.
     """
@@ -160,15 +160,15 @@ def _post_commit_steps(
     result = PostCommitResult(
         value=value,
         business_committed=True,
-        completed_effects=tuple(completed),
-        pending_effects=tuple(key for key, _ in staged if key not in completed),
+        completed_tasks=tuple(completed),
+        pending_tasks=tuple(key for key, _ in staged if key not in completed),
     )
     return result, errors
 
 
 def _finish(result: PostCommitResult[T], errors: list[BaseException]) -> PostCommitResult[T]:
     if errors:
-        raise PostCommitEffectError(result, errors)
+        raise PostCommitTaskError(result, errors)
     return result
 
 
@@ -193,16 +193,16 @@ class DurableCommand:
         self.owner = f"command-{process_id()}"
 
     def execute(
-        self, stage_business: Callable[[Session], T], *, effects: Effects[T] = ()
+        self, stage_business: Callable[[Session], T], *, tasks: PostCommitTasks[T] = ()
     ) -> PostCommitResult[T]:
-        """Commit ``stage_business(session)`` with ``effects``, then deliver the immediate ones.
+        """Commit ``stage_business(session)`` with ``tasks``, then deliver the immediate ones.
 
         ``stage_business`` must not commit. Raises whatever it (or the commit) raises, with
-        nothing committed; :class:`PostCommitEffectError` once committed if a delivery failed.
+        nothing committed; :class:`PostCommitTaskError` once committed if a delivery failed.
         """
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
             value = stage_business(session)
-            staged = _stage(session, effects, value)
+            staged = _stage(session, tasks, value)
         steps = _post_commit_steps(
             value,
             staged,
@@ -237,13 +237,13 @@ class AsyncDurableCommand:
         self,
         stage_business: Callable[[AsyncSession], Awaitable[T]],
         *,
-        effects: Effects[T] = (),
+        tasks: PostCommitTasks[T] = (),
     ) -> PostCommitResult[T]:
-        """Commit ``await stage_business(session)`` with ``effects``, then deliver; see
+        """Commit ``await stage_business(session)`` with ``tasks``, then deliver; see
         :meth:`DurableCommand.execute`."""
         async with AsyncSession(self.engine, expire_on_commit=False) as session, session.begin():
             value = await stage_business(session)
-            staged = _stage(session, effects, value)
+            staged = _stage(session, tasks, value)
         steps = _post_commit_steps(
             value,
             staged,

@@ -110,7 +110,8 @@ class StagedEvent:
     """What was added to the outbox (it becomes durable when the caller commits)."""
 
     id: UUID
-    event_key: str
+    idempotency_key: str
+    """The producer's idempotency key (the outbox's ``event_key`` column)."""
     type: str
     topic: str
     aggregatetype: str
@@ -192,20 +193,21 @@ def stage_many(
     events: Iterable[BaseModel],
     *,
     codec: Codec | None = None,
-    event_keys: Iterable[str | None] | None = None,
+    idempotency_keys: Iterable[str | None] | None = None,
     headers: Mapping[str, str] | None = None,
     available_at: datetime | None = None,
     limits: StageLimits | None = None,
 ) -> list[StagedEvent]:
     """Stage several events in the caller's transaction (one multi-row INSERT).
 
-    ``event_keys``, when given, pairs one key (or ``None`` for the event id) with each event.
+    ``idempotency_keys``, when given, pairs one key (or ``None`` for the event id) with each
+    event.
     Raises the same errors as :func:`stage`; on an error nothing of the batch is added.
     """
     batch = list(events)
-    keys = list(event_keys) if event_keys is not None else [None] * len(batch)
+    keys = list(idempotency_keys) if idempotency_keys is not None else [None] * len(batch)
     if len(keys) != len(batch):
-        raise ValueError(f"{len(batch)} events but {len(keys)} event keys")
+        raise ValueError(f"{len(batch)} events but {len(keys)} idempotency keys")
     traceparent = _current_traceparent()
     rows = [
         _row(event, codec or _codec_for(event), key, headers, available_at, traceparent)
@@ -219,8 +221,8 @@ def stage_many(
     repeated = sorted({k for k in new_keys if k in seen or new_keys.count(k) > 1})
     if repeated:
         raise DuplicateInTransactionError(
-            f"event key {repeated[0]!r} is staged twice in one transaction; give each event "
-            "its own event_key (or leave it None to use the event id)"
+            f"idempotency key {repeated[0]!r} is staged twice in one transaction; give each "
+            "event its own idempotency_key (or leave it None to use the event id)"
         )
     if isinstance(target, AsyncSession):
         target.add_all([_OutboxRow(**row) for row in rows])
@@ -231,7 +233,7 @@ def stage_many(
     return [
         StagedEvent(
             id=row["id"],
-            event_key=row["event_key"],
+            idempotency_key=row["event_key"],
             type=row["type"],
             topic=row["topic"],
             aggregatetype=row["aggregatetype"],
@@ -248,7 +250,7 @@ def stage(
     event: BaseModel,
     *,
     codec: Codec | None = None,
-    event_key: str | None = None,
+    idempotency_key: str | None = None,
     headers: Mapping[str, str] | None = None,
     available_at: datetime | None = None,
     limits: StageLimits | None = None,
@@ -261,7 +263,9 @@ def stage(
         event: an instance of a model declared with ``@registry.event(...)``.
         codec: how to encode it; by default a codec of the model's registry (pass one to use
             a schema registry or a schema catalog).
-        event_key: the producer's stable idempotency key (default: the new event id).
+        idempotency_key: the producer's stable key for this event (default: the new event
+            id): staging it again, in any later transaction, raises
+            :class:`~oncely.storage.DuplicateEventKeyError` instead of a second event.
         headers: extra Kafka headers (the codec's ``content-type`` and ``schema-version`` and
             the active OpenTelemetry ``traceparent`` are added).
         available_at: do not publish before this time.
@@ -273,15 +277,16 @@ def stage(
         EncodeError: the event does not fit its schema.
         PayloadTooLargeError, KeyTooLongError, HeadersTooLargeError: the event exceeds
             ``limits`` (all are :class:`StageLimitError`); nothing was added.
-        DuplicateInTransactionError: ``event_key`` was already staged in this transaction.
-        DuplicateEventKeyError: ``event_key`` was staged by an earlier transaction (with an
+        DuplicateInTransactionError: ``idempotency_key`` was already staged in this
+            transaction.
+        DuplicateEventKeyError: ``idempotency_key`` was staged by an earlier transaction (with an
             ``AsyncSession``: at flush or commit).
     """
     [staged] = stage_many(
         target,
         [event],
         codec=codec,
-        event_keys=[event_key],
+        idempotency_keys=[idempotency_key],
         headers=headers,
         available_at=available_at,
         limits=limits,
