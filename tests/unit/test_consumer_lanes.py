@@ -6,9 +6,9 @@ import uuid
 
 from confluent_kafka import Message
 
-from oncely.consumers.apply import Failure, Outcome
+from oncely.consumers.apply import BatchResult, Failure
 from oncely.consumers.records import Undecodable
-from oncely.consumers.runner import merge_outcomes, split_lanes
+from oncely.consumers.runner import merge_results, split_lanes
 
 
 def _record(partition: int, offset: int, key: bytes | None) -> Undecodable:
@@ -48,24 +48,26 @@ def test_one_lane_takes_the_whole_batch_in_order() -> None:
 
 
 def test_a_partition_commits_after_its_last_record_when_every_lane_finished() -> None:
-    outcomes = [Outcome(done={("t", 0): 8, ("t", 1): 3}), Outcome(done={("t", 0): 10})]
-    assert merge_outcomes(outcomes) == ({("t", 0): 10, ("t", 1): 3}, [])
+    outcomes = [BatchResult(done={("t", 0): 8, ("t", 1): 3}), BatchResult(done={("t", 0): 10})]
+    assert merge_results(outcomes) == ({("t", 0): 10, ("t", 1): 3}, [])
 
 
 def test_a_partition_commits_only_below_its_lowest_unfinished_record() -> None:
     lowest = _failure(0, 5)
     outcomes = [
-        Outcome(done={("t", 0): 10}),  # keys after the failure went on in their lane
-        Outcome(done={("t", 0): 4}, failures=[lowest]),
-        Outcome(done={("t", 0): 7, ("t", 1): 2}, failures=[_failure(0, 8, "database")]),
+        BatchResult(done={("t", 0): 10}),  # keys after the failure went on in their lane
+        BatchResult(done={("t", 0): 4}, failures=[lowest]),
+        BatchResult(done={("t", 0): 7, ("t", 1): 2}, failures=[_failure(0, 8, "database")]),
     ]
-    offsets, stops = merge_outcomes(outcomes)
+    offsets, stops = merge_results(outcomes)
     assert offsets == {("t", 0): 5, ("t", 1): 2}
     assert stops == [lowest], "the policy acts on the lowest failed record only"
 
 
 def test_a_database_failure_of_a_lane_holds_its_first_record() -> None:
     failed = _failure(2, 40, "database")
-    offsets, stops = merge_outcomes([Outcome(done={("t", 2): 60}), Outcome(failures=[failed])])
+    offsets, stops = merge_results(
+        [BatchResult(done={("t", 2): 60}), BatchResult(failures=[failed])]
+    )
     assert offsets == {("t", 2): 40}
     assert stops == [failed]

@@ -70,7 +70,7 @@ class Failure:
 
 
 @dataclass
-class Outcome:
+class BatchResult:
     """What one transaction did: per partition, the offset after the last record done."""
 
     done: dict[PartitionId, int] = field(default_factory=dict)
@@ -101,7 +101,7 @@ class Applier:
         self.metrics = metrics
         self.codec = codec
 
-    def apply(self, records: Sequence[Record]) -> Outcome:
+    def apply(self, records: Sequence[Record]) -> BatchResult:
         """Apply ``records`` (in Kafka order per partition) once each; never raises.
 
         A partition stops at its first record that cannot be applied (undecodable, failing
@@ -118,7 +118,7 @@ class Applier:
         except sa.exc.DBAPIError as exc:
             return _database_failure(records, exc)
 
-    async def apply_async(self, records: Sequence[Record]) -> Outcome:
+    async def apply_async(self, records: Sequence[Record]) -> BatchResult:
         """:meth:`apply` for an ``async`` effect, on ``async_engine``; never raises."""
         assert self.async_engine is not None, "an async effect's Applier has an async engine"
         try:
@@ -133,8 +133,8 @@ class Applier:
 
     def _apply_run(
         self, session: Session, records: Sequence[Record], handed: Session | AsyncSession
-    ) -> Outcome:
-        outcome = Outcome()
+    ) -> BatchResult:
+        outcome = BatchResult()
         envelopes: list[Envelope] = []
         stopped: set[PartitionId] = set()
         for record in records:
@@ -191,8 +191,8 @@ class Applier:
 
     def _apply_each(
         self, session: Session, records: Sequence[Record], handed: Session | AsyncSession
-    ) -> Outcome:
-        outcome = Outcome()
+    ) -> BatchResult:
+        outcome = BatchResult()
         stopped: set[PartitionId] = set()
         for record in records:
             message = record.message
@@ -294,8 +294,8 @@ class Applier:
         )
 
 
-def _database_failure(records: Sequence[Record], exc: sa.exc.DBAPIError) -> Outcome:
+def _database_failure(records: Sequence[Record], exc: sa.exc.DBAPIError) -> BatchResult:
     firsts: dict[PartitionId, Message] = {}
     for record in records:
         firsts.setdefault(topic_partition(record.message), record.message)
-    return Outcome(failures=[Failure(m, exc, "database") for m in firsts.values()])
+    return BatchResult(failures=[Failure(m, exc, "database") for m in firsts.values()])

@@ -197,7 +197,7 @@ class EffectContext(Generic[S]):
 AsyncEffectContext = EffectContext[AsyncSession]
 
 #: ``handler(event, ctx)``, or with ``batch=True`` ``handler([(event, ctx), ...])``; sync or async.
-Handler = Callable[..., Any]
+EffectHandler = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,7 @@ class Effect:
 
     name: str
     event_types: tuple[EventType[Any], ...]
-    handler: Handler
+    handler: EffectHandler
     failure: FailurePolicy = field(default_factory=FailurePolicy)
     batch: bool = False
     """The handler takes the batch's new events at once, as ``(event, ctx)`` pairs."""
@@ -239,7 +239,7 @@ class Effects:
         on: Sequence[type[BaseModel]],
         failure: FailurePolicy | None = None,
         batch: bool = False,
-    ) -> Callable[[Handler], Handler]:
+    ) -> Callable[[EffectHandler], EffectHandler]:
         """Declare ``name`` (its consumer group is ``group_prefix + name``) for the models ``on``.
 
         The handler is ``handler(event, ctx)``, called once per new event; with ``batch=True``
@@ -252,7 +252,7 @@ class Effects:
             UnknownEventTypeError: a model in ``on`` is not in the registry.
         """
 
-        def declare(handler: Handler) -> Handler:
+        def declare(handler: EffectHandler) -> EffectHandler:
             if not _EFFECT_NAME.fullmatch(name):
                 raise EffectDeclarationError(
                     f"effect name {name!r}: use lower-case letters, digits, '.', '_' and '-'"

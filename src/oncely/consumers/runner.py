@@ -46,8 +46,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from oncely.consumers.apply import (
     Applier,
+    BatchResult,
     Failure,
-    Outcome,
     PartitionId,
     Record,
     topic_partition,
@@ -121,7 +121,7 @@ class EffectConsumer:
             else None
         )
         self._event_loop: asyncio.Runner | None = None  # created on the apply thread
-        self._pending: Future[list[Outcome]] | None = None
+        self._pending: Future[list[BatchResult]] | None = None
         self._reset: set[PartitionId] = set()  # partitions sought or paused since the fetch
         self._attempts: dict[tuple[str, int, int], int] = {}
         self._paused: dict[PartitionId, float | None] = {}  # resume time, or None while blocked
@@ -290,7 +290,7 @@ class EffectConsumer:
                 records.append(read_envelope(message, types_by_topic=self._types_by_topic))
         return records
 
-    def _apply(self, records: Sequence[Record]) -> list[Outcome]:
+    def _apply(self, records: Sequence[Record]) -> list[BatchResult]:
         """Apply one batch (on the apply thread): one transaction per lane."""
         lanes = self.settings.lanes
         if self._async_engine is not None:
@@ -302,7 +302,7 @@ class EffectConsumer:
             return [self._applier.apply(records)]
         return list(self._lanes.map(self._applier.apply, split_lanes(records, lanes)))
 
-    async def _apply_async(self, runs: Sequence[Sequence[Record]]) -> list[Outcome]:
+    async def _apply_async(self, runs: Sequence[Sequence[Record]]) -> list[BatchResult]:
         return list(await asyncio.gather(*(self._applier.apply_async(run) for run in runs)))
 
     def _close_event_loop(self) -> None:
@@ -318,7 +318,7 @@ class EffectConsumer:
         if pending is None:
             return
         outcomes = pending.result()
-        next_offsets, stops = merge_outcomes(outcomes)
+        next_offsets, stops = merge_results(outcomes)
         self.metrics.applied.labels(self.effect.name).inc(sum(o.applied for o in outcomes))
         self.metrics.duplicates.labels(self.effect.name).inc(sum(o.duplicates for o in outcomes))
         failpoint("consumer.after_db_commit_before_offset_commit")
@@ -527,7 +527,7 @@ def split_lanes(records: Sequence[Record], lanes: int) -> list[list[Record]]:
     return [run for run in runs if run]
 
 
-def merge_outcomes(outcomes: Iterable[Outcome]) -> tuple[dict[PartitionId, int], list[Failure]]:
+def merge_results(outcomes: Iterable[BatchResult]) -> tuple[dict[PartitionId, int], list[Failure]]:
     """The offsets to commit per partition, and the record each stopped partition stopped at.
 
     A partition's offset is the one after its last record done, unless a record of it failed in

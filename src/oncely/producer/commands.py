@@ -42,9 +42,9 @@ from oncely.runtime.steps import Step, drive, drive_async
 from oncely.tasks import (
     DEFAULT_BACKOFF,
     DEFAULT_LEASE_SECONDS,
-    Handler,
     Policy,
     Renewer,
+    TaskHandler,
     TaskStore,
     deliver_steps,
     enqueue_task,
@@ -69,7 +69,7 @@ class PostCommitTask:
     ttl: timedelta | None = None
     max_attempts: int | None = None
     available_at: datetime | timedelta | None = None
-    deliver: Handler | None = None
+    deliver: TaskHandler | None = None
 
 
 PostCommitTasks = Iterable[PostCommitTask] | Callable[[T], Iterable[PostCommitTask]]
@@ -106,7 +106,7 @@ class PostCommitTaskError(OncelyError):
         )
 
 
-_Staged = list[tuple[str, Handler | None]]
+_Staged = list[tuple[str, TaskHandler | None]]
 
 
 def _stage(session: Session | AsyncSession, tasks: PostCommitTasks[T], value: T) -> _Staged:

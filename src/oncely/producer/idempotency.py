@@ -44,7 +44,7 @@ from oncely.storage.tables import IDEMPOTENCY_KEY_MAX
 
 STALE_AFTER_SECONDS = 600.0
 
-Outcome = Literal["accepted", "rejected"]
+FinishStatus = Literal["accepted", "rejected"]
 R = TypeVar("R")
 _Steps = Generator[Step, "list[sa.Row[Any]]", R]
 
@@ -166,7 +166,7 @@ def _claim_steps(
 def _finish_steps(
     owner: str,
     key: str,
-    status: Outcome,
+    status: FinishStatus,
     detail: str | None,
     result: Mapping[str, Any] | None,
 ) -> _Steps[None]:
@@ -213,7 +213,7 @@ class IdempotencyKeys:
         self,
         owner: str,
         key: str,
-        status: Outcome,
+        status: FinishStatus,
         detail: str | None = None,
         result: Mapping[str, Any] | None = None,
     ) -> None:
@@ -245,7 +245,7 @@ class AsyncIdempotencyKeys:
         self,
         owner: str,
         key: str,
-        status: Outcome,
+        status: FinishStatus,
         detail: str | None = None,
         result: Mapping[str, Any] | None = None,
     ) -> None:

@@ -18,12 +18,12 @@ from oncely.tasks.errors import (
 )
 from oncely.tasks.model import (
     Attempt,
-    Handler,
     Observer,
     QueuedTask,
     Renewer,
     Task,
     TaskFailure,
+    TaskHandler,
     TaskRecord,
 )
 from oncely.tasks.rules import DEFAULT_BACKOFF, Policy, default_task_key
@@ -35,7 +35,6 @@ __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "Attempt",
     "Backoff",
-    "Handler",
     "LeaseLostError",
     "MissingHandlerError",
     "NotReclaimableError",
@@ -46,6 +45,7 @@ __all__ = [
     "Task",
     "TaskError",
     "TaskFailure",
+    "TaskHandler",
     "TaskNotFoundError",
     "TaskRecord",
     "TaskStore",

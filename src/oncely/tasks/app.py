@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from oncely.errors import ConfigurationError
 from oncely.tasks.errors import MissingHandlerError
-from oncely.tasks.model import Handler, Task
+from oncely.tasks.model import Task, TaskHandler
 
 
 class Tasks:
@@ -24,15 +24,15 @@ class Tasks:
 
     def __init__(self, *, required: Iterable[str] = ()) -> None:
         self.required = frozenset(required)
-        self._handlers: dict[str, Handler] = {}
+        self._handlers: dict[str, TaskHandler] = {}
 
-    def handler(self, name: str) -> Callable[[Handler], Handler]:
+    def handler(self, name: str) -> Callable[[TaskHandler], TaskHandler]:
         """Register the decorated function as the handler of tasks named ``name``.
 
         Raises :class:`ConfigurationError` if ``name`` already has a handler.
         """
 
-        def register(function: Handler) -> Handler:
+        def register(function: TaskHandler) -> TaskHandler:
             if name in self._handlers:
                 raise ConfigurationError(f"task name {name!r} already has a handler")
             self._handlers[name] = function

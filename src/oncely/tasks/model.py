@@ -15,7 +15,7 @@ from oncely.tasks.rules import Policy
 Renewer = Callable[["Task"], datetime]
 """Extends a task's lease on the database; returns the new ``lease_until``."""
 
-Handler = Callable[["Task"], bool | Awaitable[bool | None] | None]
+TaskHandler = Callable[["Task"], bool | Awaitable[bool | None] | None]
 """Runs one attempt of a task. ``False`` means "not confirmed" (retry); raising means failed
 (retry, or dead after the last attempt); anything else means done. A coroutine function works
 too: the sync worker runs it to completion."""
@@ -107,7 +107,7 @@ class TaskRecord:
         return cls(**{name: row[name] for name in cls.__dataclass_fields__})
 
 
-Outcome = Literal["completed", "retry", "dead", "lease_lost"]
+AttemptOutcome = Literal["completed", "retry", "dead", "lease_lost"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,7 +120,7 @@ class Attempt:
     """
 
     task: Task
-    outcome: Outcome
+    outcome: AttemptOutcome
     error: BaseException | None = None
     message: str | None = None
     retry_in: float | None = None

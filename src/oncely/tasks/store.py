@@ -25,10 +25,10 @@ from oncely.storage.queries import purge_in_batches, query
 from oncely.tasks.errors import LeaseLostError, NotReclaimableError, TaskError, TaskNotFoundError
 from oncely.tasks.model import (
     Attempt,
-    Handler,
     Renewer,
     Task,
     TaskFailure,
+    TaskHandler,
     TaskRecord,
 )
 from oncely.tasks.rules import (
@@ -63,7 +63,7 @@ def lease_by_key_sql(owner: str, task_key: str, lease_seconds: float) -> Sql:
 def deliver_steps(
     owner: str,
     task_key: str,
-    handler: Handler,
+    handler: TaskHandler,
     *,
     lease_seconds: float,
     backoff: Backoff,
@@ -72,8 +72,8 @@ def deliver_steps(
     """Lease the task with ``task_key`` if it is queued and due, run ``handler`` on it and
     settle the result with the worker's fence; ``None`` when it was not leased (a worker was
     first). Drive with :func:`oncely.runtime.steps.drive` (or ``drive_async``)."""
-    claim = lease_by_key_sql(owner, task_key, lease_seconds)
-    return (yield from attempt_steps(claim, handler, backoff=backoff, renewer=renewer))
+    lease = lease_by_key_sql(owner, task_key, lease_seconds)
+    return (yield from attempt_steps(lease, handler, backoff=backoff, renewer=renewer))
 
 
 def _task(row: sa.Row[Any], renewer: Renewer | None) -> Task:
@@ -103,8 +103,8 @@ def _lost(task: Task, refused: str) -> LeaseLostError:
     )
 
 
-def claim_steps(claim: Sql, renewer: Renewer | None) -> Generator[Step, Any, Task | None]:
-    rows = yield claim
+def lease_steps(lease: Sql, renewer: Renewer | None) -> Generator[Step, Any, Task | None]:
+    rows = yield lease
     return _task(rows[0], renewer) if rows else None
 
 
@@ -136,14 +136,14 @@ def renew_steps(task: Task, lease_seconds: float) -> Generator[Step, Any, dateti
 
 
 def attempt_steps(
-    claim: Sql, handler: Handler, *, backoff: Backoff, renewer: Renewer | None
+    lease: Sql, handler: TaskHandler, *, backoff: Backoff, renewer: Renewer | None
 ) -> Generator[Step, Any, Attempt | None]:
-    """Claim one task, run ``handler`` on it outside any transaction, settle the result.
+    """Lease one task, run ``handler`` on it outside any transaction, settle the result.
 
-    Returns ``None`` when nothing was claimed. A lost lease is an ``Attempt`` with outcome
+    Returns ``None`` when nothing was leased. A lost lease is an ``Attempt`` with outcome
     ``lease_lost`` (its ``error`` is the :class:`LeaseLostError`), never a success.
     """
-    task = yield from claim_steps(claim, renewer)
+    task = yield from lease_steps(lease, renewer)
     if task is None:
         return None
     ran: Ran = yield Call(handler, task)
@@ -274,13 +274,13 @@ class TaskStore:
     def lease(self, owner: str, names: Iterable[str]) -> Task | None:
         """Lease the oldest due task named in ``names`` for ``lease_seconds``, or ``None``."""
         return drive(
-            self.engine, claim_steps(lease_sql(owner, names, self.lease_seconds), self.renew)
+            self.engine, lease_steps(lease_sql(owner, names, self.lease_seconds), self.renew)
         )
 
-    def run(self, claim: Sql, handler: Handler) -> Attempt | None:
-        """Claim with ``claim``, run ``handler`` and settle (see :func:`attempt_steps`)."""
+    def run(self, lease: Sql, handler: TaskHandler) -> Attempt | None:
+        """Lease with ``lease``, run ``handler`` and settle (see :func:`attempt_steps`)."""
         return drive(
-            self.engine, attempt_steps(claim, handler, backoff=self.backoff, renewer=self.renew)
+            self.engine, attempt_steps(lease, handler, backoff=self.backoff, renewer=self.renew)
         )
 
     def complete(self, task: Task) -> None:

@@ -95,8 +95,8 @@ class TaskWorker:
 
     def run_once(self) -> Attempt | None:
         """Lease one due task, run it and settle it; ``None`` if nothing was due."""
-        claim = lease_sql(self.worker_id, self.tasks.names, self.store.lease_seconds)
-        attempt = self.store.run(claim, self.tasks.dispatch)
+        lease = lease_sql(self.worker_id, self.tasks.names, self.store.lease_seconds)
+        attempt = self.store.run(lease, self.tasks.dispatch)
         if attempt is not None:
             self.metrics.attempts.labels(attempt.task.name, attempt.outcome).inc()
             self._report(attempt)
