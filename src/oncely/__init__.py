@@ -13,9 +13,13 @@ from oncely.events import EventType, Registry, RegistryError, UnknownEventTypeEr
 from oncely.producer import (
     AsyncIdempotencyKeys,
     Claim,
+    ClaimLostError,
+    DuplicateInTransactionError,
     IdempotencyBusyError,
+    IdempotencyError,
     IdempotencyKeys,
     IdempotencyMismatchError,
+    InvalidIdempotencyKeyError,
     StagedEvent,
     stage,
     stage_many,
@@ -27,13 +31,19 @@ from oncely.producer.commands import (
     PostCommitTask,
     PostCommitTaskError,
 )
-from oncely.producer.staging import StageLimitError
+from oncely.producer.staging import (
+    HeadersTooLargeError,
+    KeyTooLongError,
+    PayloadTooLargeError,
+    StageLimitError,
+)
 from oncely.schemas.catalog import SchemaCatalog
 from oncely.schemas.codec import Codec
 from oncely.schemas.compatibility import CompatibilityMode
 from oncely.schemas.errors import DecodeError, DecodeFailure, EncodeError
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import StageLimits
+from oncely.storage import DuplicateEventKeyError, DuplicateTaskKeyError
 from oncely.tasks import LeaseLostError, Task, Tasks, TaskWorker, enqueue_task
 
 __all__ = [
@@ -41,11 +51,15 @@ __all__ = [
     "AsyncEffectContext",
     "AsyncIdempotencyKeys",
     "Claim",
+    "ClaimLostError",
     "Codec",
     "CompatibilityMode",
     "ConfigurationError",
     "DecodeError",
     "DecodeFailure",
+    "DuplicateEventKeyError",
+    "DuplicateInTransactionError",
+    "DuplicateTaskKeyError",
     "DurableCommand",
     "EffectContext",
     "EffectDeclarationError",
@@ -53,12 +67,17 @@ __all__ = [
     "EncodeError",
     "EventType",
     "FailurePolicy",
+    "HeadersTooLargeError",
     "IdempotencyBusyError",
+    "IdempotencyError",
     "IdempotencyKeys",
     "IdempotencyMismatchError",
+    "InvalidIdempotencyKeyError",
     "KafkaAuthenticationError",
+    "KeyTooLongError",
     "LeaseLostError",
     "OncelyError",
+    "PayloadTooLargeError",
     "PostCommitResult",
     "PostCommitTask",
     "PostCommitTaskError",

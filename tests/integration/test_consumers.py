@@ -1,4 +1,4 @@
-"""Seed 004 against the real broker and database: executed twice never means applied twice."""
+"""Receipts against the real broker and database: executed twice never means applied twice."""
 
 from __future__ import annotations
 

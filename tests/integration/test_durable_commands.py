@@ -1,4 +1,4 @@
-"""Seed 001 on real PostgreSQL: durable commands commit business writes and tasks together,
+"""On real PostgreSQL: durable commands commit business writes and tasks together,
 deliver the immediate ones after the commit with fenced settles, and leave the rest to the
 worker. Every rule runs through the sync and the async command."""
 

@@ -1,4 +1,4 @@
-"""Seed 000: every transition of inbound idempotency keys, sync and async, on real PostgreSQL."""
+"""Every transition of inbound idempotency keys, sync and async, on real PostgreSQL."""
 
 from __future__ import annotations
 

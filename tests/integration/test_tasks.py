@@ -1,4 +1,4 @@
-"""Durable tasks on real PostgreSQL: enqueue, the worker's settle and fences, and every seed-003
+"""Durable tasks on real PostgreSQL: enqueue, the worker's settle and fences, and every lease-expiry
 rule (lease expiry by policy, renewal, TTL, late results, retention purge)."""
 
 from __future__ import annotations
@@ -358,7 +358,7 @@ def test_a_worker_counts_a_lost_lease_and_never_reports_success(engine: sa.Engin
     assert [c.outcome for c in worker.sweep()] == ["requeued"]
 
 
-# -- seed 003: lease expiry by policy, renewal, TTL, retention --------------------------------
+# -- lease expiry by policy, renewal, TTL, retention --------------------------------
 
 
 def test_a_retry_safe_lease_expiry_runs_the_task_again(engine: sa.Engine) -> None:

@@ -1,4 +1,4 @@
-"""The decisions of durable tasks (seeds 001 and 003), as pure functions."""
+"""The decisions of durable tasks, as pure functions."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ An ``async`` effect runs the same steps on an ``AsyncSession``: :meth:`Applier.a
 runs them in the session's greenlet (``AsyncSession.run_sync``) and awaits the handler there,
 so both kinds share one implementation.
 
-Only the receipt's primary key means "already applied" (seed 004); any other error is the
+Only the receipt's primary key means "already applied"; any other error is the
 record's failure, and so is a plain handler that returns an awaitable: the awaitable is closed
 unrun, the record fails with an :class:`~oncely.consumers.effects.EffectDeclarationError`, and
 its receipt rolls back. Errors of the database itself (a lost connection, a failed commit) are

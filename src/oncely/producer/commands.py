@@ -1,4 +1,4 @@
-"""Durable commands (seed 001): business writes, events and tasks in one commit, then the
+"""Durable commands: business writes, events and tasks in one commit, then the
 immediate delivery of the tasks that can be tried at once.
 
 :meth:`DurableCommand.execute` runs the caller's business function on a new session inside one

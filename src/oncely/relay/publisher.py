@@ -148,9 +148,6 @@ class Publisher:
         """Wait up to ``timeout`` seconds for every report; return how many are still missing."""
         return int(self._producer.flush(timeout))
 
-    def outstanding(self) -> int:
-        return len(self._producer)
-
     def recreate(self) -> None:
         """Fail every outstanding record (reported as purged) and start a new producer.
 

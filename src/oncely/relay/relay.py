@@ -132,7 +132,6 @@ class _Shard:
     attempts: int = 0
     retry_at: float = 0.0
     handing_off: bool = False
-    dirty: bool = False
     #: Rows asked for by the next read; doubles while reads come back full (see _read).
     page_size: int = 0
 
@@ -448,8 +447,6 @@ class Relay:
                 shard.cursor = ends
                 if page.has_writes or shard.pages:
                     shard.pages.append(page)
-                else:
-                    shard.dirty = True
             total += len(rows)
             room -= len(rows)
             if room <= 0 or isolated:
@@ -672,7 +669,6 @@ class Relay:
             if held_shard is not None:
                 held_shard.recorded = item.progress
                 held_shard.attempts = 0
-                held_shard.dirty = False
 
     def _record_quiet(self, shards: Iterable[_Shard] | None = None) -> None:
         """Record the position of shards whose last reads found nothing to publish."""

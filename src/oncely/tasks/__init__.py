@@ -1,5 +1,5 @@
 """Durable local tasks: effects outside the database (an email, a webhook, an API call) that
-must happen after a commit, once, with retries (seeds 001, 003 and 004).
+must happen after a commit, once, with retries.
 
 Enqueue in the business transaction with :func:`enqueue_task`; register handlers on a
 :class:`Tasks` app; run them with ``oncely tasks run myapp.tasks:tasks`` (:class:`TaskWorker`).

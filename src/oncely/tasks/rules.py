@@ -70,7 +70,9 @@ class LapseDecision:
 def after_lease_expiry(
     *, policy: Policy, attempt: int, max_attempts: int, past_ttl: bool, owner: str
 ) -> LapseDecision:
-    """Decide the fate of a task whose lease ran out without a result (seed 003)."""
+    """Decide the fate of a task whose lease ran out without a result: an irreversible one is
+    ``stale`` (an operator decides); a retry-safe one is ``expired`` past its TTL, ``failed``
+    out of attempts, else ``queued`` again."""
     lapsed = f"the lease of {owner} on attempt {attempt} expired without a result"
     if policy == "irreversible":
         return LapseDecision(

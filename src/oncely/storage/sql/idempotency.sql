@@ -1,4 +1,4 @@
--- Inbound idempotency keys (seed 000). Each statement starts with "-- name: <name>".
+-- Inbound idempotency keys. Each statement starts with "-- name: <name>".
 
 -- name: idempotency_insert
 -- First sight of (owner, key): claim it. Returns no row when the key is already known.

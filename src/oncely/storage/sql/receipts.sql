@@ -1,4 +1,4 @@
--- Effect receipts (seed 004). Each statement starts with "-- name: <name>".
+-- Effect receipts. Each statement starts with "-- name: <name>".
 
 -- name: receipt_insert
 -- The effect's evidence, in the same transaction as the effect. Only this constraint's

@@ -1,4 +1,4 @@
--- Durable local tasks (seeds 001 and 003) over oncely_tasks. Each starts with "-- name: <name>".
+-- Durable local tasks over oncely_tasks. Each starts with "-- name: <name>".
 --
 -- States: queued -> leased -> completed | queued (retry) | dead; an expired lease moves a
 -- retry_safe task back to queued (or failed after max_attempts) and an irreversible one to
