@@ -8,18 +8,17 @@ import subprocess
 import sys
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from confluent_kafka.admin import NewTopic
 
 from oncely.devstack._process import free_port
 from oncely.schemas.codec import Codec
 from oncely.storage import outbox
-from tests.apps.ledger import App, build, create_tables
+from tests.apps.ledger import App
 from tests.helpers import (
     count_published,
     fast_settings,
@@ -30,23 +29,12 @@ from tests.helpers import (
     wait_until,
 )
 
-pytestmark = pytest.mark.acceptance
+pytestmark = [pytest.mark.acceptance, pytest.mark.usefixtures("ledger_tables")]
 
 
 @pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(database_url, pool_size=5)
-    create_tables(engine)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def app(kafka_admin: Any) -> App:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    app = build(prefix, group_prefix=prefix, ways=True)
-    kafka_admin.create_topics([NewTopic(app.topic, num_partitions=2)])[app.topic].result(30)
-    return app
+def app(new_ledger: Callable[..., App]) -> App:
+    return new_ledger(2, ways=True)
 
 
 def _consume(

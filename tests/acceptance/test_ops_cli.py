@@ -7,18 +7,17 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from oncely.ops.status import DUPLICATES_NOTE
 from oncely.schemas.codec import Codec
 from oncely.storage import outbox
 from oncely.storage.tables import shard_of
-from tests.apps.ledger import App, build, create_tables
+from tests.apps.ledger import App
 from tests.helpers import (
     count_published,
     fast_settings,
@@ -29,24 +28,12 @@ from tests.helpers import (
     wait_until,
 )
 
-pytestmark = pytest.mark.acceptance
+pytestmark = [pytest.mark.acceptance, pytest.mark.usefixtures("ledger_tables")]
 
 
 @pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(database_url, pool_size=5)
-    create_tables(engine)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def app(kafka_admin: AdminClient) -> Iterator[App]:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    app = build(prefix, group_prefix=prefix, ways=True)  # as tests.apps.ledger:effects
-    kafka_admin.create_topics([NewTopic(app.topic, num_partitions=2)])[app.topic].result(30)
-    yield app
-    kafka_admin.delete_topics([app.topic])[app.topic].result(30)
+def app(new_ledger: Callable[..., App]) -> App:
+    return new_ledger(2, ways=True)  # as tests.apps.ledger:effects
 
 
 def _oncely(app: App, *args: str) -> subprocess.CompletedProcess[str]:

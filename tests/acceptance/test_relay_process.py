@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
@@ -29,13 +29,6 @@ from tests.helpers import (
 )
 
 pytestmark = pytest.mark.acceptance
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(database_url)
-    yield engine
-    engine.dispose()
 
 
 def _start_relay(

@@ -22,21 +22,13 @@ from oncely.consumers.runner import EffectConsumer
 from oncely.devstack import KafkaNode
 from oncely.runtime.http import HealthServer
 from oncely.schemas.codec import Codec
-from tests.apps.ledger import App, build, create_tables
+from tests.apps.ledger import App, build
 from tests.helpers import publish_events, running_consumers, scalar, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ledger_tables")]
 
 SESSION_MS = 6000
 BOUND = 10.0  # ONCELY_CONSUMER_ASSIGNMENT_TIMEOUT_SECONDS of these tests
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(database_url, pool_size=5)
-    create_tables(engine)
-    yield engine
-    engine.dispose()
 
 
 def _app(admin: Any, partitions: int) -> App:

@@ -7,38 +7,26 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from confluent_kafka import Producer, TopicPartition
-from confluent_kafka.admin import NewTopic
 
 from oncely.consumers.effects import EffectContext, FailurePolicy
 from oncely.consumers.offsets import committed_offsets
 from oncely.consumers.runner import EffectConsumer
 from oncely.schemas.codec import Codec
-from tests.apps.ledger import App, build, create_tables
+from tests.apps.ledger import App
 from tests.helpers import publish_events, read_topics, running_consumers, scalar, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ledger_tables")]
 
 
 @pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(database_url, pool_size=5)
-    create_tables(engine)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def app(kafka_admin: Any) -> App:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    app = build(prefix, group_prefix=prefix, ways=True)
-    kafka_admin.create_topics([NewTopic(app.topic, num_partitions=1)])[app.topic].result(30)
-    return app
+def app(new_ledger: Callable[..., App]) -> App:
+    return new_ledger(1, ways=True)
 
 
 def _sample(consumer: EffectConsumer, name: str, **labels: str) -> float:

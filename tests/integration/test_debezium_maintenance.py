@@ -35,13 +35,6 @@ from tests.helpers import (
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(database_url)
-    yield engine
-    engine.dispose()
-
-
 def test_an_idle_slot_is_shown_then_dropped(database_url: str, engine: sa.Engine) -> None:
     slot = f"idle_{uuid.uuid4().hex[:12]}"
     with engine.begin() as conn:

@@ -151,13 +151,6 @@ def connect_node(
 
 
 @pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(database_url, pool_size=5)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
 def debezium(
     connect_node: ConnectNode, engine: sa.Engine, database_url: str
 ) -> Iterator[Callable[..., ConnectorOptions]]:

@@ -6,7 +6,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -18,7 +18,7 @@ from confluent_kafka.admin import NewTopic
 from oncely.consumers.effects import AsyncEffectContext, EffectContext
 from oncely.consumers.runner import EffectConsumer
 from oncely.schemas.codec import Codec
-from tests.apps.ledger import App, build, create_tables, ledger
+from tests.apps.ledger import App, create_tables, ledger
 from tests.helpers import publish_events, running_consumers, scalar, wait_until
 
 pytestmark = pytest.mark.integration
@@ -44,11 +44,8 @@ def engine(database_url: str) -> Iterator[sa.Engine]:
 
 
 @pytest.fixture
-def app(kafka_admin: Any) -> App:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    app = build(prefix, group_prefix=prefix, ways=True)
-    kafka_admin.create_topics([NewTopic(app.topic, num_partitions=2)])[app.topic].result(30)
-    return app
+def app(new_ledger: Callable[..., App]) -> App:
+    return new_ledger(2, ways=True)
 
 
 def _applied(consumer: EffectConsumer) -> float:

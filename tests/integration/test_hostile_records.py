@@ -15,21 +15,20 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 from fastavro import parse_schema, schemaless_writer
 
 from oncely.schemas import single_object
 from oncely.schemas.codec import Codec
-from tests.apps.ledger import App, build, create_tables
+from tests.apps.ledger import App
 from tests.helpers import read_topics, scalar, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ledger_tables")]
 
 BIG = 10 * 1024 * 1024
 TOPIC_LIMIT = 12 * 1024 * 1024
@@ -47,20 +46,8 @@ OTHER_SCHEMA = parse_schema(
 
 
 @pytest.fixture
-def app(kafka_admin: AdminClient) -> App:
-    prefix = f"hr{uuid.uuid4().hex[:10]}."
-    app = build(prefix, group_prefix=prefix)
-    topic = NewTopic(app.topic, num_partitions=1, config={"max.message.bytes": str(TOPIC_LIMIT)})
-    kafka_admin.create_topics([topic])[app.topic].result(30)
-    return app
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(database_url)
-    create_tables(engine)
-    yield engine
-    engine.dispose()
+def app(new_ledger: Callable[..., App]) -> App:
+    return new_ledger(1, config={"max.message.bytes": str(TOPIC_LIMIT)}, prefix="hr")
 
 
 Record = tuple[str, bytes, list[tuple[str, bytes]]]

@@ -34,11 +34,11 @@ from oncely.runtime.metrics import ConsumerMetrics, RelayMetrics
 from oncely.schemas.codec import Codec
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import ConsumerSettings, KafkaSettings
-from tests.apps.ledger import App, build, create_tables
+from tests.apps.ledger import App, build
 from tests.helpers import count_published, fast_settings, scalar, wait_until
 from tests.integration.secure_kafka import USER, SecureKafka, start_secure_kafka
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ledger_tables")]
 
 #: Shards some relay holds under a live lease.
 _HELD_SHARDS = (
@@ -59,14 +59,6 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
 def app() -> App:
     prefix = f"sec{uuid.uuid4().hex[:10]}."
     return build(prefix, group_prefix=prefix)
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(database_url)
-    create_tables(engine)
-    yield engine
-    engine.dispose()
 
 
 def _environment(app: App, database_url: str, kafka: dict[str, str]) -> dict[str, str]:

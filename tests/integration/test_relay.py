@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -32,13 +32,6 @@ from tests.helpers import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(database_url, pool_size=5)
-    yield engine
-    engine.dispose()
 
 
 def _sample(relay: Relay, name: str, **labels: str) -> float:

@@ -7,7 +7,7 @@ rows, a parked key, or rows not yet published is refused, naming why.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -31,13 +31,6 @@ from tests.helpers import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(database_url, pool_size=5)
-    yield engine
-    engine.dispose()
 
 
 def _cli(*args: str) -> Result:

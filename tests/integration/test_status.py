@@ -21,18 +21,10 @@ from oncely.ops.status import DUPLICATES_NOTE, collect_status
 from oncely.schemas.codec import Codec
 from oncely.storage import outbox, receipts, tasks
 from oncely.storage.tables import shard_of
-from tests.apps.ledger import App, build, create_tables
+from tests.apps.ledger import App, build
 from tests.helpers import publish_events, running_consumers, scalar, wait_until
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(database_url)
-    create_tables(engine)
-    yield engine
-    engine.dispose()
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ledger_tables")]
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -36,13 +35,6 @@ from oncely.tasks.rules import NOT_CONFIRMED
 from oncely.testing.services import libpq_dsn
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(database_url)
-    yield engine
-    engine.dispose()
 
 
 def _enqueue(engine: sa.Engine, name: str, payload: dict[str, Any], **kwargs: Any) -> uuid.UUID:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 import typer
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 from typer.testing import CliRunner, Result
 
 from oncely.cli.verify import verify
@@ -21,7 +21,7 @@ from oncely.ops.verify import Report, verify_window
 from oncely.schemas.codec import Codec
 from oncely.storage import outbox, receipts
 from oncely.storage.tables import shard_of
-from tests.apps.ledger import App, build, create_tables
+from tests.apps.ledger import App
 from tests.helpers import (
     count_published,
     fast_settings,
@@ -32,27 +32,15 @@ from tests.helpers import (
     wait_until,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ledger_tables")]
 
 EVENTS = 12  # three per key: acc-0 .. acc-3
 EFFECTS = ["ledger", "audit"]
 
 
 @pytest.fixture
-def engine(database_url: str) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(database_url, pool_size=5)
-    create_tables(engine)
-    yield engine
-    engine.dispose()
-
-
-@pytest.fixture
-def app(kafka_admin: AdminClient) -> Iterator[App]:
-    prefix = f"t{uuid.uuid4().hex[:10]}."
-    app = build(prefix, group_prefix=prefix)
-    kafka_admin.create_topics([NewTopic(app.topic, num_partitions=2)])[app.topic].result(30)
-    yield app
-    kafka_admin.delete_topics([app.topic])[app.topic].result(30)
+def app(new_ledger: Callable[..., App]) -> App:
+    return new_ledger(2)
 
 
 @pytest.fixture

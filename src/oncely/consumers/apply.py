@@ -118,6 +118,22 @@ class Applier:
         except sa.exc.DBAPIError as exc:
             return _database_failure(records, exc)
 
+    def apply_in(self, session: Session, records: Sequence[Record]) -> BatchResult:
+        """Apply ``records`` inside ``session``'s transaction, in a savepoint, as :meth:`apply`
+        does in its own transaction (a sync effect only). A handler's or a write's error is
+        raised as is (the savepoint rolled back); a record that cannot be decoded raises
+        ``ValueError`` naming why."""
+        for record in records:
+            if isinstance(record, Undecodable):
+                raise ValueError(f"the record cannot be applied: {record.reason}")
+        try:
+            with session.begin_nested():
+                return self._apply_run(session, records, session)
+        except _FallBack as fallback:
+            if fallback.__cause__ is not None:
+                raise fallback.__cause__ from None
+            raise ValueError(f"the record cannot be applied: {fallback}") from None
+
     async def apply_async(self, records: Sequence[Record]) -> BatchResult:
         """:meth:`apply` for an ``async`` effect, on ``async_engine``; never raises."""
         assert self.async_engine is not None, "an async effect's Applier has an async engine"
