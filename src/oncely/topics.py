@@ -177,39 +177,15 @@ def _ensure_round(
 ) -> list[tuple[TopicSpec, str]]:
     """One listing, creation and check of ``specs`` into ``report``; returns the specs whose
     topic changed meanwhile (with what was seen), to be planned again."""
-    raced: list[tuple[TopicSpec, str]] = []
     metadata = admin.list_topics(timeout=timeout)
     existing = [spec for spec in specs if spec.name in metadata.topics]
     missing = [spec for spec in specs if spec.name not in metadata.topics]
-    if missing:
-        futures = admin.create_topics(
-            [
-                NewTopic(
-                    spec.name,
-                    num_partitions=spec.partitions,
-                    replication_factor=spec.replication_factor,
-                    config={"min.insync.replicas": str(spec.min_insync_replicas)},
-                )
-                for spec in missing
-            ],
-            request_timeout=timeout,
-        )
-        for spec in missing:
-            try:
-                futures[spec.name].result(timeout)
-            except KafkaException as exc:
-                if _code(exc) == KafkaError.TOPIC_ALREADY_EXISTS:
-                    existing.append(spec)  # created meanwhile by someone else: check it
-                    continue
-                error = exc.args[0]
-                text = error.str() if isinstance(error, KafkaError) else str(exc)
-                report.failed.append(f"{spec.name}: {text}")
-                continue
-            report.created.append(spec.name)
+    existing += _create(admin, missing, report, timeout)
     if not existing:
-        return raced
+        return []
     if any(spec.name not in metadata.topics for spec in existing):  # created meanwhile
         metadata = admin.list_topics(timeout=timeout)
+    raced: list[tuple[TopicSpec, str]] = []
     present = []
     for spec in existing:
         topic = metadata.topics.get(spec.name)
@@ -219,15 +195,7 @@ def _ensure_round(
             raced.append((spec, f"unavailable ({topic.error.str()})"))
         else:
             present.append(spec)
-    configs: dict[str, Any] = {}
-    if present:
-        resources = [ConfigResource(ConfigResource.Type.TOPIC, spec.name) for spec in present]
-        for resource, future in admin.describe_configs(resources, request_timeout=timeout).items():
-            try:
-                configs[resource.name] = future.result(timeout)
-            except KafkaException as exc:
-                if _code(exc) != KafkaError.UNKNOWN_TOPIC_OR_PART:
-                    raise
+    configs = _configs(admin, present, timeout)
     for spec in present:
         if spec.name not in configs:  # listed, then gone when described
             raced.append((spec, "deleted by someone else"))
@@ -238,6 +206,55 @@ def _ensure_round(
         else:
             report.matching.append(spec.name)
     return raced
+
+
+def _create(
+    admin: AdminClient, specs: Sequence[TopicSpec], report: EnsureReport, timeout: float
+) -> list[TopicSpec]:
+    """Create ``specs`` as declared into ``report``; return those someone created first."""
+    if not specs:
+        return []
+    futures = admin.create_topics(
+        [
+            NewTopic(
+                spec.name,
+                num_partitions=spec.partitions,
+                replication_factor=spec.replication_factor,
+                config={"min.insync.replicas": str(spec.min_insync_replicas)},
+            )
+            for spec in specs
+        ],
+        request_timeout=timeout,
+    )
+    existed = []
+    for spec in specs:
+        try:
+            futures[spec.name].result(timeout)
+        except KafkaException as exc:
+            if _code(exc) == KafkaError.TOPIC_ALREADY_EXISTS:
+                existed.append(spec)  # created meanwhile by someone else: check it
+                continue
+            error = exc.args[0]
+            text = error.str() if isinstance(error, KafkaError) else str(exc)
+            report.failed.append(f"{spec.name}: {text}")
+            continue
+        report.created.append(spec.name)
+    return existed
+
+
+def _configs(admin: AdminClient, specs: Sequence[TopicSpec], timeout: float) -> dict[str, Any]:
+    """The live configuration of each of ``specs``' topics (those gone meanwhile left out)."""
+    configs: dict[str, Any] = {}
+    if not specs:
+        return configs
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, spec.name) for spec in specs]
+    for resource, future in admin.describe_configs(resources, request_timeout=timeout).items():
+        try:
+            configs[resource.name] = future.result(timeout)
+        except KafkaException as exc:
+            if _code(exc) != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+    return configs
 
 
 def _code(exc: KafkaException) -> int | None:

@@ -89,6 +89,17 @@ def _print(report: Status, bootstrap_servers: str | None) -> None:
         f"database {escape(report.database)}"
         + (f", Kafka {escape(bootstrap_servers)}" if bootstrap_servers else "")
     )
+    _print_outbox(report)
+    _print_relays(report)
+    _print_effects(report)
+    tasks = Table(*report.tasks, title="tasks by state")
+    tasks.add_row(*(str(n) for n in report.tasks.values()))
+    out.print(tasks)
+    for note in report.notes:
+        out.print(f"[dim]note: {escape(note)}[/]")
+
+
+def _print_outbox(report: Status) -> None:
     topics = _table(
         "outbox by topic",
         ["topic"],
@@ -121,6 +132,9 @@ def _print(report: Status, bootstrap_servers: str | None) -> None:
                 _age(b.oldest_unpublished_seconds),
             )
         out.print(backlog)
+
+
+def _print_relays(report: Status) -> None:
     relays = _table("shard leases", ["relay"], ["shards", "epochs"])
     for owner, held in sorted(report.relays.items()):
         epochs = sorted({s.epoch for s in report.shards if s.shard in held and s.owner == owner})
@@ -129,6 +143,9 @@ def _print(report: Status, bootstrap_servers: str | None) -> None:
     if free:
         relays.add_row("[dim](not leased)[/]", _ranges(free), "-")
     out.print(relays)
+
+
+def _print_effects(report: Status) -> None:
     effects = _table(
         "effects", ["effect", "group"], ["lag", "applied", "applied/min", "duplicates", "DLQ"]
     )
@@ -143,11 +160,6 @@ def _print(report: Status, bootstrap_servers: str | None) -> None:
             _known(e.dlq),
         )
     out.print(effects)
-    tasks = Table(*report.tasks, title="tasks by state")
-    tasks.add_row(*(str(n) for n in report.tasks.values()))
-    out.print(tasks)
-    for note in report.notes:
-        out.print(f"[dim]note: {escape(note)}[/]")
 
 
 def _table(title: str, names: list[str], numbers: list[str]) -> Table:

@@ -179,21 +179,7 @@ def collect_status(
         for row in backlog_rows
     ]
     by_topic = _topics(backlog, parked_rows)
-    shards = [
-        ShardStatus(
-            shard=row.shard,
-            owner=row.owner,
-            epoch=row.epoch,
-            leased=bool(row.leased),
-            progress_age_seconds=float(row.progress_age_seconds),
-            unpublished=sum(b.unpublished for b in backlog if b.shard == row.shard),
-            oldest_unpublished_seconds=max(
-                (b.oldest_unpublished_seconds for b in backlog if b.shard == row.shard),
-                default=None,
-            ),
-        )
-        for row in shard_rows
-    ]
+    shards = _shards(shard_rows, backlog)
     idle = [s.shard for s in shards if not s.leased and s.unpublished]
     if idle:
         notes.append(
@@ -201,33 +187,13 @@ def collect_status(
             f"({', '.join(map(str, idle))}): is `oncely relay run` running?"
         )
     receipts = {row.effect: _EffectRow(row.applied, row.applied_recently) for row in receipt_rows}
-    listed: list[EffectStatus] = []
     if effects is None:
         notes.append("no --app: effects are the names found in the receipts; lag and DLQ unknown")
+        listed: list[EffectStatus] = []
     else:
         for name in effects.registry.topics():
             by_topic.setdefault(name, TopicStatus(name, 0, None, 0, 0, 0, 0, 0))
-        kafka: dict[str, tuple[int, int]] = {}
-        if kafka_config is None:
-            notes.append("no Kafka bootstrap servers: lag and DLQ unknown")
-        else:
-            kafka = _kafka_progress(kafka_config, effects, notes, timeout)
-        for effect in effects:
-            seen = receipts.pop(effect.name, _EffectRow(0, 0))
-            lag, dlq = kafka.get(effect.name, (None, None))
-            group = effects.group_id(effect.name)
-            listed.append(
-                EffectStatus(
-                    effect.name,
-                    group,
-                    effect.topics,
-                    seen.applied,
-                    seen.applied_recently,
-                    lag,
-                    dlq,
-                )
-            )
-        notes.extend(f"effect {name!r} has receipts but is not in the app" for name in receipts)
+        listed = _app_effects(effects, receipts, kafka_config, notes, timeout)
     listed.extend(
         EffectStatus(name, None, [], seen.applied, seen.applied_recently, None, None)
         for name, seen in receipts.items()
@@ -243,6 +209,52 @@ def collect_status(
         tasks=tasks,
         notes=notes,
     )
+
+
+def _shards(rows: Sequence[Any], backlog: Sequence[ShardBacklog]) -> list[ShardStatus]:
+    """Each shard's lease and progress, with its share of the backlog."""
+    return [
+        ShardStatus(
+            shard=row.shard,
+            owner=row.owner,
+            epoch=row.epoch,
+            leased=bool(row.leased),
+            progress_age_seconds=float(row.progress_age_seconds),
+            unpublished=sum(b.unpublished for b in backlog if b.shard == row.shard),
+            oldest_unpublished_seconds=max(
+                (b.oldest_unpublished_seconds for b in backlog if b.shard == row.shard),
+                default=None,
+            ),
+        )
+        for row in rows
+    ]
+
+
+def _app_effects(
+    effects: Effects,
+    receipts: dict[str, _EffectRow],
+    kafka_config: dict[str, str | int | float | bool] | None,
+    notes: list[str],
+    timeout: float,
+) -> list[EffectStatus]:
+    """The app's effects with their receipts (taken out of ``receipts``), lag and DLQ."""
+    kafka: dict[str, tuple[int, int]] = {}
+    if kafka_config is None:
+        notes.append("no Kafka bootstrap servers: lag and DLQ unknown")
+    else:
+        kafka = _kafka_progress(kafka_config, effects, notes, timeout)
+    listed = []
+    for effect in effects:
+        seen = receipts.pop(effect.name, _EffectRow(0, 0))
+        lag, dlq = kafka.get(effect.name, (None, None))
+        group = effects.group_id(effect.name)
+        listed.append(
+            EffectStatus(
+                effect.name, group, effect.topics, seen.applied, seen.applied_recently, lag, dlq
+            )
+        )
+    notes.extend(f"effect {name!r} has receipts but is not in the app" for name in receipts)
+    return listed
 
 
 def _topics(backlog: Sequence[ShardBacklog], parked: Sequence[Any]) -> dict[str, TopicStatus]:

@@ -373,19 +373,9 @@ class Relay:
             return 0
         if self._quiesce is not None and self._in_flight.count:
             return 0
-        groups: dict[Progress, list[_Shard]] = {}
-        for shard in self._readable(time.monotonic()):
-            groups.setdefault(shard.cursor, []).append(shard)
-        if not groups:
-            return 0
-        if self._quiesce is not None:
-            first = groups.pop(self._quiesce, None)
-            if first is not None:
-                groups = {self._quiesce: first, **groups}
-            self._quiesce = None
         fresh: Snapshot | None = None
         total = 0
-        for cursor, members in groups.items():
+        for cursor, members in self._groups().items():
             if cursor.reading is None and fresh is None:
                 try:
                     fresh, _ = self.store.snapshot()
@@ -394,64 +384,96 @@ class Relay:
                     return total
             reading = cursor.reading or fresh
             assert reading is not None
-            # Each page of a read scans what is left of the snapshot difference: while pages
-            # come back full (a large backlog), ask for twice as many, up to half the
-            # in-flight bound, so a backlog costs a few scans rather than one per 1,000 rows.
-            grown = min(s.page_size or self.settings.batch_size for s in members)
-            page_size = min(room, grown)
-            try:
-                rows = self.store.read(
-                    [s.shard for s in members],
-                    done=cursor.done,
-                    reading=reading,
-                    after_seq=cursor.after_seq,
-                    page_size=page_size,
-                )
-            except sa.exc.DBAPIError as exc:
-                self._database_failed("read", exc)
-                return total
-            self.database_ok = True
-            suspect = self._first_suspect(rows)
-            isolated = False
-            if suspect is not None:
-                # A row that may be refused goes out alone, after everything before it is
-                # acknowledged, so no later row of its key (nor a batch-mate) can pass it.
-                if suspect == 0:
-                    if self._in_flight.count:
-                        self._quiesce = cursor  # read nothing until all is acknowledged
-                        break
-                    isolated = True
-                rows = rows[: max(1, suspect)]
-                ends = Progress(cursor.done, reading, rows[-1].seq)
-            elif len(rows) < page_size:
-                ends = Progress(reading)
-            else:
-                ends = Progress(cursor.done, reading, rows[-1].seq)
-            cap = max(self.settings.batch_size, self.settings.max_in_flight // 2)
-            for shard in members:
-                shard.page_size = min(cap, grown * 2) if len(rows) == page_size else 0
-            page = _Page(
-                tuple(s.shard for s in members),
-                ends,
-                self._in_flight,
-                isolated=isolated,
-                deadline=time.monotonic() + self.settings.delivery_timeout_ms / 1000,
-                topic=rows[0].topic if rows else "",
-            )
-            if isolated:
-                self._isolating = page
-            if rows:
-                failpoint("relay.after_read")
-            self._produce_page(page, rows)
-            for shard in members:
-                shard.cursor = ends
-                if page.has_writes or shard.pages:
-                    shard.pages.append(page)
-            total += len(rows)
-            room -= len(rows)
+            read = self._read_page(cursor, members, reading, room)
+            if read is None:
+                break
+            rows, isolated = read
+            total += rows
+            room -= rows
             if room <= 0 or isolated:
                 break
         return total
+
+    def _groups(self) -> dict[Progress, list[_Shard]]:
+        """The readable shards grouped by position, the one a quiesce waited for first."""
+        groups: dict[Progress, list[_Shard]] = {}
+        for shard in self._readable(time.monotonic()):
+            groups.setdefault(shard.cursor, []).append(shard)
+        if self._quiesce is not None and groups:
+            first = groups.pop(self._quiesce, None)
+            if first is not None:
+                groups = {self._quiesce: first, **groups}
+            self._quiesce = None
+        return groups
+
+    def _read_page(
+        self, cursor: Progress, members: list[_Shard], reading: Snapshot, room: int
+    ) -> tuple[int, bool] | None:
+        """Read and produce one page of ``members`` from ``cursor``; return how many rows and
+        whether the page is an isolated one, or ``None`` to read nothing more this turn."""
+        # Each page of a read scans what is left of the snapshot difference: while pages
+        # come back full (a large backlog), ask for twice as many, up to half the
+        # in-flight bound, so a backlog costs a few scans rather than one per 1,000 rows.
+        grown = min(s.page_size or self.settings.batch_size for s in members)
+        page_size = min(room, grown)
+        try:
+            rows = self.store.read(
+                [s.shard for s in members],
+                done=cursor.done,
+                reading=reading,
+                after_seq=cursor.after_seq,
+                page_size=page_size,
+            )
+        except sa.exc.DBAPIError as exc:
+            self._database_failed("read", exc)
+            return None
+        self.database_ok = True
+        extent = self._extent(cursor, reading, rows, page_size)
+        if extent is None:
+            return None
+        rows, ends, isolated = extent
+        cap = max(self.settings.batch_size, self.settings.max_in_flight // 2)
+        for shard in members:
+            shard.page_size = min(cap, grown * 2) if len(rows) == page_size else 0
+        page = _Page(
+            tuple(s.shard for s in members),
+            ends,
+            self._in_flight,
+            isolated=isolated,
+            deadline=time.monotonic() + self.settings.delivery_timeout_ms / 1000,
+            topic=rows[0].topic if rows else "",
+        )
+        if isolated:
+            self._isolating = page
+        if rows:
+            failpoint("relay.after_read")
+        self._produce_page(page, rows)
+        for shard in members:
+            shard.cursor = ends
+            if page.has_writes or shard.pages:
+                shard.pages.append(page)
+        return len(rows), isolated
+
+    def _extent(
+        self, cursor: Progress, reading: Snapshot, rows: list[OutboxRow], page_size: int
+    ) -> tuple[list[OutboxRow], Progress, bool] | None:
+        """The rows of the page, where it ends and whether it is isolated; ``None`` (and a
+        quiesce) when a suspect row comes first while records are in flight."""
+        suspect = self._first_suspect(rows)
+        if suspect is None:
+            if len(rows) < page_size:
+                return rows, Progress(reading), False
+            return rows, Progress(cursor.done, reading, rows[-1].seq), False
+        # A row that may be refused goes out alone, after everything before it is
+        # acknowledged, so no later row of its key (nor a batch-mate) can pass it.
+        isolated = False
+        if suspect == 0:
+            if self._in_flight.count:
+                self._quiesce = cursor  # read nothing until all is acknowledged
+                return None
+            isolated = True
+        rows = rows[: max(1, suspect)]
+        return rows, Progress(cursor.done, reading, rows[-1].seq), isolated
 
     def _first_suspect(self, rows: list[OutboxRow]) -> int | None:
         """The first row the broker may refuse: it failed before, or is over its topic's limit."""
@@ -755,6 +777,9 @@ class Relay:
             self._release(shard, parking)
 
     def _release(self, shard: _Shard, parking: Parking) -> None:
+        """Publish a parked key's rows (its dead or delayed row first, unless skipped), then
+        unpark it; on any failure, replay from recorded progress (and park it again if its own
+        row failed for good)."""
         try:
             held = self.store.held_of(parking.key)
             ids = [event_id for _, event_id in held]
@@ -764,30 +789,11 @@ class Relay:
         except sa.exc.DBAPIError as exc:
             self._database_failed("release", exc)
             return
-        results: list[tuple[OutboxRow, KafkaError | None]] = []
-        for event_id in ids:
-            row = rows.get(event_id)
-            if row is None:
-                continue  # purged
-            refused = self._publisher.produce(row, self._collect(row, results))
-            if refused is not None:
-                results.append((row, refused))
-        deadline = time.monotonic() + self.settings.delivery_timeout_ms / 1000 + 5
-        while len(results) < len([i for i in ids if i in rows]) and time.monotonic() < deadline:
-            self._publisher.poll(0.05)
-        failures = [(row, error) for row, error in results if error is not None]
-        if failures or len(results) < len([i for i in ids if i in rows]):
+        results, complete = self._publish_alone([rows[i] for i in ids if i in rows])
+        if not complete or any(error is not None for _, error in results):
             self._publisher.recreate()
             self._reset_all(backoff=True)
-            if failures and failures[0][0].id == parking.event_id:
-                row, error = failures[0]
-                if not policy.is_transient(error):
-                    try:
-                        self.store.park_failed(parking, error=policy.error_text(error))
-                    except sa.exc.DBAPIError as exc:
-                        self._database_failed("dead letter", exc)
-                        return
-                    self._parked.pop(parking.key, None)
+            self._park_again(parking, results)
             return
         for row, _ in results:
             self.metrics.published.labels(row.topic).inc()
@@ -807,6 +813,38 @@ class Relay:
                 len(results),
                 extra={"topic": parking.topic, "key": parking.aggregateid},
             )
+
+    def _publish_alone(
+        self, rows: list[OutboxRow]
+    ) -> tuple[list[tuple[OutboxRow, KafkaError | None]], bool]:
+        """Produce ``rows`` and wait for their reports; return them, and whether all came."""
+        results: list[tuple[OutboxRow, KafkaError | None]] = []
+        for row in rows:
+            refused = self._publisher.produce(row, self._collect(row, results))
+            if refused is not None:
+                results.append((row, refused))
+        deadline = time.monotonic() + self.settings.delivery_timeout_ms / 1000 + 5
+        while len(results) < len(rows) and time.monotonic() < deadline:
+            self._publisher.poll(0.05)
+        return results, len(results) == len(rows)
+
+    def _park_again(
+        self, parking: Parking, results: list[tuple[OutboxRow, KafkaError | None]]
+    ) -> None:
+        """Record a permanent failure of the parked row itself, which keeps its key parked."""
+        failures = [(row, error) for row, error in results if error is not None]
+        if not failures or failures[0][0].id != parking.event_id:
+            return
+        error = failures[0][1]
+        assert error is not None
+        if policy.is_transient(error):
+            return
+        try:
+            self.store.park_failed(parking, error=policy.error_text(error))
+        except sa.exc.DBAPIError as exc:
+            self._database_failed("dead letter", exc)
+            return
+        self._parked.pop(parking.key, None)
 
     @staticmethod
     def _collect(
