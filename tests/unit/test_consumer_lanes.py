@@ -8,7 +8,7 @@ from confluent_kafka import Message
 
 from oncely.consumers.apply import BatchResult, Failure
 from oncely.consumers.records import Undecodable
-from oncely.consumers.runner import merge_results, split_lanes
+from oncely.consumers.lanes import merge_results, split_lanes
 
 
 def _record(partition: int, offset: int, key: bytes | None) -> Undecodable:

@@ -12,57 +12,43 @@ is buffered, and only when nothing is does it wait for the first record, then ta
 that arrived with it. An ``async`` effect's batches run on an asyncio event loop on that
 thread, its lanes as concurrent tasks.
 
-With ``lanes`` > 1 (``ONCELY_CONSUMER_LANES``) the batch is split by record key over that many
-worker threads, each applying its share in its own transaction: a key always lands on the same
-lane, so its records apply in order, while other keys proceed in parallel. The offset committed
-for a partition never passes its lowest record that was not applied: records of other keys after
-it that were applied are read again and suppressed by their receipts.
+With ``lanes`` > 1 the batch is split by key (:mod:`.lanes`); the offset committed for a
+partition never passes its lowest record that was not applied: records of other keys after it
+that were applied are read again and suppressed by their receipts.
 
 A failing record stops its partition (in its lane) for the rest of the batch, and the committed
-offset stops just before it. Then the failure policy acts: retry in place (pause the partition,
-seek back to the record, resume after a backoff), then dead-letter it (produce it to
-``<topic>.<effect>.dlq``, confirmed, and only then commit past it) or block the partition.
-Records that cannot be decoded (corrupt bytes, unknown schema, missing ``id``) are dead-lettered
-at once with the reason. Every dead-lettered record logs one WARNING line with the reason and
-how to fix it (:func:`dead_letter_fix`). Nothing is skipped silently. With lanes, ``block``
-stops the partition at the failing record, but records of other keys after it may already have
-been applied.
+offset stops just before it; then the effect's failure policy acts (:mod:`.failures`: retry in
+place, dead-letter or block), through the partition gate (:mod:`.gate`). Nothing is skipped
+silently. With lanes, ``block`` stops the partition at the failing record, but records of
+other keys after it may already have been applied.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
-import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import sqlalchemy as sa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from oncely.consumers.apply import (
-    Applier,
-    BatchResult,
-    Failure,
-    PartitionId,
-    Record,
-    topic_partition,
-)
-from oncely.consumers.dlq import DeadLetterError, DeadLetters
+from oncely.consumers.apply import BatchResult, PartitionId, Record, topic_partition
+from oncely.consumers.dlq import DeadLetters
 from oncely.consumers.effects import Effect
+from oncely.consumers.failures import FailureHandling
+from oncely.consumers.gate import PartitionGate
+from oncely.consumers.lanes import Lanes, merge_results
 from oncely.consumers.membership import Membership
 from oncely.consumers.records import read_envelope
 from oncely.runtime.failpoints import failpoint
 from oncely.runtime.metrics import ConsumerMetrics
+from oncely.runtime.process import Every
 from oncely.schemas.codec import Codec
-from oncely.schemas.errors import DecodeFailure
 from oncely.security import AuthWatch
 from oncely.settings import ConsumerSettings, KafkaSettings
-from oncely.wire import dlq_headers
 
 log = logging.getLogger(__name__)
 
@@ -112,19 +98,13 @@ class EffectConsumer:
         self._auth = AuthWatch()  # refused credentials stop the consumer (retrying cannot help)
         self._config = {**consumer_config(kafka, settings, group_id), "error_cb": self._auth}
         self._consumer = Consumer(self._config)
-        self._async_engine = _async_engine(engine, settings.lanes) if effect.is_async else None
-        self._applier = Applier(effect, engine, metrics, codec, self._async_engine)
+        self._lanes = Lanes(effect, engine, metrics, codec, settings.lanes)
         self._apply_thread = ThreadPoolExecutor(1, thread_name_prefix=f"apply-{effect.name}")
-        self._lanes = (
-            ThreadPoolExecutor(settings.lanes, thread_name_prefix=f"lane-{effect.name}")
-            if settings.lanes > 1 and not effect.is_async
-            else None
-        )
-        self._event_loop: asyncio.Runner | None = None  # created on the apply thread
         self._pending: Future[list[BatchResult]] | None = None
-        self._reset: set[PartitionId] = set()  # partitions sought or paused since the fetch
-        self._attempts: dict[tuple[str, int, int], int] = {}
-        self._paused: dict[PartitionId, float | None] = {}  # resume time, or None while blocked
+        self._gate = PartitionGate(lambda: self._consumer)
+        self._failures = FailureHandling(
+            effect, metrics, dead_letters, self._gate, commit_past=self._commit_past
+        )
         self.heartbeat = time.monotonic()
         self.database_ok = True
         self.membership = Membership(
@@ -144,36 +124,33 @@ class EffectConsumer:
         credentials.
         """
         self._subscribe()
-        next_lag = time.monotonic()
+        lag = Every(_LAG_INTERVAL)
         try:
             while not stop.is_set():
                 self.heartbeat = now = time.monotonic()
                 self._watch_membership(now)
-                self._resume_due(now)
-                self._reset.clear()
+                self._gate.resume_due(now)
+                self._gate.fetching()
                 messages = self._fetch(0.0 if self._pending else self.settings.poll_timeout_seconds)
                 self._auth.check()
                 records = self._read(messages)
                 self._finish_pending()
-                if self._reset:  # records read before their partition was sought or paused
-                    records = [r for r in records if topic_partition(r.message) not in self._reset]
+                # Records read before their partition was sought or paused are dropped.
+                records = self._gate.admitted(records)
                 if records:
                     failpoint("consumer.after_poll")
                     self.metrics.consumed.labels(self.effect.name).inc(len(records))
-                    self._pending = self._apply_thread.submit(self._apply, records)
-                if now >= next_lag:
+                    self._pending = self._apply_thread.submit(self._lanes.apply, records)
+                if lag.due():
                     self._update_lag()
-                    next_lag = now + _LAG_INTERVAL
         finally:
             try:
                 self._finish_pending()
                 self._commit(asynchronous=False)
                 self._consumer.close()
             finally:
-                self._apply_thread.submit(self._close_event_loop).result()
+                self._apply_thread.submit(self._lanes.close).result()
                 self._apply_thread.shutdown()
-                if self._lanes is not None:
-                    self._lanes.shutdown()
 
     def healthy(self) -> bool:
         return time.monotonic() - self.heartbeat < 60.0
@@ -218,8 +195,7 @@ class EffectConsumer:
         )
 
     def _let_go(self, partitions: list[TopicPartition], *, lost: bool) -> None:
-        for tp in partitions:
-            self._paused.pop((tp.topic, tp.partition), None)
+        self._gate.forget(_ids(partitions))
         self.membership.revoked(_ids(partitions), time.monotonic(), lost=lost)
 
     def _watch_membership(self, now: float) -> None:
@@ -251,7 +227,7 @@ class EffectConsumer:
         self._finish_pending()  # its offsets go to the old client (refused if not assigned)
         stale = self._consumer
         self._consumer = Consumer(self._config)
-        self._paused.clear()
+        self._gate.clear()
         self.membership.restarted(now)
         self.metrics.rejoins.labels(self.effect.name).inc()
         self._subscribe()
@@ -286,31 +262,9 @@ class EffectConsumer:
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error: %s", error.str())
                 continue
-            if topic_partition(message) not in self._paused:
+            if not self._gate.is_paused(topic_partition(message)):
                 records.append(read_envelope(message, types_by_topic=self._types_by_topic))
         return records
-
-    def _apply(self, records: Sequence[Record]) -> list[BatchResult]:
-        """Apply one batch (on the apply thread): one transaction per lane."""
-        lanes = self.settings.lanes
-        if self._async_engine is not None:
-            if self._event_loop is None:
-                self._event_loop = asyncio.Runner()
-            runs = split_lanes(records, lanes) if lanes > 1 else [records]
-            return self._event_loop.run(self._apply_async(runs))
-        if self._lanes is None:
-            return [self._applier.apply(records)]
-        return list(self._lanes.map(self._applier.apply, split_lanes(records, lanes)))
-
-    async def _apply_async(self, runs: Sequence[Sequence[Record]]) -> list[BatchResult]:
-        return list(await asyncio.gather(*(self._applier.apply_async(run) for run in runs)))
-
-    def _close_event_loop(self) -> None:
-        if self._event_loop is not None:
-            if self._async_engine is not None:
-                self._event_loop.run(self._async_engine.dispose())
-            self._event_loop.close()
-            self._event_loop = None
 
     def _finish_pending(self) -> None:
         """Wait for the batch in flight; store and commit its offsets; act on its failures."""
@@ -329,122 +283,11 @@ class EffectConsumer:
             if failure.kind == "database":
                 # Nothing of that lane was applied or committed: read it again.
                 log.warning("database failed, re-reading from the failed record: %s", failure.error)
-                self._seek(topic_partition(failure.message), failure.offset)
+                self._gate.seek(topic_partition(failure.message), failure.offset)
             else:
-                self._handle_failure(failure)
+                self._failures.handle(failure)
         if not self.database_ok:
             time.sleep(1.0)
-
-    # -- failures ---------------------------------------------------------------------------
-
-    def _handle_failure(self, failure: Failure) -> None:
-        message = failure.message
-        tp = topic_partition(message)
-        offset = failure.offset
-        policy = self.effect.failure
-        if failure.kind == "undecodable":
-            self._dead_letter(failure, attempts=1, reason="undecodable")
-            return
-        self.metrics.failures.labels(self.effect.name).inc()
-        key = (*tp, offset)
-        attempts = self._attempts.get(key, 0) + 1
-        self._attempts[key] = attempts
-        log.warning(
-            "handler failed (attempt %d of %d): %r",
-            attempts,
-            policy.max_attempts,
-            failure.error,
-            extra={
-                "effect": self.effect.name,
-                "topic": tp[0],
-                "partition": tp[1],
-                "offset": offset,
-            },
-        )
-        if attempts < policy.max_attempts:
-            self._pause(tp, offset, resume_at=time.monotonic() + policy.backoff(attempts))
-        elif policy.then == "dead_letter":
-            self._dead_letter(failure, attempts=attempts, reason="handler_failed")
-        else:
-            self._pause(tp, offset, resume_at=None)
-            self.metrics.blocked.labels(self.effect.name).set(
-                sum(1 for resume in self._paused.values() if resume is None)
-            )
-            log.error(
-                "partition blocked by a failing record: fix and restart the consumer",
-                extra={
-                    "effect": self.effect.name,
-                    "topic": tp[0],
-                    "partition": tp[1],
-                    "offset": offset,
-                },
-            )
-
-    def _dead_letter(self, failure: Failure, *, attempts: int, reason: str) -> None:
-        message = failure.message
-        tp = topic_partition(message)
-        offset = failure.offset
-        error = failure.error
-        error_class = "Undecodable" if isinstance(error, str) else type(error).__name__
-        try:
-            self.dead_letters.send(
-                message,
-                topic=self.effect.dlq_topic(tp[0]),
-                headers=dlq_headers(
-                    message,
-                    effect=self.effect.name,
-                    reason=reason,
-                    error_class=error_class,
-                    error=str(error),
-                    attempts=attempts,
-                ),
-            )
-        except (DeadLetterError, KafkaException, BufferError) as exc:
-            log.error("could not dead-letter a record, retrying: %s", exc)
-            self._pause(tp, offset, resume_at=time.monotonic() + 5.0)
-            return
-        self.metrics.dead_lettered.labels(self.effect.name, reason).inc()
-        log.warning(
-            "dead-lettered %s[%d]@%d to %s (%s): %s; to fix: %s",
-            tp[0],
-            tp[1],
-            offset,
-            self.effect.dlq_topic(tp[0]),
-            reason,
-            error if isinstance(error, str) else f"{error_class}: {error}",
-            dead_letter_fix(failure, effect=self.effect.name),
-            extra={
-                "effect": self.effect.name,
-                "topic": tp[0],
-                "partition": tp[1],
-                "offset": offset,
-                "reason": reason,
-            },
-        )
-        self._attempts.pop((*tp, offset), None)
-        self._store_offsets({tp: offset + 1})
-        self._commit(asynchronous=True)
-        self._seek(tp, offset + 1)
-
-    def _pause(self, tp: PartitionId, offset: int, *, resume_at: float | None) -> None:
-        partition = TopicPartition(tp[0], tp[1], offset)
-        self._consumer.pause([partition])
-        self._seek(tp, offset)
-        self._paused[tp] = resume_at
-
-    def _resume_due(self, now: float) -> None:
-        due = [tp for tp, at in self._paused.items() if at is not None and at <= now]
-        if due:
-            self._consumer.resume([TopicPartition(t, p) for t, p in due])
-            for tp in due:
-                del self._paused[tp]
-
-    def _seek(self, tp: PartitionId, offset: int) -> None:
-        self._reset.add(tp)
-        try:
-            self._consumer.seek(TopicPartition(tp[0], tp[1], offset))
-        except KafkaException as exc:  # no longer assigned: the new owner starts from the commit
-            log.info("seek skipped: %s", exc)
 
     # -- offsets ----------------------------------------------------------------------------
 
@@ -456,6 +299,10 @@ class EffectConsumer:
                 )
             except KafkaException as exc:  # revoked meanwhile: redelivery is absorbed
                 log.info("offsets not stored: %s", exc)
+
+    def _commit_past(self, tp: PartitionId, offset: int) -> None:
+        self._store_offsets({tp: offset})
+        self._commit(asynchronous=True)
 
     def _commit(self, *, asynchronous: bool) -> None:
         try:
@@ -480,72 +327,6 @@ class EffectConsumer:
                 continue
             lag = high - tp.offset if tp.offset >= 0 else high
             self.metrics.lag.labels(self.effect.name, tp.topic, str(tp.partition)).set(max(0, lag))
-
-
-def dead_letter_fix(failure: Failure, *, effect: str) -> str:
-    """How an operator repairs a dead-lettered record: the cause's fix, then the redrive."""
-    tp = topic_partition(failure.message)
-    redrive = (
-        f"then redrive it with `oncely replay --app <module:effects> --effect {effect} "
-        f"--to-offset {tp[0]}:{tp[1]}:{failure.offset} --execute` (consumers stopped)"
-    )
-    if failure.decode_failure is DecodeFailure.UNKNOWN_SCHEMA:
-        cause = (
-            "run `oncely schemas export --out <catalog>` with the writer's code, deploy that "
-            "catalog with the consumer (--schemas-dir, ONCELY_SCHEMAS_DIR or ./schemas), restart it"
-        )
-    elif failure.decode_failure is DecodeFailure.INCOMPATIBLE_SCHEMA:
-        cause = (
-            "the writer's schema does not resolve to the code's: make the change compatible "
-            "(`oncely schemas check`) and deploy it"
-        )
-    elif failure.kind == "undecodable":
-        cause = "the record is not a valid event of its topic: find and fix its producer"
-    else:
-        cause = "fix the handler or the data it needs and deploy"
-    return f"{cause}; {redrive}"
-
-
-def _async_engine(engine: sa.Engine, lanes: int) -> AsyncEngine:
-    """An asyncio engine on ``engine``'s database (psycopg 3's async driver), one connection
-    per lane."""
-    url = engine.url.set(drivername="postgresql+psycopg")
-    return create_async_engine(url, pool_size=max(2, lanes), pool_pre_ping=True)
-
-
-def split_lanes(records: Sequence[Record], lanes: int) -> list[list[Record]]:
-    """``records`` shared over ``lanes`` runs by key (by partition for keyless records).
-
-    A key always maps to the same lane, and each run keeps the batch's order.
-    """
-    runs: list[list[Record]] = [[] for _ in range(lanes)]
-    for record in records:
-        message = record.message
-        key = message.key()
-        basis = key if isinstance(key, bytes) else str(message.partition()).encode()
-        runs[zlib.crc32(basis) % lanes].append(record)
-    return [run for run in runs if run]
-
-
-def merge_results(outcomes: Iterable[BatchResult]) -> tuple[dict[PartitionId, int], list[Failure]]:
-    """The offsets to commit per partition, and the record each stopped partition stopped at.
-
-    A partition's offset is the one after its last record done, unless a record of it failed in
-    some lane: then it is the lowest failed record's offset (commit only below the lowest
-    unfinished one), and that record's failure is the one the policy acts on.
-    """
-    next_offsets: dict[PartitionId, int] = {}
-    stops: dict[PartitionId, Failure] = {}
-    for outcome in outcomes:
-        for tp, offset in outcome.done.items():
-            next_offsets[tp] = max(next_offsets.get(tp, offset), offset)
-        for failure in outcome.failures:
-            tp = topic_partition(failure.message)
-            if tp not in stops or failure.offset < stops[tp].offset:
-                stops[tp] = failure
-    for tp, failure in stops.items():
-        next_offsets[tp] = failure.offset
-    return next_offsets, list(stops.values())
 
 
 def _names(partitions: list[TopicPartition]) -> list[str]:

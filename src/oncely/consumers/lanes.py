@@ -1,0 +1,116 @@
+"""Applying one batch in lanes: by record key, each lane in its own transaction, in parallel.
+
+With ``lanes`` > 1 (``ONCELY_CONSUMER_LANES``) the batch is split by record key over that many
+worker threads, each applying its share in its own transaction: a key always lands on the same
+lane, so its records apply in order, while other keys proceed in parallel. An ``async``
+effect's lanes are concurrent tasks on one asyncio event loop. :func:`merge_results` gives the
+offsets to commit: a partition's never passes its lowest record that was not applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from oncely.consumers.apply import (
+    Applier,
+    BatchResult,
+    Failure,
+    PartitionId,
+    Record,
+    topic_partition,
+)
+from oncely.consumers.effects import Effect
+from oncely.runtime.metrics import ConsumerMetrics
+from oncely.schemas.codec import Codec
+
+
+class Lanes:
+    """Applies batches of ``effect`` in ``count`` lanes; used from one thread (the apply
+    thread), which must also :meth:`close` it."""
+
+    def __init__(
+        self, effect: Effect, engine: sa.Engine, metrics: ConsumerMetrics, codec: Codec, count: int
+    ) -> None:
+        self.count = count
+        self._async_engine = _async_engine(engine, count) if effect.is_async else None
+        self._applier = Applier(effect, engine, metrics, codec, self._async_engine)
+        self._pool = (
+            ThreadPoolExecutor(count, thread_name_prefix=f"lane-{effect.name}")
+            if count > 1 and not effect.is_async
+            else None
+        )
+        self._event_loop: asyncio.Runner | None = None  # created on the apply thread
+
+    def apply(self, records: Sequence[Record]) -> list[BatchResult]:
+        """Apply one batch: one transaction per lane; never raises (see ``Applier.apply``)."""
+        if self._async_engine is not None:
+            if self._event_loop is None:
+                self._event_loop = asyncio.Runner()
+            runs = split_lanes(records, self.count) if self.count > 1 else [records]
+            return self._event_loop.run(self._apply_async(runs))
+        if self._pool is None:
+            return [self._applier.apply(records)]
+        return list(self._pool.map(self._applier.apply, split_lanes(records, self.count)))
+
+    async def _apply_async(self, runs: Sequence[Sequence[Record]]) -> list[BatchResult]:
+        return list(await asyncio.gather(*(self._applier.apply_async(run) for run in runs)))
+
+    def close(self) -> None:
+        """Dispose the async engine and its event loop, stop the lane threads."""
+        if self._event_loop is not None:
+            if self._async_engine is not None:
+                self._event_loop.run(self._async_engine.dispose())
+            self._event_loop.close()
+            self._event_loop = None
+        if self._pool is not None:
+            self._pool.shutdown()
+
+
+def _async_engine(engine: sa.Engine, lanes: int) -> AsyncEngine:
+    """An asyncio engine on ``engine``'s database (psycopg 3's async driver), one connection
+    per lane."""
+    url = engine.url.set(drivername="postgresql+psycopg")
+    return create_async_engine(url, pool_size=max(2, lanes), pool_pre_ping=True)
+
+
+def split_lanes(records: Sequence[Record], lanes: int) -> list[list[Record]]:
+    """``records`` shared over ``lanes`` runs by key (by partition for keyless records).
+
+    A key always maps to the same lane, and each run keeps the batch's order.
+    """
+    runs: list[list[Record]] = [[] for _ in range(lanes)]
+    for record in records:
+        message = record.message
+        key = message.key()
+        basis = key if isinstance(key, bytes) else str(message.partition()).encode()
+        runs[zlib.crc32(basis) % lanes].append(record)
+    return [run for run in runs if run]
+
+
+def merge_results(
+    results: Iterable[BatchResult],
+) -> tuple[dict[PartitionId, int], list[Failure]]:
+    """The offsets to commit per partition, and the record each stopped partition stopped at.
+
+    A partition's offset is the one after its last record done, unless a record of it failed in
+    some lane: then it is the lowest failed record's offset (commit only below the lowest
+    unfinished one), and that record's failure is the one the policy acts on.
+    """
+    next_offsets: dict[PartitionId, int] = {}
+    stops: dict[PartitionId, Failure] = {}
+    for result in results:
+        for tp, offset in result.done.items():
+            next_offsets[tp] = max(next_offsets.get(tp, offset), offset)
+        for failure in result.failures:
+            tp = topic_partition(failure.message)
+            if tp not in stops or failure.offset < stops[tp].offset:
+                stops[tp] = failure
+    for tp, failure in stops.items():
+        next_offsets[tp] = failure.offset
+    return next_offsets, list(stops.values())
