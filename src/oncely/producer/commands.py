@@ -187,9 +187,7 @@ class DurableCommand:
         backoff: Backoff | None = None,
     ) -> None:
         self.engine = engine
-        self.lease_seconds = lease_seconds
-        self.backoff = backoff or DEFAULT_BACKOFF
-        self.renewer = TaskStore(engine=engine, lease_seconds=lease_seconds).renew
+        self.store = TaskStore(engine=engine, lease_seconds=lease_seconds, backoff=backoff)
         self.owner = f"command-{process_id()}"
 
     def execute(
@@ -207,9 +205,9 @@ class DurableCommand:
             value,
             staged,
             owner=self.owner,
-            lease_seconds=self.lease_seconds,
-            backoff=self.backoff,
-            renewer=self.renewer,
+            lease_seconds=self.store.lease_seconds,
+            backoff=self.store.backoff,
+            renewer=self.store.renew,
         )
         return _finish(*drive(self.engine, steps))
 
