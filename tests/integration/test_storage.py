@@ -11,7 +11,14 @@ import psycopg.errors
 import pytest
 import sqlalchemy as sa
 
-from oncely.storage import DuplicateEventKeyError, metadata, migrations, outbox, upgrade
+from oncely.storage import (
+    DuplicateEventKeyError,
+    metadata,
+    migrations,
+    outbox,
+    translate_errors_of,
+    upgrade,
+)
 from oncely.storage.tables import DEFAULT_SHARDS, NOTIFY_CHANNEL, build_metadata
 from oncely.testing.services import libpq_dsn
 
@@ -188,6 +195,12 @@ def test_a_duplicate_event_key_is_translated_by_constraint_name(database_url: st
     }
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox), {**row, "id": uuid.uuid4()})
+    # An engine oncely never wrote through is left alone.
+    with pytest.raises(sa.exc.IntegrityError) as untouched, engine.begin() as conn:
+        conn.execute(sa.insert(outbox), {**row, "id": uuid.uuid4()})
+    assert not isinstance(untouched.value, DuplicateEventKeyError)
+    with engine.connect() as conn:
+        translate_errors_of(conn)  # what stage() and enqueue_task() do
     with (
         pytest.raises(DuplicateEventKeyError, match="transfer-7-completed") as info,
         engine.begin() as conn,

@@ -7,8 +7,8 @@ import uuid
 from confluent_kafka import Message
 
 from oncely.consumers.apply import BatchResult, Failure
-from oncely.consumers.records import Undecodable
 from oncely.consumers.lanes import merge_results, split_lanes
+from oncely.consumers.records import Undecodable
 
 
 def _record(partition: int, offset: int, key: bytes | None) -> Undecodable:

@@ -33,6 +33,7 @@ from oncely.events import registry_of
 from oncely.producer.ids import uuid7
 from oncely.schemas.codec import Codec
 from oncely.settings import StageLimits
+from oncely.storage.errors import translate_errors_of
 from oncely.storage.tables import outbox
 
 Transactional = Session | AsyncSession | sa.Connection
@@ -224,6 +225,7 @@ def stage_many(
             f"idempotency key {repeated[0]!r} is staged twice in one transaction; give each "
             "event its own idempotency_key (or leave it None to use the event id)"
         )
+    translate_errors_of(target)  # a key staged before: DuplicateEventKeyError, even at commit
     if isinstance(target, AsyncSession):
         target.add_all([_OutboxRow(**row) for row in rows])
     elif rows:

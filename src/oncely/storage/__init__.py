@@ -3,7 +3,12 @@
 Import :data:`metadata` into your Alembic environment, or run ``oncely db upgrade``.
 """
 
-from oncely.storage.errors import DuplicateEventKeyError, DuplicateTaskKeyError, translate
+from oncely.storage.errors import (
+    DuplicateEventKeyError,
+    DuplicateTaskKeyError,
+    translate,
+    translate_errors_of,
+)
 from oncely.storage.migrations import Migration, migrations, upgrade, upgrade_sql
 from oncely.storage.queries import query
 from oncely.storage.tables import (
@@ -29,6 +34,7 @@ __all__ = [
     "receipts",
     "tasks",
     "translate",
+    "translate_errors_of",
     "upgrade",
     "upgrade_sql",
     "validate_schema_name",

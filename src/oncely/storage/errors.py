@@ -1,16 +1,22 @@
 """Database errors translated into oncely's hierarchy, by constraint name, at the driver boundary.
 
-Importing this module installs a SQLAlchemy ``handle_error`` hook on every ``Engine``: a unique
-violation of one of oncely's own constraints is raised as the matching :class:`OncelyError`
-subclass (the original ``IntegrityError`` is its ``__cause__``); every other error is left
-untouched, so an application's own integrity errors propagate as they always did.
+:func:`translate_errors_of` installs a SQLAlchemy ``handle_error`` hook on the engine of the
+session or connection oncely writes through (``stage()``, ``enqueue_task()`` call it; no other
+engine of the process is touched): a unique violation of one of oncely's own constraints is
+raised as the matching :class:`OncelyError` subclass (the original ``IntegrityError`` is its
+``__cause__``); every other error is left untouched, so an application's own integrity errors
+propagate as they always did.
 """
 
 from __future__ import annotations
 
+import weakref
+
 import psycopg.errors
 import sqlalchemy as sa
 from sqlalchemy.engine import ExceptionContext
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 from oncely.errors import OncelyError
 
@@ -47,6 +53,20 @@ def translate(error: BaseException) -> OncelyError | None:
     return cls(f"{what}: {detail}".rstrip(": "))
 
 
-@sa.event.listens_for(sa.Engine, "handle_error")
 def _translate_unique_violations(context: ExceptionContext) -> BaseException | None:
     return translate(context.original_exception)
+
+
+_translating: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
+
+
+def translate_errors_of(target: Session | AsyncSession | sa.Connection) -> None:
+    """Raise oncely's errors for violations of its constraints on ``target``'s engine, at
+    execute, flush or commit, from now on (once per engine; a session without a bind: no-op)."""
+    session = target.sync_session if isinstance(target, AsyncSession) else target
+    bind = session.engine if isinstance(session, sa.Connection) else session.get_bind()
+    engine = bind.engine if isinstance(bind, sa.Connection) else bind
+    if engine in _translating:
+        return
+    sa.event.listen(engine, "handle_error", _translate_unique_violations)
+    _translating.add(engine)

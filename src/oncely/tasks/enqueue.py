@@ -18,9 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, registry
 
-# Importing storage.errors also installs the hook that raises DuplicateTaskKeyError for a
-# duplicate task_key found by the database (at flush, commit or a Connection's insert).
-from oncely.storage.errors import DuplicateTaskKeyError
+from oncely.storage.errors import DuplicateTaskKeyError, translate_errors_of
 from oncely.storage.tables import TASK_POLICIES, tasks
 from oncely.tasks.model import QueuedTask
 from oncely.tasks.rules import (
@@ -111,6 +109,9 @@ def enqueue_task(
         row["available_at"] = _db_now_plus(available_at)
     elif available_at is not None:
         row["available_at"] = available_at
+    # A duplicate task_key found by the database (at flush, commit or a Connection's insert)
+    # is raised as DuplicateTaskKeyError.
+    translate_errors_of(target)
     if isinstance(target, sa.Connection):
         target.execute(sa.insert(tasks).values(row))
     else:
