@@ -64,7 +64,10 @@ def translate_errors_of(target: Session | AsyncSession | sa.Connection) -> None:
     """Raise oncely's errors for violations of its constraints on ``target``'s engine, at
     execute, flush or commit, from now on (once per engine; a session without a bind: no-op)."""
     session = target.sync_session if isinstance(target, AsyncSession) else target
-    bind = session.engine if isinstance(session, sa.Connection) else session.get_bind()
+    try:
+        bind = session.engine if isinstance(session, sa.Connection) else session.get_bind()
+    except sa.exc.UnboundExecutionError:  # bound per table or mapper: nothing to hook here
+        return
     engine = bind.engine if isinstance(bind, sa.Connection) else bind
     if engine in _translating:
         return
