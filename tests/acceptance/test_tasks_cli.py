@@ -195,7 +195,7 @@ def test_the_worker_serves_metrics_and_health_like_the_relay_and_consumers(
     worker = workers.start("--metrics-port", str(port))
     _wait_for(lambda: _answers(port, "/readyz") == 200, "the worker to be ready")
     assert http_get(port, "/healthz")[0] == 200
-    ids = [_enqueue(engine, "fake.retry_safe", {}) for _ in range(3)]
+    ids = [_enqueue(engine, "fake.retry_safe", {"n": n}) for n in range(3)]
     _wait_for(lambda: all(_status(engine, i) == "completed" for i in ids), "the tasks to run")
     completed = 'oncely_tasks_attempts_total{name="fake.retry_safe",outcome="completed"}'
     _wait_for(lambda: metric(port, completed) == 3, "the attempts to be counted")
