@@ -39,11 +39,11 @@ from bench.fixtures import (
 )
 from bench.harness import Cell, cpu_window, interleave
 from oncely.relay.publisher import REQUIRED
-from oncely.relay.records import OutboxRow
 from oncely.relay.service import producer_config
-from oncely.relay.snapshots import Snapshot
-from oncely.relay.store import Progress, RelayStore, ShardProgress
 from oncely.settings import KafkaSettings, RelaySettings
+from oncely.storage.stores.outbox.relay import Progress, RelayStore, ShardProgress
+from oncely.storage.stores.outbox.rows import OutboxRow
+from oncely.storage.stores.outbox.snapshots import Snapshot
 from oncely.testing.services import libpq_dsn
 
 RELAY = "relay"

@@ -24,7 +24,7 @@ from typing import Any
 from bench.cells import raw_producer
 from bench.fixtures import Bench, Side, Topics, commit_latency, relay_processes
 from bench.harness import Cell, interleave
-from oncely.relay.records import OutboxRow
+from oncely.storage.stores.outbox.rows import OutboxRow
 
 RATE = 200.0
 WARMUP_SECONDS = 2.0

@@ -37,17 +37,18 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
 from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from oncely.errors import ConfigurationError, OncelyError
-from oncely.storage.queries import purge_in_batches, query
+from oncely.storage.queries import query
+from oncely.storage.stores.outbox import debezium as outbox
+from oncely.storage.stores.outbox.debezium import PurgeMark
+from oncely.storage.stores.outbox.rows import TopicPurge
 from oncely.storage.tables import validate_schema_name
 from oncely.wire import EVENT_TYPE_HEADER
 
@@ -346,20 +347,6 @@ class SlotBehindError(PurgeRefusedError):
 
 
 @dataclass(frozen=True)
-class PurgeMark:
-    """A point the connector must pass before the rows it covers may be deleted.
-
-    Attributes:
-        xmin: the ``xmin`` (``xid8``, as text) of a snapshot: every transaction whose id is
-            lower had finished when the snapshot was taken.
-        lsn: the WAL insert position read right after the snapshot (``pg_lsn`` text).
-    """
-
-    xmin: str
-    lsn: str
-
-
-@dataclass(frozen=True)
 class PurgeSlot:
     """The connector's logical replication slot as a purge sees it."""
 
@@ -371,16 +358,6 @@ class PurgeSlot:
     passed: bool
     #: Bytes of WAL between ``confirmed_flush_lsn`` and the mark's ``lsn`` (0 once passed).
     behind_bytes: int
-
-
-@dataclass(frozen=True)
-class TopicPurge:
-    """The rows of one topic a purge deletes (or would), and the oldest of them."""
-
-    topic: str
-    rows: int
-    oldest_id: uuid.UUID
-    oldest_created_at: datetime
 
 
 @dataclass(frozen=True)
@@ -461,15 +438,10 @@ def purge_plan(
     with engine.connect() as conn:
         database = str(conn.execute(sa.text("SELECT current_database()")).scalar_one())
         _pick_slot(_purge_slots(conn, None), slot_name, database)
-        mark_row = conn.execute(query("debezium_purge_mark")).one()
-        mark = PurgeMark(xmin=mark_row.xmin, lsn=mark_row.lsn)
+        mark = outbox.take_mark(conn)
         slot = _pick_slot(_purge_slots(conn, mark.lsn), slot_name, database)
-        params = {"older_than": older_than_seconds, "mark_xmin": mark.xmin}
-        topics = [
-            TopicPurge(r.topic, r.rows, r.oldest_id, r.oldest_created_at)
-            for r in conn.execute(query("debezium_purge_preview"), params)
-        ]
-        waiting = int(conn.execute(query("debezium_purge_waiting"), params).scalar_one())
+        topics = outbox.covered(conn, mark, older_than_seconds=older_than_seconds)
+        waiting = outbox.not_covered(conn, mark, older_than_seconds=older_than_seconds)
     return PurgePlan(slot=slot, mark=mark, topics=topics, waiting=waiting)
 
 
@@ -518,8 +490,9 @@ def purge_marked(
     Call it only once the connector's slot confirmed ``mark.lsn`` (:func:`wait_for_slot`).
     Deletes in batches of ``batch_size``, one transaction each.
     """
-    params = {"older_than": older_than_seconds, "mark_xmin": mark.xmin}
-    return purge_in_batches(engine, "debezium_purge", params, batch_size=batch_size)
+    return outbox.purge_covered(
+        engine, mark, older_than_seconds=older_than_seconds, batch_size=batch_size
+    )
 
 
 def purge(

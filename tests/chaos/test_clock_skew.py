@@ -3,8 +3,8 @@
 Every time the relay's statements store or compare (a shard's ``lease_until``, a member's
 ``heartbeat_until``, whether a row's ``available_at`` has come) comes from PostgreSQL's
 ``now()``: the relay sends only durations (``lease_seconds``), never a time of its own host
-(``storage/sql/relay.sql``, ``relay/store.py``; a record's Kafka timestamp is the row's
-``created_at``; retry backoffs are timed on the monotonic clock, which a skewed host keeps).
+(``storage/sql/outbox.sql``, ``storage/stores/outbox/relay.py``; a record's Kafka timestamp is the
+row's ``created_at``; retry backoffs are timed on the monotonic clock, which a skewed host keeps).
 The host clock is read only for the publish-latency metric. These scenarios run relays whose
 Python wall clock is moved by +2 h or -2 h (``tests/chaos/skewed_clock.py``) and check that:
 

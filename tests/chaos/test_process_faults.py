@@ -22,7 +22,7 @@ from tests.chaos.harness import Pipeline, Proc
 from tests.chaos.ledger import check
 from tests.helpers import count_published, read_topics, wait_until
 
-#: The relay loop's failpoints, in the order a page meets them (oncely/runtime/failpoints.py).
+#: The relay loop's failpoints, in the order a page meets them (oncely/failpoints.py).
 RELAY_POINTS = [
     "relay.after_read",
     "relay.mid_page",

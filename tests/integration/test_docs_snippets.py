@@ -53,10 +53,10 @@ from oncely.consumers.receipts import preview_receipts, purge_receipts
 from oncely.ops.republish import plan_republish, republish
 from oncely.ops.status import collect_status
 from oncely.ops.verify import verify_window
-from oncely.relay import dead
 from oncely.relay.publisher import Publisher
-from oncely.relay.store import RelayStore
 from oncely.settings import TopicSettings
+from oncely.storage.stores.outbox import dead
+from oncely.storage.stores.outbox.relay import RelayStore
 from oncely.tasks import TaskStore
 from oncely.topics import ensure_topics, planned_topics
 from tests.helpers import (

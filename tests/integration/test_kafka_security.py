@@ -29,11 +29,11 @@ from oncely.producer.staging import stage
 from oncely.relay.publisher import Publisher
 from oncely.relay.relay import Relay
 from oncely.relay.service import producer_config
-from oncely.relay.store import RelayStore
 from oncely.runtime.metrics import ConsumerMetrics, RelayMetrics
 from oncely.schemas.codec import Codec
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import ConsumerSettings, KafkaSettings
+from oncely.storage.stores.outbox.relay import RelayStore
 from tests.apps.ledger import App, build
 from tests.helpers import count_published, fast_settings, scalar, wait_until
 from tests.integration.secure_kafka import USER, SecureKafka, start_secure_kafka

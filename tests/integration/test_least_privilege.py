@@ -28,9 +28,9 @@ from oncely.ops.status import collect_status
 from oncely.ops.verify import verify_window
 from oncely.producer.idempotency import IdempotencyKeys
 from oncely.producer.staging import stage
-from oncely.relay import dead
 from oncely.relay.publisher import Publisher
-from oncely.relay.store import RelayStore
+from oncely.storage.stores.outbox import dead
+from oncely.storage.stores.outbox.relay import RelayStore
 from oncely.tasks.enqueue import enqueue_task
 from tests.apps.ledger import build, create_tables
 from tests.helpers import (

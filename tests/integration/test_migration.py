@@ -17,9 +17,9 @@ import pytest
 import sqlalchemy as sa
 
 from oncely.errors import ConfigurationError
-from oncely.relay import dead
 from oncely.storage import migrations, upgrade
 from oncely.storage.migrations import UpgradeRefusedError
+from oncely.storage.stores.outbox import dead
 from oncely.storage.tables import shard_of
 from tests.helpers import (
     count_published,

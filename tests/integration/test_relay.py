@@ -18,8 +18,8 @@ from confluent_kafka.admin import AdminClient
 
 from oncely.relay import Relay
 from oncely.relay.service import session_options
-from oncely.relay.store import Progress, RelayStore, ShardProgress
 from oncely.storage import outbox
+from oncely.storage.stores.outbox.relay import Progress, RelayStore, ShardProgress
 from tests.helpers import (
     count_published,
     fast_settings,

@@ -17,7 +17,7 @@ from typer.testing import CliRunner, Result
 
 from oncely.cli.replay import replay
 from oncely.ops.republish import RepublishError, plan_republish
-from oncely.relay.store import RelayStore
+from oncely.storage.stores.outbox.relay import RelayStore
 from oncely.storage.tables import shard_of
 from tests.helpers import (
     Record,

@@ -9,8 +9,8 @@ import pytest
 from confluent_kafka import KafkaError
 
 from oncely.relay import policy
-from oncely.relay.records import OutboxRow
 from oncely.runtime.retry import Backoff
+from oncely.storage.stores.outbox.rows import OutboxRow
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_the_record_follows_the_contract() -> None:
 
 
 def test_snapshot_difference_follows_pgq_rule() -> None:
-    from oncely.relay.snapshots import Difference, Snapshot
+    from oncely.storage.stores.outbox.snapshots import Difference, Snapshot
 
     done = Snapshot.parse("100:110:100,105")
     reading = Snapshot.parse("105:120:105,112")

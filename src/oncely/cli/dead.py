@@ -18,8 +18,8 @@ from rich.markup import escape
 
 from oncely.cli._options import DatabaseUrl, Execute, ExecuteNamed
 from oncely.cli._output import err, out, print_dry_run
-from oncely.relay import dead
-from oncely.relay.dead import ChangedRow, DeadRow
+from oncely.storage.stores.outbox import dead
+from oncely.storage.stores.outbox.dead import ChangedRow, DeadRow
 
 app = typer.Typer(
     help="Inspect, requeue or skip dead outbox rows (each parks its key; a running relay "

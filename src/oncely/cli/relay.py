@@ -17,10 +17,10 @@ from oncely.cli._options import (
 )
 from oncely.cli._output import err, out, print_dry_run
 from oncely.relay.service import run_relay
-from oncely.relay.store import RelayStore
 from oncely.runtime.logs import configure_logging
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import KafkaSettings, RelaySettings
+from oncely.storage.stores.outbox.relay import RelayStore
 
 app = typer.Typer(help="Publish staged outbox rows to Kafka.")
 

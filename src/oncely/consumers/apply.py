@@ -41,11 +41,11 @@ from sqlalchemy.util import await_
 from oncely.consumers.effects import Effect, EffectContext, EffectDeclarationError, handler_name
 from oncely.consumers.records import Decoded, Envelope, Undecodable, decode_event
 from oncely.consumers.writes import Writes
-from oncely.runtime.failpoints import failpoint
+from oncely.failpoints import failpoint
 from oncely.runtime.metrics import ConsumerMetrics
 from oncely.schemas.codec import Codec
 from oncely.schemas.errors import DecodeFailure
-from oncely.storage.queries import query
+from oncely.storage.stores import receipts
 
 PartitionId = tuple[str, int]
 Record = Envelope | Undecodable
@@ -193,17 +193,14 @@ class Applier:
         return outcome
 
     def _insert_receipts(self, session: Session, records: Sequence[Envelope]) -> set[UUID]:
-        rows = session.execute(
-            query("receipts_insert_many"),
-            {
-                "effect": self.effect.name,
-                "event_ids": [r.event_id for r in records],
-                "topics": [r.message.topic() for r in records],
-                "partitions": [r.message.partition() for r in records],
-                "offsets": [r.message.offset() for r in records],
-            },
+        return receipts.insert_receipts(
+            session,
+            effect=self.effect.name,
+            event_ids=[r.event_id for r in records],
+            topics=[r.message.topic() for r in records],
+            partitions=[r.message.partition() for r in records],
+            offsets=[r.message.offset() for r in records],
         )
-        return set(rows.scalars())
 
     def _apply_each(
         self, session: Session, records: Sequence[Record], handed: Session | AsyncSession
@@ -249,17 +246,14 @@ class Applier:
         self, session: Session, envelope: Envelope, handed: Session | AsyncSession
     ) -> bool | Undecodable:
         message = envelope.message
-        inserted = session.execute(
-            query("receipt_insert"),
-            {
-                "event_id": envelope.event_id,
-                "effect": self.effect.name,
-                "topic": message.topic(),
-                "partition": message.partition(),
-                "offset": message.offset(),
-            },
-        ).first()
-        if inserted is None:
+        if not receipts.insert_receipt(
+            session,
+            effect=self.effect.name,
+            event_id=envelope.event_id,
+            topic=message.topic(),
+            partition=message.partition(),
+            offset=message.offset(),
+        ):
             return False
         decoded = decode_event(envelope, codec=self.codec)
         if isinstance(decoded, Undecodable):

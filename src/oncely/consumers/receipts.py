@@ -9,14 +9,14 @@ topics unless forced.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from oncely.errors import OncelyError
-from oncely.storage.queries import purge_in_batches, query
+from oncely.storage.stores import receipts as store
+from oncely.storage.stores.receipts import ReceiptsPurge
 
 
 class UnsafePurgeError(OncelyError):
@@ -46,22 +46,9 @@ def check_horizon(older_than: timedelta, retention: timedelta, *, force: bool = 
         )
 
 
-@dataclass(frozen=True)
-class ReceiptsPurge:
-    """The receipts a purge would delete now: how many, and the oldest one's ``applied_at``."""
-
-    receipts: int
-    oldest_applied_at: datetime | None
-
-
 def preview_receipts(engine: sa.Engine, *, effect: str, older_than: timedelta) -> ReceiptsPurge:
     """What :func:`purge_receipts` would delete now (no horizon check); changes nothing."""
-    with engine.connect() as conn:
-        row = conn.execute(
-            query("receipts_purge_preview"),
-            {"effect": effect, "older_than": older_than.total_seconds()},
-        ).one()
-    return ReceiptsPurge(int(row.receipts), row.oldest_applied_at)
+    return store.preview_purge(engine, effect=effect, older_than_seconds=older_than.total_seconds())
 
 
 def purge_receipts(
@@ -78,5 +65,6 @@ def purge_receipts(
     Raises :class:`UnsafePurgeError` when ``older_than < retention`` and not ``force``.
     """
     check_horizon(older_than, retention, force=force)
-    params = {"effect": effect, "older_than": older_than.total_seconds()}
-    return purge_in_batches(engine, "receipts_purge", params, batch_size=batch_size)
+    return store.purge(
+        engine, effect=effect, older_than_seconds=older_than.total_seconds(), batch_size=batch_size
+    )

@@ -43,7 +43,7 @@ from oncely.consumers.gate import PartitionGate
 from oncely.consumers.lanes import Lanes, merge_results
 from oncely.consumers.membership import Membership
 from oncely.consumers.records import read_envelope
-from oncely.runtime.failpoints import failpoint
+from oncely.failpoints import failpoint
 from oncely.runtime.metrics import ConsumerMetrics
 from oncely.runtime.process import Every
 from oncely.schemas.codec import Codec

@@ -2,11 +2,11 @@
 
 ``oncely replay --from-outbox`` sends the rows created in ``[since, until)`` (of one event type,
 when given) again, in ``seq`` order, as the relay sends them: the same
-:class:`~oncely.relay.records.OutboxRow` to record mapping (topic, key, value, ``id`` and
-``eventType`` headers then the row's own, timestamp = ``created_at``) and the same idempotent
-:class:`~oncely.relay.publisher.Publisher` (``acks=all``, murmur2 partitioning). The event ids
-are the original ones, so the effects' receipts absorb the copies; nothing in the database
-changes (the rows are immutable, the relay's progress is not touched).
+:class:`~oncely.storage.stores.outbox.rows.OutboxRow` to record mapping (topic, key, value,
+``id`` and ``eventType`` headers then the row's own, timestamp = ``created_at``) and the same
+idempotent :class:`~oncely.relay.publisher.Publisher` (``acks=all``, murmur2 partitioning).
+The event ids are the original ones, so the effects' receipts absorb the copies; nothing in the
+database changes (the rows are immutable, the relay's progress is not touched).
 
 :func:`plan_republish` counts the window and refuses (:class:`RepublishError`) a window that
 cannot be republished faithfully:
@@ -35,11 +35,13 @@ from confluent_kafka import KafkaError, Message
 
 from oncely.errors import OncelyError
 from oncely.relay.publisher import Publisher
-from oncely.relay.records import OutboxRow
-from oncely.storage.queries import query
+from oncely.storage.stores.outbox.reports import (
+    parked_keys_of_window,
+    republish_window,
+    window_rows,
+)
+from oncely.storage.stores.outbox.rows import OutboxRow
 
-#: Rows fetched per round trip from the server-side cursor.
-_CURSOR_ROWS = 1000
 #: Parked keys named in the error, at most.
 _PARKED_SHOWN = 5
 
@@ -72,31 +74,28 @@ def _window(since: datetime, until: datetime | None, event_type: str | None) -> 
             f"the window [{since.isoformat()}, {until.isoformat()}) is empty: --since must be "
             "earlier than --until"
         )
-    return {"since": since, "until": until, "type": event_type}
+    return {"since": since, "until": until, "event_type": event_type}
 
 
 def _check(conn: sa.Connection, window: dict[str, Any]) -> RepublishPlan:
-    summary = conn.execute(query("republish_summary"), window).all()
-    first = summary[0] if summary else None
-    if first is None or first.first_seq is None:
+    summary = republish_window(conn, **window)
+    if summary.first_seq is None or summary.first_created_at is None:
         raise RepublishError(
             "the outbox is empty: nothing to republish (purged rows are gone; replay the topics "
             "from Kafka instead: oncely replay --app ... --effect ... --to-datetime ...)"
         )
-    if window["since"] < first.first_created_at and first.first_seq > 1:
+    if window["since"] < summary.first_created_at and summary.first_seq > 1:
         raise RepublishError(
             f"rows of the window were purged: the oldest row left in the outbox was created at "
-            f"{first.first_created_at.isoformat()} and earlier ones were deleted (relay "
+            f"{summary.first_created_at.isoformat()} and earlier ones were deleted (relay "
             "retention ONCELY_RELAY_RETENTION_SECONDS, or oncely relay purge). Start --since at "
             "or after it, or replay the topics from Kafka (oncely replay --app ... --effect ... "
             "--to-datetime ...)"
         )
-    rows = [row for row in summary if row.topic is not None]
-    parked = sum(row.parked for row in rows)
+    topics = summary.topics
+    parked = sum(row.parked for row in topics)
     if parked:
-        keys = conn.execute(
-            query("republish_parked_keys"), {**window, "limit": _PARKED_SHOWN}
-        ).all()
+        keys = parked_keys_of_window(conn, **window, limit=_PARKED_SHOWN)
         named = ", ".join(
             f"{k.topic} key {k.aggregateid!r} ({k.reason} row {k.event_id})" for k in keys
         )
@@ -105,7 +104,7 @@ def _check(conn: sa.Connection, window: dict[str, Any]) -> RepublishPlan:
             "pass the parked row: requeue or skip it first (oncely dead list|requeue|skip), or "
             "choose a window without them"
         )
-    unpublished = sum(row.unpublished for row in rows)
+    unpublished = sum(row.unpublished for row in topics)
     if unpublished:
         raise RepublishError(
             f"{unpublished} row(s) of the window are not published yet: a copy sent now could "
@@ -113,7 +112,10 @@ def _check(conn: sa.Connection, window: dict[str, Any]) -> RepublishPlan:
             "shows the backlog) or end the window earlier (--until)"
         )
     return RepublishPlan(
-        window["since"], window["until"], window["type"], {row.topic: row.rows for row in rows}
+        window["since"],
+        window["until"],
+        window["event_type"],
+        {row.topic: row.rows for row in topics},
     )
 
 
@@ -173,11 +175,7 @@ def republish(
 
     with _snapshot(engine) as conn, conn.begin():
         plan = _check(conn, window)
-        rows = conn.execute(
-            query("republish_rows"), window, execution_options={"yield_per": _CURSOR_ROWS}
-        )
-        for columns in rows:
-            row = OutboxRow.of(columns)
+        for row in window_rows(conn, **window):
             refused = publisher.produce(row, report_of(row))
             if refused is not None:
                 failures.append((row.id, refused))

@@ -33,8 +33,11 @@ from confluent_kafka.admin import ClusterMetadata
 
 from oncely.consumers.effects import Effects
 from oncely.consumers.offsets import committed_offsets
-from oncely.storage.queries import query
-from oncely.storage.tables import TASK_STATUSES
+from oncely.storage.stores.outbox import relay as outbox
+from oncely.storage.stores.outbox.relay import ShardBacklog, ShardState
+from oncely.storage.stores.outbox.reports import ParkedOfTopic, parked_by_topic
+from oncely.storage.stores.receipts import EffectReceipts, applied_by_effect
+from oncely.tasks.store import count_by_status
 
 #: Answers while a group's coordinator moves or loads (a new group on a fresh broker): retried.
 #: "Recently" in the status: the last minute.
@@ -64,16 +67,6 @@ class TopicStatus:
     held_keys: int
     held_rows: int
     requested: int
-
-
-@dataclass(frozen=True, slots=True)
-class ShardBacklog:
-    """Unpublished rows of one topic in one shard, and the age of the oldest."""
-
-    topic: str
-    shard: int
-    unpublished: int
-    oldest_unpublished_seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,12 +136,6 @@ class Status:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class _EffectRow:
-    applied: int
-    applied_recently: int
-
-
 def collect_status(
     engine: sa.Engine,
     *,
@@ -163,21 +150,16 @@ def collect_status(
     broker does not answer within ``timeout`` seconds.
     """
     notes = [DUPLICATES_NOTE]
-    params = {"recent_seconds": RECENT_SECONDS}
     # One REPEATABLE READ snapshot: the backlog, parked keys and leases agree with each other.
     conn = engine.connect().execution_options(
         isolation_level="REPEATABLE READ", postgresql_readonly=True
     )
     with conn, conn.begin():
-        backlog_rows = conn.execute(query("relay_backlog")).all()
-        shard_rows = conn.execute(query("relay_shards")).all()
-        parked_rows = conn.execute(query("ops_parked_by_topic")).all()
-        receipt_rows = conn.execute(query("ops_receipts_by_effect"), params).all()
-        task_rows = conn.execute(query("ops_tasks_by_status")).all()
-    backlog = [
-        ShardBacklog(row.topic, row.shard, int(row.unpublished), float(row.oldest_seconds))
-        for row in backlog_rows
-    ]
+        backlog = outbox.backlog(conn)
+        shard_rows = outbox.shards(conn)
+        parked_rows = parked_by_topic(conn)
+        receipt_rows = applied_by_effect(conn, recent_seconds=RECENT_SECONDS)
+        task_counts = count_by_status(conn)
     by_topic = _topics(backlog, parked_rows)
     shards = _shards(shard_rows, backlog)
     idle = [s.shard for s in shards if not s.leased and s.unpublished]
@@ -186,7 +168,7 @@ def collect_status(
             f"{len(idle)} shard(s) with unpublished rows are held by no relay "
             f"({', '.join(map(str, idle))}): is `oncely relay run` running?"
         )
-    receipts = {row.effect: _EffectRow(row.applied, row.applied_recently) for row in receipt_rows}
+    receipts = {row.effect: row for row in receipt_rows}
     if effects is None:
         notes.append("no --app: effects are the names found in the receipts; lag and DLQ unknown")
         listed: list[EffectStatus] = []
@@ -198,20 +180,18 @@ def collect_status(
         EffectStatus(name, None, [], seen.applied, seen.applied_recently, None, None)
         for name, seen in receipts.items()
     )
-    tasks = dict.fromkeys(TASK_STATUSES, 0)
-    tasks.update({row.status: row.tasks for row in task_rows})
     return Status(
         database=engine.url.render_as_string(hide_password=True),
         topics=[by_topic[name] for name in sorted(by_topic)],
         backlog=backlog,
         shards=shards,
         effects=sorted(listed, key=lambda e: e.effect),
-        tasks=tasks,
+        tasks=task_counts,
         notes=notes,
     )
 
 
-def _shards(rows: Sequence[Any], backlog: Sequence[ShardBacklog]) -> list[ShardStatus]:
+def _shards(rows: Sequence[ShardState], backlog: Sequence[ShardBacklog]) -> list[ShardStatus]:
     """Each shard's lease and progress, with its share of the backlog."""
     return [
         ShardStatus(
@@ -232,7 +212,7 @@ def _shards(rows: Sequence[Any], backlog: Sequence[ShardBacklog]) -> list[ShardS
 
 def _app_effects(
     effects: Effects,
-    receipts: dict[str, _EffectRow],
+    receipts: dict[str, EffectReceipts],
     kafka_config: dict[str, str | int | float | bool] | None,
     notes: list[str],
     timeout: float,
@@ -245,7 +225,7 @@ def _app_effects(
         kafka = _kafka_progress(kafka_config, effects, notes, timeout)
     listed = []
     for effect in effects:
-        seen = receipts.pop(effect.name, _EffectRow(0, 0))
+        seen = receipts.pop(effect.name, EffectReceipts(effect.name, 0, 0))
         lag, dlq = kafka.get(effect.name, (None, None))
         group = effects.group_id(effect.name)
         listed.append(
@@ -257,7 +237,9 @@ def _app_effects(
     return listed
 
 
-def _topics(backlog: Sequence[ShardBacklog], parked: Sequence[Any]) -> dict[str, TopicStatus]:
+def _topics(
+    backlog: Sequence[ShardBacklog], parked: Sequence[ParkedOfTopic]
+) -> dict[str, TopicStatus]:
     """Per topic: the backlog summed over shards, and its parked keys and held rows."""
     unpublished: dict[str, int] = {}
     oldest: dict[str, float] = {}
@@ -272,11 +254,11 @@ def _topics(backlog: Sequence[ShardBacklog], parked: Sequence[Any]) -> dict[str,
             topic=name,
             unpublished=unpublished.get(name, 0),
             oldest_unpublished_seconds=oldest.get(name),
-            dead=int(row.dead) if row else 0,
-            delayed=int(row.delayed) if row else 0,
-            held_keys=int(row.held_keys) if row else 0,
-            held_rows=int(row.held_rows) if row else 0,
-            requested=int(row.requested) if row else 0,
+            dead=row.dead if row else 0,
+            delayed=row.delayed if row else 0,
+            held_keys=row.held_keys if row else 0,
+            held_rows=row.held_rows if row else 0,
+            requested=row.requested if row else 0,
         )
     return topics
 

@@ -44,11 +44,19 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from oncely.consumers.effects import Effect
 from oncely.errors import OncelyError
-from oncely.storage.queries import query
+from oncely.storage.stores import receipts
+from oncely.storage.stores.outbox.reports import (
+    OutboxSummary,
+    PublishedRow,
+    StuckRow,
+    database_now,
+    published_rows,
+    stuck_rows,
+    window_summary,
+)
+from oncely.storage.stores.receipts import OutOfOrder
 from oncely.wire import id_header
 
-#: Rows fetched per round trip from the server-side cursor.
-_CURSOR_ROWS = 2000
 #: Records fetched per consume() call.
 _FETCH = 2000
 #: Report progress every this many records read.
@@ -65,31 +73,6 @@ class VerifyError(OncelyError):
 
 
 @dataclass(frozen=True, slots=True)
-class OutboxSummary:
-    """The window's rows by state (see the module's documentation)."""
-
-    committed: int
-    published: int
-    unpublished: int
-    dead: int
-    held: int
-    stuck: int
-    oldest_unpublished_seconds: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class StuckRow:
-    """A row due but not published; ``state``: ``unpublished``, ``dead`` or ``held``."""
-
-    id: UUID
-    topic: str
-    aggregateid: str
-    state: str
-    age_seconds: float
-    error: str | None
-
-
-@dataclass(frozen=True, slots=True)
 class LostRecord:
     """A published row whose id is on no record of its topic read for the window.
 
@@ -99,14 +82,6 @@ class LostRecord:
     id: UUID
     topic: str
     reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class OutOfOrder:
-    """``id`` was applied before ``previous_id``, the earlier event of its key."""
-
-    id: UUID
-    previous_id: UUID
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,22 +191,18 @@ def verify_window(
         isolation_level="REPEATABLE READ", postgresql_readonly=True
     )
     with conn, conn.begin():
-        now: datetime = conn.execute(query("verify_now")).scalar_one()
-        end = until or now
+        end = until or database_now(conn)
         if since >= end:
             raise VerifyError(f"the window [{since}, {end}) is empty: --since must be earlier")
-        window = {"since": since, "until": end, "max_pending_age": max_pending_age_seconds}
-        summary = OutboxSummary(
-            **conn.execute(query("verify_outbox_summary"), window).one()._asdict()
-        )
-        stuck = [
-            StuckRow(**row._asdict())
-            for row in conn.execute(query("verify_stuck"), {**window, "limit": limit})
-        ]
+        window: dict[str, Any] = {
+            "since": since,
+            "until": end,
+            "max_pending_age": max_pending_age_seconds,
+        }
+        summary = window_summary(conn, **window)
+        stuck = stuck_rows(conn, **window, limit=limit)
         verdicts = [_check_effect(conn, effect, window, limit) for effect in effects]
-        rows = conn.execute(
-            query("verify_published"), window, execution_options={"yield_per": _CURSOR_ROWS}
-        )
+        rows = published_rows(conn, **window)
 
         def checked(done: int) -> None:
             if progress is not None:
@@ -268,19 +239,17 @@ def _check_effect(
 ) -> EffectVerdict:
     types = sorted(t.name for t in effect.event_types)
     params = {**window, "effect": effect.name, "types": types, "limit": limit}
-    counts = conn.execute(query("verify_effect_summary"), params).one()
-    missing: list[UUID] = []
-    if counts.applied < counts.expected:
-        missing = list(conn.execute(query("verify_not_applied"), params).scalars())
-    disorder = conn.execute(query("verify_out_of_order"), params).all()
+    counts = receipts.effect_summary(conn, params)
+    missing = receipts.not_applied(conn, params) if counts.applied < counts.expected else []
+    disorder, disordered = receipts.out_of_order(conn, params)
     return EffectVerdict(
         effect=effect.name,
         event_types=types,
         expected=counts.expected,
         applied=counts.applied,
-        out_of_order=disorder[0].total if disorder else 0,
+        out_of_order=disorder,
         not_applied_ids=missing,
-        out_of_order_ids=[OutOfOrder(row.id, row.previous_id) for row in disorder[:limit]],
+        out_of_order_ids=disordered,
     )
 
 
@@ -316,7 +285,7 @@ class _RecordChecker:
     def close(self) -> None:
         self._consumer.close()
 
-    def check(self, rows: Iterable[sa.Row[Any]], progress: Callable[[int], None]) -> None:
+    def check(self, rows: Iterable[PublishedRow], progress: Callable[[int], None]) -> None:
         """Check every row (``id, topic``, grouped by topic); count the lost."""
         topics = self._consumer.list_topics(timeout=self._timeout).topics
         for topic, group in groupby(rows, key=lambda row: row.topic):

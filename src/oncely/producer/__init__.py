@@ -10,7 +10,8 @@ from oncely.producer.idempotency import (
     IdempotencyMismatchError,
     InvalidIdempotencyKeyError,
 )
-from oncely.producer.staging import DuplicateInTransactionError, StagedEvent, stage, stage_many
+from oncely.producer.staging import DuplicateInTransactionError, stage, stage_many
+from oncely.storage.stores.outbox.writes import StagedEvent
 
 __all__ = [
     "AsyncIdempotencyKeys",

@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from typing import Any
-from uuid import UUID
 
 import sqlalchemy as sa
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import Session, registry
+from sqlalchemy.orm import Session
 
 from oncely.errors import OncelyError
 from oncely.events import registry_of
@@ -34,7 +32,7 @@ from oncely.producer.ids import uuid7
 from oncely.schemas.codec import Codec
 from oncely.settings import StageLimits
 from oncely.storage.errors import translate_errors_of
-from oncely.storage.tables import outbox
+from oncely.storage.stores.outbox.writes import StagedEvent, add_rows
 
 Transactional = Session | AsyncSession | sa.Connection
 """What ``stage()`` writes through: the caller's session or connection."""
@@ -105,30 +103,6 @@ def check_limits(row: Mapping[str, Any], limits: StageLimits) -> None:
             "small metadata (trace context, content type), put data in the event"
         )
 
-
-@dataclass(frozen=True, kw_only=True)
-class StagedEvent:
-    """What was added to the outbox (it becomes durable when the caller commits)."""
-
-    id: UUID
-    idempotency_key: str
-    """The producer's idempotency key (the outbox's ``event_key`` column)."""
-    type: str
-    topic: str
-    aggregatetype: str
-    aggregateid: str
-    headers: Mapping[str, str]
-    payload: bytes
-
-
-class _OutboxRow:
-    """ORM mapping of ``oncely_outbox`` so an ``AsyncSession`` can ``add`` rows without I/O."""
-
-    def __init__(self, **columns: Any) -> None:
-        self.__dict__.update(columns)
-
-
-registry().map_imperatively(_OutboxRow, outbox)
 
 _codecs: weakref.WeakKeyDictionary[Any, Codec] = weakref.WeakKeyDictionary()
 _keys_in_transaction: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
@@ -226,10 +200,7 @@ def stage_many(
             "event its own idempotency_key (or leave it None to use the event id)"
         )
     translate_errors_of(target)  # a key staged before: DuplicateEventKeyError, even at commit
-    if isinstance(target, AsyncSession):
-        target.add_all([_OutboxRow(**row) for row in rows])
-    elif rows:
-        target.execute(sa.insert(outbox), rows)
+    add_rows(target, rows)
     # Adding or executing begins the transaction if none had begun: remember the keys there.
     _keys_in_transaction.setdefault(_transaction_of(target), set()).update(new_keys)
     return [

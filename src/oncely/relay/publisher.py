@@ -19,8 +19,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from oncely.relay.records import OutboxRow
 from oncely.security import KafkaAuthenticationError, is_authentication_failure
+from oncely.storage.stores.outbox.rows import OutboxRow
 
 log = logging.getLogger(__name__)
 

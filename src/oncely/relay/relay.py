@@ -41,18 +41,18 @@ from uuid import UUID
 import sqlalchemy as sa
 from confluent_kafka import KafkaError, Message
 
+from oncely.failpoints import failpoint
 from oncely.relay import policy
 from oncely.relay.publisher import Publisher
-from oncely.relay.records import OutboxRow
-from oncely.relay.snapshots import Snapshot
-from oncely.relay.store import Held, Parking, Progress, RelayStore, ShardProgress
-from oncely.runtime.failpoints import failpoint
 from oncely.runtime.metrics import RelayMetrics
 from oncely.runtime.process import Every
 from oncely.runtime.retry import Backoff
 from oncely.runtime.wakeup import Wakeup
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import RelaySettings
+from oncely.storage.stores.outbox.relay import Held, Parking, Progress, RelayStore, ShardProgress
+from oncely.storage.stores.outbox.rows import OutboxRow
+from oncely.storage.stores.outbox.snapshots import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -869,7 +869,7 @@ class Relay:
         lag: dict[int, float] = {}
         for item in backlog:
             rows[item.shard] = rows.get(item.shard, 0) + item.unpublished
-            lag[item.shard] = max(lag.get(item.shard, 0.0), item.oldest_seconds)
+            lag[item.shard] = max(lag.get(item.shard, 0.0), item.oldest_unpublished_seconds)
         for shard in self._shards:
             self.metrics.unpublished.labels(str(shard)).set(rows.get(shard, 0))
             self.metrics.lag.labels(str(shard)).set(lag.get(shard, 0.0))

@@ -9,11 +9,11 @@ import sqlalchemy as sa
 
 from oncely.relay.publisher import Publisher
 from oncely.relay.relay import Relay
-from oncely.relay.store import RelayStore
 from oncely.runtime.metrics import RelayMetrics
 from oncely.runtime.process import database, process_id, serving, stop_on_signals
 from oncely.runtime.wakeup import Wakeup
 from oncely.settings import KafkaSettings, RelaySettings
+from oncely.storage.stores.outbox.relay import RelayStore
 from oncely.storage.tables import NOTIFY_CHANNEL
 
 log = logging.getLogger(__name__)

@@ -1,1 +1,1 @@
-"""What every oncely process runs on: metrics, the health endpoint, failpoints, structured logs."""
+"""What every oncely process runs on: the process shell, metrics, the health endpoint, logs."""

@@ -4,8 +4,9 @@ Each component (the services that stage events, the relay, the consumers, the ta
 is described by the named statements it executes (``sql/*.sql``) and the rows it inserts
 through SQLAlchemy (``stage()``, ``enqueue_task()``). :func:`privileges_of` reads a statement
 and returns the privileges PostgreSQL checks for it; :func:`grant_statements` turns the union
-into ``GRANT`` statements (``oncely db sql --roles``). A unit test checks that every statement
-a component's modules call is in its list, so a new query cannot silently need a new grant.
+into ``GRANT`` statements (``oncely db sql --roles``). A unit test checks that only the tables'
+stores (:mod:`oncely.storage.stores`) run statements and that every statement a component's
+part of them runs is in its list, so a new query cannot silently need a new grant.
 
 Rules applied (PostgreSQL's): ``INSERT`` needs INSERT, and SELECT on the ``RETURNING``
 columns and on the ``ON CONFLICT`` arbiter's columns; ``UPDATE`` and ``DELETE`` need their

@@ -22,6 +22,7 @@ from oncely.errors import error_text
 from oncely.runtime.retry import Backoff
 from oncely.runtime.steps import Call, Ran, Sql, Step, drive
 from oncely.storage.queries import purge_in_batches, query
+from oncely.storage.tables import TASK_STATUSES
 from oncely.tasks.errors import LeaseLostError, NotReclaimableError, TaskError, TaskNotFoundError
 from oncely.tasks.model import (
     Attempt,
@@ -327,3 +328,13 @@ class TaskStore:
     def waiting_names(self) -> list[str]:
         """Names of queued or leased tasks: each needs a handler before a worker starts."""
         return [row.name for row in drive(self.engine, _rows("task_names_waiting", {}))]
+
+
+def count_by_status(conn: sa.Connection) -> dict[str, int]:
+    """How many tasks are in each status (every status, zero when none), on the caller's
+    connection (``oncely status`` reads it in one snapshot with the other tables)."""
+    counts = dict.fromkeys(TASK_STATUSES, 0)
+    counts.update(
+        {row.status: int(row.tasks) for row in conn.execute(query("ops_tasks_by_status"))}
+    )
+    return counts

@@ -26,10 +26,9 @@ from oncely.consumers.effects import Effects
 from oncely.consumers.records import read_envelope
 from oncely.errors import ConfigurationError
 from oncely.producer.ids import uuid7
-from oncely.producer.staging import StagedEvent
 from oncely.runtime.metrics import ConsumerMetrics
 from oncely.schemas.codec import Codec
-from oncely.storage.tables import outbox
+from oncely.storage.stores.outbox.writes import StagedEvent, staged_in
 from oncely.wire import record_headers
 
 __all__ = ["apply_event", "staged_events"]
@@ -88,31 +87,4 @@ def apply_event(
 def staged_events(session: Session) -> list[StagedEvent]:
     """The events staged in ``session``'s current transaction so far, in staging order (read
     back from ``oncely_outbox``: what the relay will publish once the transaction commits)."""
-    columns = outbox.c
-    rows = session.execute(
-        sa.select(
-            columns.id,
-            columns.event_key,
-            columns.type,
-            columns.topic,
-            columns.aggregatetype,
-            columns.aggregateid,
-            columns.headers,
-            columns.payload,
-        )
-        .where(columns.txid == sa.func.pg_current_xact_id())
-        .order_by(columns.seq)
-    )
-    return [
-        StagedEvent(
-            id=row.id,
-            idempotency_key=row.event_key,
-            type=row.type,
-            topic=row.topic,
-            aggregatetype=row.aggregatetype,
-            aggregateid=row.aggregateid,
-            headers=row.headers or {},
-            payload=bytes(row.payload),
-        )
-        for row in rows
-    ]
+    return staged_in(session)

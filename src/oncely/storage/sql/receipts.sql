@@ -43,3 +43,70 @@ WHERE (event_id, effect) IN (
 SELECT count(*) AS receipts, min(applied_at) AS oldest_applied_at
 FROM oncely_receipts
 WHERE effect = :effect AND applied_at < now() - make_interval(secs => :older_than)
+
+-- Operators' reads (READ ONLY transactions): `oncely status` and `oncely verify`.
+
+-- name: ops_receipts_by_effect
+-- Per effect name found in the receipts: receipts in all, and those of the last :recent_seconds.
+SELECT effect,
+       count(*) AS applied,
+       count(*) FILTER (WHERE applied_at >= now() - make_interval(secs => :recent_seconds))
+           AS applied_recently
+FROM oncely_receipts
+GROUP BY effect
+ORDER BY effect
+
+-- name: verify_effect_summary
+-- For one effect: the window's published rows of the types it consumes, and how many of them
+-- have its receipt. The receipts' primary key (event_id, effect) allows at most one each.
+SELECT count(*) AS expected, count(r.event_id) AS applied
+FROM oncely_outbox AS o
+JOIN oncely_relay_shards AS s ON s.shard = o.shard
+LEFT JOIN oncely_receipts AS r ON r.event_id = o.id AND r.effect = :effect
+WHERE o.created_at >= :since AND o.created_at < :until
+  AND o.type = ANY (CAST(:types AS text[]))
+  AND (pg_visible_in_snapshot(o.txid, s.done)
+            OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
+                AND pg_visible_in_snapshot(o.txid, s.reading)))
+  AND NOT EXISTS (SELECT 1 FROM oncely_relay_parked AS p WHERE p.event_id = o.id)
+  AND NOT EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id)
+
+-- name: verify_not_applied
+-- The first :limit published rows of the window, of the effect's types, without its receipt.
+SELECT o.id
+FROM oncely_outbox AS o
+JOIN oncely_relay_shards AS s ON s.shard = o.shard
+WHERE o.created_at >= :since AND o.created_at < :until
+  AND o.type = ANY (CAST(:types AS text[]))
+  AND (pg_visible_in_snapshot(o.txid, s.done)
+            OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
+                AND pg_visible_in_snapshot(o.txid, s.reading)))
+  AND NOT EXISTS (SELECT 1 FROM oncely_relay_parked AS p WHERE p.event_id = o.id)
+  AND NOT EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id)
+  AND NOT EXISTS (
+      SELECT 1 FROM oncely_receipts AS r WHERE r.event_id = o.id AND r.effect = :effect
+  )
+ORDER BY o.seq
+LIMIT :limit
+
+-- name: verify_out_of_order
+-- For one effect, per topic and key: an applied event whose receipt is older than the receipt
+-- of the key's previous applied event (in seq order) ran ahead of it. Kafka orders a key only
+-- within its topic's partition, so keys are compared within a topic. Returns the first
+-- violations (at least one, whatever :limit, so that the total count is never lost), each with
+-- the total count.
+WITH applied AS (
+    SELECT o.id, o.seq, r.applied_at,
+           lag(r.applied_at) OVER key_order AS previous_applied_at,
+           lag(o.id) OVER key_order AS previous_id
+    FROM oncely_outbox AS o
+    JOIN oncely_receipts AS r ON r.event_id = o.id AND r.effect = :effect
+    WHERE o.created_at >= :since AND o.created_at < :until
+      AND o.type = ANY (CAST(:types AS text[]))
+    WINDOW key_order AS (PARTITION BY o.topic, o.aggregateid ORDER BY o.seq)
+)
+SELECT id, previous_id, count(*) OVER () AS total
+FROM applied
+WHERE applied_at < previous_applied_at
+ORDER BY seq
+LIMIT GREATEST(:limit, 1)

@@ -157,3 +157,9 @@ SELECT * FROM oncely_tasks
 WHERE CAST(:status AS text) IS NULL OR status = :status
 ORDER BY created_at DESC, id
 LIMIT :limit
+
+-- name: ops_tasks_by_status
+-- How many tasks are in each status (`oncely status`).
+SELECT status, count(*) AS tasks
+FROM oncely_tasks
+GROUP BY status

@@ -81,3 +81,13 @@ class OutboxRow:
     def kafka_headers(self) -> list[tuple[str, str | bytes | None]]:
         """``id`` (36 lowercase characters, as Debezium sends it), ``eventType``, then extras."""
         return record_headers(self.event_id, self.type, self.headers)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPurge:
+    """The rows of one topic a purge deletes (or would), and the oldest of them."""
+
+    topic: str
+    rows: int
+    oldest_id: UUID
+    oldest_created_at: datetime

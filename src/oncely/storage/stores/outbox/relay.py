@@ -1,6 +1,6 @@
 """The relay's only access to PostgreSQL: snapshot reads, progress, leases and parked keys.
 
-Every method is one named statement (``storage/sql/relay.sql``) in its own short transaction,
+Every method is one named statement (``storage/sql/outbox.sql``) in its own short transaction,
 except :meth:`RelayStore.record`, which writes progress, parked keys and held rows together.
 Writes that depend on holding a shard are fenced by the shard's lease epoch: a shard another
 relay took over is reported back as lost and nothing of it changes.
@@ -18,10 +18,10 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
-from oncely.relay.records import OutboxRow
-from oncely.relay.snapshots import Difference, Snapshot
-from oncely.runtime.failpoints import failpoint
+from oncely.failpoints import failpoint
 from oncely.storage.queries import purge_in_batches, query
+from oncely.storage.stores.outbox.rows import OutboxRow, TopicPurge
+from oncely.storage.stores.outbox.snapshots import Difference, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,29 +87,23 @@ class Membership:
 
 @dataclass(frozen=True, slots=True)
 class ShardBacklog:
-    shard: int
+    """Unpublished rows of one topic in one shard, and the age of the oldest."""
+
     topic: str
+    shard: int
     unpublished: int
-    oldest_seconds: float
+    oldest_unpublished_seconds: float
 
 
 @dataclass(frozen=True, slots=True)
 class ShardState:
+    """A shard's lease (``owner`` ``None``: never leased) and how old its progress is."""
+
     shard: int
     owner: str | None
     epoch: int
     leased: bool
     progress_age_seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class TopicPurge:
-    """The rows of one topic a purge would delete, and the oldest of them."""
-
-    topic: str
-    rows: int
-    oldest_id: UUID
-    oldest_created_at: datetime
 
 
 def _progress(done: str, reading: str | None, after_seq: int) -> Progress:
@@ -460,19 +454,11 @@ class RelayStore:
     def backlog(self) -> list[ShardBacklog]:
         """Per shard and topic: committed rows not yet acknowledged, and the oldest's age."""
         with self.engine.connect() as conn:
-            rows = conn.execute(query("relay_backlog")).all()
-        return [
-            ShardBacklog(r.shard, r.topic, int(r.unpublished), float(r.oldest_seconds))
-            for r in rows
-        ]
+            return backlog(conn)
 
     def shards(self) -> list[ShardState]:
         with self.engine.connect() as conn:
-            rows = conn.execute(query("relay_shards")).all()
-        return [
-            ShardState(r.shard, r.owner, r.epoch, bool(r.leased), float(r.progress_age_seconds))
-            for r in rows
-        ]
+            return shards(conn)
 
     def purge(self, *, older_than_seconds: float, batch_size: int = 5000) -> int:
         """Delete rows older than the horizon that every read has passed, in batches."""
@@ -484,3 +470,20 @@ class RelayStore:
         with self.engine.connect() as conn:
             rows = conn.execute(query("relay_purge_preview"), {"older_than": older_than_seconds})
             return [TopicPurge(r.topic, r.rows, r.oldest_id, r.oldest_created_at) for r in rows]
+
+
+def backlog(conn: sa.Connection) -> list[ShardBacklog]:
+    """:meth:`RelayStore.backlog` on the caller's connection (to read it in one snapshot with
+    other statements)."""
+    return [
+        ShardBacklog(r.topic, r.shard, int(r.unpublished), float(r.oldest_seconds))
+        for r in conn.execute(query("relay_backlog"))
+    ]
+
+
+def shards(conn: sa.Connection) -> list[ShardState]:
+    """:meth:`RelayStore.shards` on the caller's connection."""
+    return [
+        ShardState(r.shard, r.owner, r.epoch, bool(r.leased), float(r.progress_age_seconds))
+        for r in conn.execute(query("relay_shards"))
+    ]

@@ -1,5 +1,6 @@
--- The relay's statements: snapshot reads of oncely_outbox per leased shard, progress, leases,
--- parked keys and held rows. Each starts with "-- name: <name>".
+-- The store of oncely_outbox and the relay's tables (shards, members, parked keys, held rows).
+-- First the relay's statements: snapshot reads per leased shard, progress, leases, parked keys
+-- and held rows. Each starts with "-- name: <name>".
 
 -- name: relay_snapshot
 -- The snapshot a read compares with the shards' progress, and the database clock.
@@ -222,3 +223,198 @@ WHERE reason = 'dead'
   AND (CAST(:ids AS uuid[]) IS NULL OR event_id = ANY (CAST(:ids AS uuid[])))
   AND (CAST(:topic AS text) IS NULL OR topic = :topic)
 RETURNING event_id AS id, topic, aggregateid
+
+-- Operators' reads: `oncely status`, `oncely verify`, `oncely replay --from-outbox`. None of
+-- them writes; the callers run them in READ ONLY transactions.
+
+-- name: ops_parked_by_topic
+-- Per topic: keys parked by a dead row and by a delayed row, rows held behind parked keys, and
+-- dead rows an operator asked to requeue or skip that no relay has carried out yet.
+SELECT p.topic,
+       count(*) FILTER (WHERE p.reason = 'dead') AS dead,
+       count(*) FILTER (WHERE p.reason = 'delayed') AS delayed,
+       count(*) AS held_keys,
+       COALESCE(sum(h.held), 0) AS held_rows,
+       count(*) FILTER (WHERE p.request IS NOT NULL) AS requested
+FROM oncely_relay_parked AS p
+LEFT JOIN (SELECT topic, aggregateid, count(*) AS held
+           FROM oncely_relay_held
+           GROUP BY topic, aggregateid) AS h USING (topic, aggregateid)
+GROUP BY p.topic
+ORDER BY p.topic
+
+-- name: verify_now
+-- The database clock, fixed for the whole (REPEATABLE READ) verification transaction.
+SELECT now()
+
+-- name: verify_outbox_summary
+-- The window's rows by state. A row is "published" once its shard's recorded progress has
+-- passed it (every record of its page was acknowledged) and it is neither a parked key's own
+-- row (dead or delayed) nor held behind one; "unpublished": the progress has not passed it yet.
+-- "stuck": not published and due (created, and available) longer than :max_pending_age ago.
+WITH w AS (
+    SELECT o.created_at, o.available_at,
+           pg_visible_in_snapshot(o.txid, s.done)
+            OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
+                AND pg_visible_in_snapshot(o.txid, s.reading)) AS passed,
+           p.reason AS parked,
+           EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id) AS held
+    FROM oncely_outbox AS o
+    JOIN oncely_relay_shards AS s ON s.shard = o.shard
+    LEFT JOIN oncely_relay_parked AS p ON p.event_id = o.id
+    WHERE o.created_at >= :since AND o.created_at < :until
+), states AS (
+    SELECT created_at, available_at,
+           CASE WHEN NOT passed THEN 'unpublished'
+                WHEN parked = 'dead' THEN 'dead'
+                WHEN parked IS NOT NULL OR held THEN 'held'
+                ELSE 'published' END AS state
+    FROM w
+)
+SELECT count(*) AS committed,
+       count(*) FILTER (WHERE state = 'published') AS published,
+       count(*) FILTER (WHERE state = 'unpublished') AS unpublished,
+       count(*) FILTER (WHERE state = 'dead') AS dead,
+       count(*) FILTER (WHERE state = 'held') AS held,
+       count(*) FILTER (WHERE state <> 'published'
+                          AND greatest(created_at, available_at)
+                              < now() - make_interval(secs => :max_pending_age)) AS stuck,
+       CAST(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE state <> 'published'))
+            AS double precision) AS oldest_unpublished_seconds
+FROM states
+
+-- name: verify_stuck
+-- The first :limit stuck rows of the window (see verify_outbox_summary), oldest first, with
+-- the error of a dead row.
+SELECT id, topic, aggregateid, state, error, age_seconds
+FROM (
+    SELECT o.id, o.seq, o.topic, o.aggregateid, o.created_at, o.available_at, p.error,
+           CAST(EXTRACT(EPOCH FROM now() - o.created_at) AS double precision) AS age_seconds,
+           CASE WHEN NOT (pg_visible_in_snapshot(o.txid, s.done)
+            OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
+                AND pg_visible_in_snapshot(o.txid, s.reading))) THEN 'unpublished'
+                WHEN p.reason = 'dead' THEN 'dead'
+                WHEN p.reason IS NOT NULL
+                     OR EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id)
+                     THEN 'held'
+                ELSE 'published' END AS state
+    FROM oncely_outbox AS o
+    JOIN oncely_relay_shards AS s ON s.shard = o.shard
+    LEFT JOIN oncely_relay_parked AS p ON p.event_id = o.id
+    WHERE o.created_at >= :since AND o.created_at < :until
+      AND greatest(o.created_at, o.available_at) < now() - make_interval(secs => :max_pending_age)
+) AS rows
+WHERE state <> 'published'
+ORDER BY seq
+LIMIT :limit
+
+-- name: verify_published
+-- The window's published rows (see verify_outbox_summary) by topic: the ids to find in each
+-- topic. Streamed through a server-side cursor.
+SELECT o.id, o.topic
+FROM oncely_outbox AS o
+JOIN oncely_relay_shards AS s ON s.shard = o.shard
+WHERE o.created_at >= :since AND o.created_at < :until
+  AND (pg_visible_in_snapshot(o.txid, s.done)
+            OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
+                AND pg_visible_in_snapshot(o.txid, s.reading)))
+  AND NOT EXISTS (SELECT 1 FROM oncely_relay_parked AS p WHERE p.event_id = o.id)
+  AND NOT EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id)
+ORDER BY o.topic
+
+-- name: republish_summary
+-- The outbox rows created in [:since, :until) (of type :type when given), per topic: how many,
+-- how many no shard's progress has passed yet (not acknowledged), how many belong to parked
+-- keys; with the oldest row the outbox still holds (seq and created_at: rows before it were
+-- purged, or never existed). One scan of the table.
+WITH rows AS (
+    SELECT o.topic, o.seq, o.created_at,
+           o.created_at >= :since
+               AND (CAST(:until AS timestamptz) IS NULL OR o.created_at < :until)
+               AND (CAST(:type AS text) IS NULL OR o.type = :type) AS in_window,
+           pg_visible_in_snapshot(o.txid, s.done)
+               OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
+                   AND pg_visible_in_snapshot(o.txid, s.reading)) AS passed,
+           EXISTS (SELECT 1 FROM oncely_relay_parked AS p
+                   WHERE p.topic = o.topic AND p.aggregateid = o.aggregateid) AS parked
+    FROM oncely_outbox AS o
+    JOIN oncely_relay_shards AS s ON s.shard = o.shard
+), first AS (
+    SELECT min(seq) AS first_seq, min(created_at) AS first_created_at FROM rows
+)
+SELECT w.topic, count(w.topic) AS rows, count(*) FILTER (WHERE NOT w.passed) AS unpublished,
+       count(*) FILTER (WHERE w.parked) AS parked, f.first_seq, f.first_created_at
+FROM first AS f
+LEFT JOIN rows AS w ON w.in_window
+GROUP BY w.topic, f.first_seq, f.first_created_at
+ORDER BY w.topic
+
+-- name: republish_parked_keys
+-- Up to :limit parked keys that have rows in the window, with the row that parked each.
+SELECT DISTINCT p.topic, p.aggregateid, p.event_id, p.reason
+FROM oncely_relay_parked AS p
+JOIN oncely_outbox AS o ON o.topic = p.topic AND o.aggregateid = p.aggregateid
+WHERE o.created_at >= :since
+  AND (CAST(:until AS timestamptz) IS NULL OR o.created_at < :until)
+  AND (CAST(:type AS text) IS NULL OR o.type = :type)
+ORDER BY p.topic, p.aggregateid
+LIMIT :limit
+
+-- name: republish_rows
+-- The window's rows in seq order, as the relay reads them (streamed from a server-side cursor).
+SELECT CAST(o.id AS text) AS id, o.seq, o.shard, o.topic, o.aggregateid, o.type, o.payload,
+       CAST(o.headers AS text) AS headers,
+       CAST(floor(extract(epoch FROM o.created_at) * 1000) AS bigint) AS timestamp_ms,
+       CAST(NULL AS timestamptz) AS available_at
+FROM oncely_outbox AS o
+WHERE o.created_at >= :since
+  AND (CAST(:until AS timestamptz) IS NULL OR o.created_at < :until)
+  AND (CAST(:type AS text) IS NULL OR o.type = :type)
+ORDER BY o.seq
+
+-- Debezium mode: the outbox purge behind the connector's replication slot.
+
+-- name: debezium_purge_mark
+-- A purge mark: the xmin of this statement's snapshot (every transaction id below it had
+-- finished when the snapshot was taken) and the WAL insert position read after it. The snapshot
+-- is taken before the target list is evaluated, so every transaction older than xmin wrote its
+-- commit record before lsn. The insert position, not pg_current_wal_lsn() (the write position),
+-- because with synchronous_commit = off a commit may be visible before its record is written.
+SELECT CAST(pg_snapshot_xmin(pg_current_snapshot()) AS text) AS xmin,
+       CAST(pg_current_wal_insert_lsn() AS text) AS lsn
+
+-- name: debezium_purge_preview
+-- Per topic: the outbox rows a purge would delete, and its oldest row. A row qualifies when it
+-- was created before the horizon and its row version was written by a transaction older than
+-- the mark's xmin (age() compares 32-bit xids modulo 2^31, as PostgreSQL does; a row written
+-- by a transaction that was still running at the mark, or after it, does not qualify).
+SELECT topic, count(*) AS rows,
+       (array_agg(id ORDER BY created_at, seq))[1] AS oldest_id,
+       min(created_at) AS oldest_created_at
+FROM oncely_outbox
+WHERE created_at < now() - make_interval(secs => :older_than)
+  AND age(xmin) > age(xid(CAST(:mark_xmin AS xid8)))
+GROUP BY topic
+ORDER BY topic
+
+-- name: debezium_purge_waiting
+-- How many rows older than the horizon the mark does not cover (written by transactions still
+-- running at the mark, or later): the purge keeps them.
+SELECT count(*) FROM oncely_outbox
+WHERE created_at < now() - make_interval(secs => :older_than)
+  AND NOT age(xmin) > age(xid(CAST(:mark_xmin AS xid8)))
+
+-- name: debezium_purge
+-- Delete one batch of the rows debezium_purge_preview counts: created before the horizon and
+-- written by a transaction older than the mark's xmin. The caller deletes only after the
+-- connector's slot confirmed the mark's WAL position, so the connector has read every such row
+-- (streamed from the WAL, or in the snapshot it took when it started). In Debezium mode nothing
+-- settles a row, so the status does not matter. The connector skips DELETEs
+-- (skipped.operations), so the purge publishes nothing.
+DELETE FROM oncely_outbox
+WHERE id IN (
+    SELECT id FROM oncely_outbox
+    WHERE created_at < now() - make_interval(secs => :older_than)
+      AND age(xmin) > age(xid(CAST(:mark_xmin AS xid8)))
+    LIMIT :batch_size
+)

@@ -1,0 +1,144 @@
+"""The store of ``oncely_receipts``: one row per (event id, effect) applied.
+
+A consumer inserts receipts in the effect's own transaction (:func:`insert_receipts` for a run
+of records, :func:`insert_receipt` for one), and only the primary key's conflict means "already
+applied". Operators count them (:func:`applied_by_effect`), check them against the outbox
+(:func:`effect_summary`, :func:`not_applied`, :func:`out_of_order`) and purge old ones
+(:func:`preview_purge`, :func:`purge`). The named SQL is in ``storage/sql/receipts.sql``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from oncely.storage.queries import purge_in_batches, query
+
+
+def insert_receipts(
+    session: Session,
+    *,
+    effect: str,
+    event_ids: Sequence[UUID],
+    topics: Sequence[str | None],
+    partitions: Sequence[int | None],
+    offsets: Sequence[int | None],
+) -> set[UUID]:
+    """Insert the receipts of a run of records (one per position of the sequences, as Kafka's
+    ``Message`` gives them) in one statement; return the event ids that already had a receipt.
+    A second copy of an event id in the same run is not returned: the caller tells it apart."""
+    rows = session.execute(
+        query("receipts_insert_many"),
+        {
+            "effect": effect,
+            "event_ids": event_ids,
+            "topics": topics,
+            "partitions": partitions,
+            "offsets": offsets,
+        },
+    )
+    return set(rows.scalars())
+
+
+def insert_receipt(
+    session: Session,
+    *,
+    effect: str,
+    event_id: UUID,
+    topic: str | None,
+    partition: int | None,
+    offset: int | None,
+) -> bool:
+    """Insert one receipt; ``False`` when the event already had one for ``effect``."""
+    inserted = session.execute(
+        query("receipt_insert"),
+        {
+            "event_id": event_id,
+            "effect": effect,
+            "topic": topic,
+            "partition": partition,
+            "offset": offset,
+        },
+    ).first()
+    return inserted is not None
+
+
+@dataclass(frozen=True, slots=True)
+class EffectReceipts:
+    """An effect's receipts in all, and those of the last ``recent_seconds``."""
+
+    effect: str
+    applied: int
+    applied_recently: int
+
+
+def applied_by_effect(conn: sa.Connection, *, recent_seconds: float) -> list[EffectReceipts]:
+    """Every effect name found in the receipts, by name."""
+    rows = conn.execute(query("ops_receipts_by_effect"), {"recent_seconds": recent_seconds})
+    return [EffectReceipts(r.effect, int(r.applied), int(r.applied_recently)) for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class EffectSummary:
+    """An effect over a window: ``expected`` published events of its types, ``applied``."""
+
+    expected: int
+    applied: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutOfOrder:
+    """``id`` was applied before ``previous_id``, the earlier event of its key."""
+
+    id: UUID
+    previous_id: UUID
+
+
+def effect_summary(conn: sa.Connection, window: dict[str, Any]) -> EffectSummary:
+    """``window``: ``since``, ``until``, ``max_pending_age``, ``effect``, ``types``, ``limit``."""
+    counts = conn.execute(query("verify_effect_summary"), window).one()
+    return EffectSummary(int(counts.expected), int(counts.applied))
+
+
+def not_applied(conn: sa.Connection, window: dict[str, Any]) -> list[UUID]:
+    """Up to ``limit`` published events of the window's types without the effect's receipt."""
+    return list(conn.execute(query("verify_not_applied"), window).scalars())
+
+
+def out_of_order(conn: sa.Connection, window: dict[str, Any]) -> tuple[int, list[OutOfOrder]]:
+    """How many of the effect's receipts came before an earlier event of their key, and up to
+    ``limit`` of them."""
+    rows = conn.execute(query("verify_out_of_order"), window).all()
+    total = int(rows[0].total) if rows else 0
+    return total, [OutOfOrder(row.id, row.previous_id) for row in rows[: window["limit"]]]
+
+
+@dataclass(frozen=True)
+class ReceiptsPurge:
+    """The receipts a purge would delete now: how many, and the oldest one's ``applied_at``."""
+
+    receipts: int
+    oldest_applied_at: datetime | None
+
+
+def preview_purge(engine: sa.Engine, *, effect: str, older_than_seconds: float) -> ReceiptsPurge:
+    """What :func:`purge` would delete now; changes nothing."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            query("receipts_purge_preview"),
+            {"effect": effect, "older_than": older_than_seconds},
+        ).one()
+    return ReceiptsPurge(int(row.receipts), row.oldest_applied_at)
+
+
+def purge(engine: sa.Engine, *, effect: str, older_than_seconds: float, batch_size: int) -> int:
+    """Delete ``effect``'s receipts older than ``older_than_seconds``, ``batch_size`` rows per
+    transaction; return how many."""
+    params = {"effect": effect, "older_than": older_than_seconds}
+    return purge_in_batches(engine, "receipts_purge", params, batch_size=batch_size)
