@@ -43,7 +43,7 @@ from oncely.schemas.compatibility import CompatibilityMode
 from oncely.schemas.errors import DecodeError, DecodeFailure, EncodeError
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import StageLimits
-from oncely.storage import DuplicateEventKeyError, DuplicateTaskKeyError
+from oncely.storage import DuplicateEventError, DuplicateTaskKeyError
 from oncely.tasks import LeaseLostError, Task, Tasks, TaskWorker, enqueue_task
 
 __all__ = [
@@ -57,7 +57,7 @@ __all__ = [
     "ConfigurationError",
     "DecodeError",
     "DecodeFailure",
-    "DuplicateEventKeyError",
+    "DuplicateEventError",
     "DuplicateInTransactionError",
     "DuplicateTaskKeyError",
     "DurableCommand",

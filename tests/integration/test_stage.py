@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from oncely.producer.staging import DuplicateInTransactionError, stage, stage_many
 from oncely.schemas.codec import Codec
-from oncely.storage import DuplicateEventKeyError
+from oncely.storage import DuplicateEventError
 from oncely.storage.tables import DEFAULT_SHARDS, NOTIFY_CHANNEL, shard_of
 
 pytestmark = pytest.mark.integration
@@ -170,7 +170,7 @@ def test_an_event_key_from_an_earlier_transaction_is_refused_naming_it(engine: s
     with Session(engine) as session, session.begin():
         stage(session, _event(), idempotency_key="transfer-42-completed")
     with (
-        pytest.raises(DuplicateEventKeyError, match="transfer-42-completed"),
+        pytest.raises(DuplicateEventError, match="transfer-42-completed"),
         Session(engine) as session,
         session.begin(),
     ):

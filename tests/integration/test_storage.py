@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from oncely.storage import (
-    DuplicateEventKeyError,
+    DuplicateEventError,
     metadata,
     migrations,
     outbox,
@@ -198,11 +198,11 @@ def test_a_duplicate_event_key_is_translated_by_constraint_name(database_url: st
     # An engine oncely never wrote through is left alone.
     with pytest.raises(sa.exc.IntegrityError) as untouched, engine.begin() as conn:
         conn.execute(sa.insert(outbox), {**row, "id": uuid.uuid4()})
-    assert not isinstance(untouched.value, DuplicateEventKeyError)
+    assert not isinstance(untouched.value, DuplicateEventError)
     with engine.connect() as conn:
         translate_errors_of(conn)  # what stage() and enqueue_task() do
     with (
-        pytest.raises(DuplicateEventKeyError, match="transfer-7-completed") as info,
+        pytest.raises(DuplicateEventError, match="transfer-7-completed") as info,
         engine.begin() as conn,
     ):
         conn.execute(sa.insert(outbox), {**row, "id": uuid.uuid4()})

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from oncely.events import Registry
 from oncely.events.canonical import dump_avsc, fingerprint
-from oncely.schemas.catalog import ExportOutcome, SchemaCatalog, SchemaEntry, export_schemas
+from oncely.schemas.catalog import FileChange, SchemaCatalog, SchemaEntry, export_schemas
 from oncely.schemas.errors import CatalogError
 
 
@@ -33,7 +33,7 @@ def test_export_then_load_round_trips(tmp_path: Path) -> None:
     registry = registry_with(Thing, 1)
     outcomes = export_schemas(registry, tmp_path)
     path = tmp_path / "thing.made" / "v1.avsc"
-    assert outcomes == [(path, ExportOutcome.WRITTEN)]
+    assert outcomes == [(path, FileChange.WRITTEN)]
     assert path.read_text() == dump_avsc(registry.get("thing.made").schema)
 
     catalog = SchemaCatalog.load(tmp_path)
@@ -51,7 +51,7 @@ def test_export_then_load_round_trips(tmp_path: Path) -> None:
 def test_export_is_idempotent(tmp_path: Path) -> None:
     registry = registry_with(Thing, 1)
     export_schemas(registry, tmp_path)
-    assert export_schemas(registry, tmp_path)[0][1] is ExportOutcome.UNCHANGED
+    assert export_schemas(registry, tmp_path)[0][1] is FileChange.UNCHANGED
 
 
 def test_export_never_rewrites_a_committed_version(tmp_path: Path) -> None:

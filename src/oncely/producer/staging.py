@@ -199,7 +199,7 @@ def stage_many(
             f"idempotency key {repeated[0]!r} is staged twice in one transaction; give each "
             "event its own idempotency_key (or leave it None to use the event id)"
         )
-    translate_errors_of(target)  # a key staged before: DuplicateEventKeyError, even at commit
+    translate_errors_of(target)  # a key staged before: DuplicateEventError, even at commit
     add_rows(target, rows)
     # Adding or executing begins the transaction if none had begun: remember the keys there.
     _keys_in_transaction.setdefault(_transaction_of(target), set()).update(new_keys)
@@ -238,7 +238,7 @@ def stage(
             a schema registry or a schema catalog).
         idempotency_key: the producer's stable key for this event (default: the new event
             id): staging it again, in any later transaction, raises
-            :class:`~oncely.storage.DuplicateEventKeyError` instead of a second event.
+            :class:`~oncely.storage.DuplicateEventError` instead of a second event.
         headers: extra Kafka headers (the codec's ``content-type`` and ``schema-version`` and
             the active OpenTelemetry ``traceparent`` are added).
         available_at: do not publish before this time.
@@ -252,7 +252,7 @@ def stage(
             ``limits`` (all are :class:`StageLimitError`); nothing was added.
         DuplicateInTransactionError: ``idempotency_key`` was already staged in this
             transaction.
-        DuplicateEventKeyError: ``idempotency_key`` was staged by an earlier transaction (with an
+        DuplicateEventError: ``idempotency_key`` was staged by an earlier transaction (with an
             ``AsyncSession``: at flush or commit).
     """
     [staged] = stage_many(

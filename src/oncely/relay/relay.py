@@ -42,7 +42,7 @@ import sqlalchemy as sa
 from confluent_kafka import KafkaError, Message
 
 from oncely.failpoints import failpoint
-from oncely.relay import policy
+from oncely.relay import delivery
 from oncely.relay.publisher import Publisher
 from oncely.runtime.metrics import RelayMetrics
 from oncely.runtime.process import Every
@@ -711,7 +711,7 @@ class Relay:
         transient = True
         if failed is not None and failed.failure is not None:
             row, error = failed.failure
-            transient = policy.is_transient(error)
+            transient = delivery.is_transient(error)
             log.warning(
                 "delivery failed, replaying from the recorded progress: %s",
                 error.str(),
@@ -723,8 +723,8 @@ class Relay:
                     self._suspects.add(row.id)
                 else:
                     attempts = self._attempts[row.id] = self._attempts.get(row.id, 0) + 1
-                    if policy.goes_dead(error, attempts, max_attempts=self.settings.max_attempts):
-                        self._dead_letter(row, policy.error_text(error))
+                    if delivery.goes_dead(error, attempts, max_attempts=self.settings.max_attempts):
+                        self._dead_letter(row, delivery.error_text(error))
         else:
             log.warning("fatal producer error, recreating the producer and replaying")
         if self._unrecorded:
@@ -837,10 +837,10 @@ class Relay:
             return
         error = failures[0][1]
         assert error is not None
-        if policy.is_transient(error):
+        if delivery.is_transient(error):
             return
         try:
-            self.store.park_failed(parking, error=policy.error_text(error))
+            self.store.park_failed(parking, error=delivery.error_text(error))
         except sa.exc.DBAPIError as exc:
             self._database_failed("dead letter", exc)
             return

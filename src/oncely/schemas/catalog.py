@@ -23,7 +23,7 @@ from oncely.events import EventType
 from oncely.events.canonical import dump_avsc, fingerprint
 from oncely.schemas.errors import CatalogError
 
-__all__ = ["ExportOutcome", "SchemaCatalog", "SchemaEntry", "export_schemas", "schema_path"]
+__all__ = ["FileChange", "SchemaCatalog", "SchemaEntry", "export_schemas", "schema_path"]
 
 _VERSION_FILE = re.compile(r"v([1-9][0-9]*)\.avsc")
 
@@ -150,7 +150,7 @@ def _load_entry(path: Path) -> SchemaEntry:
     )
 
 
-class ExportOutcome(StrEnum):
+class FileChange(StrEnum):
     """What :func:`export_schemas` did with one schema file."""
 
     WRITTEN = "written"
@@ -159,7 +159,7 @@ class ExportOutcome(StrEnum):
 
 def export_schemas(
     event_types: Iterable[EventType[Any]], directory: Path
-) -> list[tuple[Path, ExportOutcome]]:
+) -> list[tuple[Path, FileChange]]:
     """Write each event type's current schema to ``<directory>/<type>/v<N>.avsc``.
 
     All-or-nothing: files are only written if no committed version would change.
@@ -184,9 +184,9 @@ def export_schemas(
     outcomes = []
     for path, text in plan:
         if path.exists():
-            outcomes.append((path, ExportOutcome.UNCHANGED))
+            outcomes.append((path, FileChange.UNCHANGED))
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-        outcomes.append((path, ExportOutcome.WRITTEN))
+        outcomes.append((path, FileChange.WRITTEN))
     return outcomes

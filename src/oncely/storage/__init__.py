@@ -4,7 +4,7 @@ Import :data:`metadata` into your Alembic environment, or run ``oncely db upgrad
 """
 
 from oncely.storage.errors import (
-    DuplicateEventKeyError,
+    DuplicateEventError,
     DuplicateTaskKeyError,
     translate,
     translate_errors_of,
@@ -22,7 +22,7 @@ from oncely.storage.tables import (
 )
 
 __all__ = [
-    "DuplicateEventKeyError",
+    "DuplicateEventError",
     "DuplicateTaskKeyError",
     "Migration",
     "build_metadata",

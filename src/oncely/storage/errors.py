@@ -21,8 +21,9 @@ from sqlalchemy.orm import Session
 from oncely.errors import OncelyError
 
 
-class DuplicateEventKeyError(OncelyError):
-    """An event with this event key was already staged (the outbox's event_key is unique)."""
+class DuplicateEventError(OncelyError):
+    """An event with this idempotency key was already staged by an earlier transaction (the
+    outbox's ``event_key`` column is unique)."""
 
 
 class DuplicateTaskKeyError(OncelyError):
@@ -31,8 +32,8 @@ class DuplicateTaskKeyError(OncelyError):
 
 _UNIQUE_CONSTRAINTS: dict[str, tuple[type[OncelyError], str]] = {
     "oncely_outbox_event_key_key": (
-        DuplicateEventKeyError,
-        "an event with this event_key was already staged in an earlier transaction",
+        DuplicateEventError,
+        "an event with this idempotency_key was already staged in an earlier transaction",
     ),
     "oncely_tasks_task_key_key": (
         DuplicateTaskKeyError,

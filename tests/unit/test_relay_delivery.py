@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from confluent_kafka import KafkaError
 
-from oncely.relay import policy
+from oncely.relay import delivery
 from oncely.runtime.retry import Backoff
 from oncely.storage.stores.outbox.rows import OutboxRow
 
@@ -35,8 +35,8 @@ def test_backoff_doubles_up_to_the_maximum(attempts: int, expected: float) -> No
 )
 def test_broker_trouble_never_goes_dead(code: int) -> None:
     error = KafkaError(code)
-    assert policy.is_transient(error)
-    assert not policy.goes_dead(error, 1000, max_attempts=5)
+    assert delivery.is_transient(error)
+    assert not delivery.goes_dead(error, 1000, max_attempts=5)
 
 
 @pytest.mark.parametrize(
@@ -45,13 +45,13 @@ def test_broker_trouble_never_goes_dead(code: int) -> None:
 )
 def test_permanent_errors_go_dead_at_max_attempts(code: int) -> None:
     error = KafkaError(code)
-    assert not policy.goes_dead(error, 4, max_attempts=5)
-    assert policy.goes_dead(error, 5, max_attempts=5)
+    assert not delivery.goes_dead(error, 4, max_attempts=5)
+    assert delivery.goes_dead(error, 5, max_attempts=5)
 
 
 def test_error_text_is_truncated_to_4000_characters() -> None:
     error = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "x" * 10_000)
-    text = policy.error_text(error)
+    text = delivery.error_text(error)
     assert len(text) == 4000
     assert text.startswith("MSG_SIZE_TOO_LARGE: x")
 

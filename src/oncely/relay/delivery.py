@@ -1,4 +1,5 @@
-"""The relay's decisions, as pure functions: what a failed delivery means, and when to retry.
+"""How the relay reads a failed delivery, as pure functions: transient or permanent, and when a
+row goes dead.
 
 A delivery error is *transient* when the broker could not take the record right now (it is
 unreachable, has no leader, lacks in-sync replicas, timed out): the row backs off and retries
