@@ -19,7 +19,7 @@ from examples.payments.models import ledger_entries
 effects = oncely.Effects(registry, group_prefix="payments.")
 
 
-@effects.effect("send-receipt", on=[TransferCompleted])
+@effects.effect("send-receipt", on=TransferCompleted)
 def send_receipt(event: TransferCompleted, ctx: oncely.EffectContext) -> None:
     ctx.enqueue_task(
         "email.send",
@@ -30,7 +30,7 @@ def send_receipt(event: TransferCompleted, ctx: oncely.EffectContext) -> None:
     )
 
 
-@effects.effect("ledger-projection", on=[TransferCompleted])
+@effects.effect("ledger-projection", on=TransferCompleted)
 def project_ledger(event: TransferCompleted, ctx: oncely.EffectContext) -> None:
     ctx.session.execute(
         sa.insert(ledger_entries),

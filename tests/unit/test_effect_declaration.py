@@ -103,3 +103,12 @@ def test_the_error_is_public_and_an_oncely_error() -> None:
     assert issubclass(oncely.EffectDeclarationError, oncely.OncelyError)
     assert issubclass(oncely.EffectDeclarationError, oncely.ConfigurationError)
     assert "EffectDeclarationError" in oncely.__all__
+
+
+def test_one_model_declares_the_same_effect_as_a_list_of_it() -> None:
+    declared = effects()
+    declared.effect("single", on=Opened)(record_welcome)
+    declared.effect("listed", on=[Opened])(record_welcome)
+    single, listed = declared.get("single"), declared.get("listed")
+    assert single.event_types == listed.event_types
+    assert [t.name for t in single.event_types] == ["account.opened"]

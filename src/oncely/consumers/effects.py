@@ -4,7 +4,7 @@
 
     effects = oncely.Effects(registry)
 
-    @effects.effect("send-receipt", on=[TransferCompleted])
+    @effects.effect("send-receipt", on=TransferCompleted)
     def send_receipt(event: TransferCompleted, ctx: oncely.EffectContext) -> None:
         ctx.insert(Notification, {"transfer_id": event.transfer_id})  # same transaction
 
@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Generic, Literal
+from typing import Any, Generic, Literal, overload
 from uuid import UUID
 
 from pydantic import BaseModel
@@ -199,6 +199,14 @@ AsyncEffectContext = EffectContext[AsyncSession]
 #: ``handler(event, ctx)``, or with ``batch=True`` ``handler([(event, ctx), ...])``; sync or async.
 EffectHandler = Callable[..., Any]
 
+M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R")
+
+#: An effect's handler for events of model ``M`` (returning ``R``, or a coroutine when async).
+EventHandler = Callable[[M, EffectContext[Any]], R]
+#: A ``batch=True`` handler: the batch's new events of model ``M`` with their contexts.
+BatchHandler = Callable[[list[tuple[M, EffectContext[Any]]]], R]
+
 
 @dataclass(frozen=True)
 class Effect:
@@ -232,25 +240,59 @@ class Effects:
         self.group_prefix = group_prefix
         self._effects: dict[str, Effect] = {}
 
+    @overload
     def effect(
         self,
         name: str,
         *,
-        on: Sequence[type[BaseModel]],
+        on: type[M],
+        failure: FailurePolicy | None = None,
+        batch: Literal[False] = False,
+    ) -> Callable[[EventHandler[M, R]], EventHandler[M, R]]: ...
+
+    @overload
+    def effect(
+        self,
+        name: str,
+        *,
+        on: type[M],
+        failure: FailurePolicy | None = None,
+        batch: Literal[True],
+    ) -> Callable[[BatchHandler[M, R]], BatchHandler[M, R]]: ...
+
+    @overload
+    def effect(
+        self,
+        name: str,
+        *,
+        on: type[BaseModel] | Sequence[type[BaseModel]],
+        failure: FailurePolicy | None = None,
+        batch: bool = False,
+    ) -> Callable[[EffectHandler], EffectHandler]: ...
+
+    def effect(
+        self,
+        name: str,
+        *,
+        on: type[BaseModel] | Sequence[type[BaseModel]],
         failure: FailurePolicy | None = None,
         batch: bool = False,
     ) -> Callable[[EffectHandler], EffectHandler]:
-        """Declare ``name`` (its consumer group is ``group_prefix + name``) for the models ``on``.
+        """Declare ``name`` (its consumer group is ``group_prefix + name``) for the model ``on``,
+        or each model of a sequence.
 
         The handler is ``handler(event, ctx)``, called once per new event; with ``batch=True``
-        it is ``handler(batch)``, called once per batch with the new events as ``(event, ctx)``
-        pairs in Kafka order (a batch that fails is applied again one event at a time, so the
-        handler is then called with batches of one). Either can be ``async def``.
+        it is ``handler(batch)``, called once per batch with the new events as a list of
+        ``(event, ctx)`` pairs in Kafka order (a batch that fails is applied again one event at
+        a time, so the handler is then called with batches of one). Either can be ``async def``.
+        With one model (``on=Model``, not in a list) a type checker checks the handler's event
+        parameter against it.
 
         Raises:
             EffectDeclarationError: a bad or repeated name, or no event types.
             UnknownEventTypeError: a model in ``on`` is not in the registry.
         """
+        models = (on,) if isinstance(on, type) else tuple(on)
 
         def declare(handler: EffectHandler) -> EffectHandler:
             if not _EFFECT_NAME.fullmatch(name):
@@ -259,9 +301,9 @@ class Effects:
                 )
             if name in self._effects:
                 raise EffectDeclarationError(f"effect {name!r} is declared twice")
-            if not on:
+            if not models:
                 raise EffectDeclarationError(f"effect {name!r} consumes no event type")
-            types = tuple(self.registry.for_model(model) for model in on)
+            types = tuple(self.registry.for_model(model) for model in models)
             self._effects[name] = Effect(name, types, handler, failure or FailurePolicy(), batch)
             return handler
 

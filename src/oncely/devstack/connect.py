@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from oncely.devstack._process import die_with_parent, free_port, stop_process, tail
-from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION, cache_root, check_java
+from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION, cache_root, check_java, jvm_command
 from oncely.errors import DevstackError, ToolMissingError
 
 DEFAULT_DEBEZIUM_VERSION = "3.6.1.Final"
@@ -180,26 +180,17 @@ class ConnectNode:
                 rest_port=self.rest_port,
             )
         )
-        log_config = self.data_dir / "log4j2.properties"
-        log_config.write_bytes(
-            resources.files(__package__).joinpath("connect-log4j2.properties").read_bytes()
+        command = jvm_command(
+            java,
+            heap=("128m", self.heap),
+            logs=logs,
+            log_config="connect-log4j2.properties",
+            libs=libs,
+            main_class=_MAIN_CLASS,
         )
         stdout = (logs / "stdout.log").open("ab")
         self._proc = subprocess.Popen(
-            [
-                java,
-                "-Xms128m",
-                f"-Xmx{self.heap}",
-                "-XX:+UseG1GC",
-                "-XX:MaxGCPauseMillis=20",
-                "-Djava.awt.headless=true",
-                f"-Dkafka.logs.dir={logs}",
-                f"-Dlog4j2.configurationFile={log_config}",
-                "-cp",
-                f"{libs}/*",
-                _MAIN_CLASS,
-                str(properties),
-            ],
+            [*command, str(properties)],
             stdout=stdout,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from importlib import resources
 from pathlib import Path
 
@@ -61,6 +62,29 @@ def check_java() -> str:
             f"{_DOCKER_HINT}"
         )
     return java
+
+
+def jvm_command(
+    java: str, *, heap: tuple[str, str], logs: Path, log_config: str, libs: Path, main_class: str
+) -> list[str]:
+    """The command line of a Kafka process (broker or Connect worker) run by ``java`` (from
+    :func:`check_java`): ``heap`` (initial, maximum), G1, its log4j2 configuration (a packaged
+    file, written beside ``logs``), the jars of ``libs``."""
+    config = logs.parent / "log4j2.properties"
+    config.write_bytes(resources.files(__package__).joinpath(log_config).read_bytes())
+    return [
+        java,
+        f"-Xms{heap[0]}",
+        f"-Xmx{heap[1]}",
+        "-XX:+UseG1GC",
+        "-XX:MaxGCPauseMillis=20",
+        "-Djava.awt.headless=true",
+        f"-Dkafka.logs.dir={logs}",
+        f"-Dlog4j2.configurationFile={config}",
+        "-cp",
+        f"{libs}/*",
+        main_class,
+    ]
 
 
 def resolve_kafka_libs(
@@ -370,58 +394,23 @@ class KafkaNode:
         With ``security``, the SCRAM users are created when the storage is formatted (first
         start of a data folder); a data folder formatted without them keeps lacking them.
         """
-        java = check_java()
-        libs = resolve_kafka_libs(self.version)
         data = self.config.data_dir
         (data / "logs").mkdir(parents=True, exist_ok=True)
         properties = data / "server.properties"
         properties.write_text(self.config.server_properties())
-        log_config = data / "log4j2.properties"
-        log_config.write_bytes(
-            resources.files(__package__).joinpath("log4j2.properties").read_bytes()
+        java = partial(
+            jvm_command,
+            check_java(),
+            heap=(self.config.heap, self.config.heap),
+            logs=data / "logs",
+            log_config="log4j2.properties",
+            libs=resolve_kafka_libs(self.version),
         )
-        classpath = f"{libs}/*"
-        jvm = [
-            java,
-            f"-Xms{self.config.heap}",
-            f"-Xmx{self.config.heap}",
-            "-XX:+UseG1GC",
-            "-XX:MaxGCPauseMillis=20",
-            "-Djava.awt.headless=true",
-            f"-Dkafka.logs.dir={data / 'logs'}",
-            f"-Dlog4j2.configurationFile={log_config}",
-            "-cp",
-            classpath,
-        ]
         if not (data / "kraft-logs" / "meta.properties").exists():
-            quorum = self.config.quorum
-            membership = (
-                ["-t", quorum.cluster_id, "--initial-controllers", quorum.initial_controllers]
-                if quorum
-                else ["-t", new_cluster_id(), "--standalone"]
-            )
-            fmt = subprocess.run(
-                [
-                    *jvm,
-                    "kafka.tools.StorageTool",
-                    "format",
-                    "-c",
-                    str(properties),
-                    *membership,
-                    *(self.config.security.format_arguments() if self.config.security else []),
-                ],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if fmt.returncode != 0:
-                raise DevstackError(
-                    f"formatting the Kafka storage failed (exit {fmt.returncode}):\n"
-                    + (fmt.stdout + fmt.stderr)[-4000:]
-                )
+            self._format(java(main_class="kafka.tools.StorageTool"), properties)
         stdout = (data / "logs" / "stdout.log").open("ab")
         self._proc = subprocess.Popen(
-            [*jvm, "kafka.Kafka", str(properties)],
+            [*java(main_class="kafka.Kafka"), str(properties)],
             stdout=stdout,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -430,6 +419,33 @@ class KafkaNode:
         stdout.close()
         if wait:
             self._wait_ready(timeout)
+
+    def _format(self, storage_tool: list[str], properties: Path) -> None:
+        """Format a new data folder: a standalone controller, or this node of the quorum."""
+        quorum = self.config.quorum
+        membership = (
+            ["-t", quorum.cluster_id, "--initial-controllers", quorum.initial_controllers]
+            if quorum
+            else ["-t", new_cluster_id(), "--standalone"]
+        )
+        fmt = subprocess.run(
+            [
+                *storage_tool,
+                "format",
+                "-c",
+                str(properties),
+                *membership,
+                *(self.config.security.format_arguments() if self.config.security else []),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if fmt.returncode != 0:
+            raise DevstackError(
+                f"formatting the Kafka storage failed (exit {fmt.returncode}):\n"
+                + (fmt.stdout + fmt.stderr)[-4000:]
+            )
 
     def wait_ready(self, *, timeout: float = 90.0) -> None:
         """Return once an AdminClient sees the started broker; :class:`DevstackError` if not."""
