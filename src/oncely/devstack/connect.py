@@ -18,13 +18,18 @@ import subprocess
 import tarfile
 import time
 from collections.abc import Mapping
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from oncely.devstack._process import die_with_parent, free_port, stop_process, tail
-from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION, cache_root, check_java, jvm_command
-from oncely.errors import DevstackError, ToolMissingError
+from oncely.devstack.kafka import (
+    DEFAULT_KAFKA_VERSION,
+    cache_root,
+    check_java,
+    copy_dependencies,
+    jvm_command,
+)
+from oncely.errors import DevstackError
 
 DEFAULT_DEBEZIUM_VERSION = "3.6.1.Final"
 _PLUGIN_ARCHIVE = "debezium-connector-postgres-{version}-plugin.tar.gz"
@@ -49,44 +54,20 @@ def resolve_connect(
     libs, plugins, marker = home / "libs", home / "plugins", home / ".resolved"
     if marker.exists() and libs.is_dir() and plugins.is_dir():
         return libs, plugins
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise ToolMissingError(
-            "`mvn` (Apache Maven) was not found on PATH: it resolves Kafka Connect and Debezium "
-            "from Maven Central (Debian: apt-get install maven). Docker users can run "
-            "`docker compose --profile debezium up -d connect` instead."
-        )
-    home.mkdir(parents=True, exist_ok=True)
-    pom = home / "pom.xml"
-    pom.write_bytes(resources.files(__package__).joinpath("connect-pom.xml").read_bytes())
-    staging, plugin_staging = home / "libs.partial", home / "plugins.partial"
-    for folder in (staging, plugin_staging):
-        shutil.rmtree(folder, ignore_errors=True)
-    result = subprocess.run(
-        [
-            mvn,
-            "-q",
-            "-B",
-            "-f",
-            str(pom),
-            "dependency:copy-dependencies",
-            f"-Dkafka.version={kafka_version}",
-            f"-Ddebezium.version={debezium_version}",
-            f"-DoutputDirectory={staging}",
-            "-DincludeScope=runtime",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
+    archive_name = _PLUGIN_ARCHIVE.format(version=debezium_version)
+    staging = copy_dependencies(
+        home,
+        "connect-pom.xml",
+        {"kafka.version": kafka_version, "debezium.version": debezium_version},
+        wanted=archive_name,
+        resolves=f"Kafka Connect (org.apache.kafka:connect-runtime:{kafka_version}) and "
+        f"Debezium (io.debezium:debezium-connector-postgres:{debezium_version}, plugin tar.gz)",
+        missing_hint="Docker users can run `docker compose --profile debezium up -d connect` "
+        "instead.",
     )
-    archive = staging / _PLUGIN_ARCHIVE.format(version=debezium_version)
-    if result.returncode != 0 or not archive.exists():
-        raise DevstackError(
-            f"Maven could not resolve org.apache.kafka:connect-runtime:{kafka_version} and "
-            f"io.debezium:debezium-connector-postgres:{debezium_version} (plugin tar.gz) "
-            f"(exit {result.returncode}). Check the versions and that Maven Central is "
-            "reachable.\n" + (result.stdout + result.stderr)[-4000:]
-        )
+    archive = staging / archive_name
+    plugin_staging = home / "plugins.partial"
+    shutil.rmtree(plugin_staging, ignore_errors=True)
     plugin_staging.mkdir()
     with tarfile.open(archive) as tar:
         tar.extractall(plugin_staging, filter="data")

@@ -87,6 +87,59 @@ def jvm_command(
     ]
 
 
+def copy_dependencies(
+    home: Path,
+    pom: str,
+    properties: Mapping[str, str],
+    *,
+    wanted: str,
+    resolves: str,
+    missing_hint: str = _DOCKER_HINT,
+) -> Path:
+    """Run Maven's ``dependency:copy-dependencies`` (runtime scope) on the packaged ``pom``
+    with ``properties`` into a new ``home/libs.partial``, and return that folder.
+
+    Raises:
+        ToolMissingError: Maven is missing (says it ``resolves`` what, then ``missing_hint``).
+        DevstackError: Maven failed, or no file of the folder matches the glob ``wanted``
+            (with Maven's own output).
+    """
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise ToolMissingError(
+            f"`mvn` (Apache Maven) was not found on PATH: it resolves {resolves} from Maven "
+            f"Central (Debian: apt-get install maven). {missing_hint}"
+        )
+    home.mkdir(parents=True, exist_ok=True)
+    pom_file = home / "pom.xml"
+    pom_file.write_bytes(resources.files(__package__).joinpath(pom).read_bytes())
+    staging = home / "libs.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    result = subprocess.run(
+        [
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(pom_file),
+            "dependency:copy-dependencies",
+            *(f"-D{name}={value}" for name, value in properties.items()),
+            f"-DoutputDirectory={staging}",
+            "-DincludeScope=runtime",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0 or not any(staging.glob(wanted)):
+        raise DevstackError(
+            f"Maven could not resolve {resolves} (exit {result.returncode}). Check the "
+            "versions and that Maven Central is reachable.\n"
+            + (result.stdout + result.stderr)[-4000:]
+        )
+    return staging
+
+
 def resolve_kafka_libs(
     version: str = DEFAULT_KAFKA_VERSION, *, cache_dir: Path | None = None
 ) -> Path:
@@ -100,39 +153,13 @@ def resolve_kafka_libs(
     marker = home / ".resolved"
     if marker.exists() and libs.is_dir():
         return libs
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise ToolMissingError(
-            "`mvn` (Apache Maven) was not found on PATH: it resolves the Kafka broker from Maven "
-            f"Central (Debian: apt-get install maven). {_DOCKER_HINT}"
-        )
-    home.mkdir(parents=True, exist_ok=True)
-    pom = home / "pom.xml"
-    pom.write_bytes(resources.files(__package__).joinpath("kafka-pom.xml").read_bytes())
-    staging = home / "libs.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    result = subprocess.run(
-        [
-            mvn,
-            "-q",
-            "-B",
-            "-f",
-            str(pom),
-            "dependency:copy-dependencies",
-            f"-Dkafka.version={version}",
-            f"-DoutputDirectory={staging}",
-            "-DincludeScope=runtime",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
+    staging = copy_dependencies(
+        home,
+        "kafka-pom.xml",
+        {"kafka.version": version},
+        wanted=f"kafka_2.13-{version}.jar",
+        resolves=f"the Kafka broker (org.apache.kafka:kafka_2.13:{version})",
     )
-    if result.returncode != 0 or not any(staging.glob(f"kafka_2.13-{version}.jar")):
-        raise DevstackError(
-            f"Maven could not resolve org.apache.kafka:kafka_2.13:{version} "
-            f"(exit {result.returncode}). Check the version and that Maven Central is reachable.\n"
-            + (result.stdout + result.stderr)[-4000:]
-        )
     shutil.rmtree(libs, ignore_errors=True)
     staging.rename(libs)
     marker.write_text(version + "\n")
