@@ -1,5 +1,7 @@
 """oncely: transactional outbox to Kafka to effects, with no lost events and no double effects."""
 
+from importlib.metadata import version as _version
+
 from oncely.consumers.effects import (
     AsyncEffectContext,
     EffectContext,
@@ -45,6 +47,9 @@ from oncely.security import KafkaAuthenticationError
 from oncely.settings import StageLimits
 from oncely.storage import DuplicateEventError, DuplicateTaskKeyError
 from oncely.tasks import LeaseLostError, Task, Tasks, TaskWorker, enqueue_task
+
+#: The installed distribution's version.
+__version__ = _version("oncely")
 
 __all__ = [
     "AsyncDurableCommand",
@@ -92,6 +97,7 @@ __all__ = [
     "Tasks",
     "UnknownEventTypeError",
     "WriteError",
+    "__version__",
     "enqueue_task",
     "stage",
     "stage_many",

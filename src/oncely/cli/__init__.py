@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Annotated
+
 import typer
 
+from oncely import __version__
 from oncely.cli import (
     consume,
     db,
@@ -20,7 +24,9 @@ from oncely.cli import (
     topics,
     verify,
 )
+from oncely.cli._errors import run
 from oncely.cli._options import settings_epilog
+from oncely.cli._output import out
 from oncely.settings import ConsumerSettings
 
 app = typer.Typer(
@@ -29,6 +35,26 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"oncely {__version__}", highlight=False)
+        raise typer.Exit
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print oncely's version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Transactional outbox to Kafka to effects: no committed event lost, no effect twice."""
+
+
 app.add_typer(db.app, name="db")
 app.add_typer(dead.app, name="dead")
 app.add_typer(debezium.app, name="debezium")
@@ -46,5 +72,6 @@ app.command(name="verify")(verify.verify)
 
 
 def main() -> None:
-    """Entry point of the ``oncely`` console script."""
-    app()
+    """Entry point of the ``oncely`` console script: every error a user can cause is one line
+    on stderr (:mod:`oncely.cli._errors`)."""
+    sys.exit(run(app, sys.argv[1:]))

@@ -6,8 +6,31 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
+import sqlalchemy as sa
 import typer
 from pydantic_settings import BaseSettings
+from sqlalchemy.engine import make_url
+
+
+def check_database_url(url: str | None) -> str | None:
+    """Refuse a URL that does not parse, or whose database is not PostgreSQL."""
+    if url is None:
+        return None
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError:
+        raise typer.BadParameter(
+            f"not a database URL; use {_URL_FORM}", param_hint="--database-url"
+        ) from None
+    if parsed.get_backend_name() != "postgresql":
+        raise typer.BadParameter(
+            f"a {parsed.get_backend_name()} URL: oncely supports PostgreSQL; use {_URL_FORM}",
+            param_hint="--database-url",
+        )
+    return url
+
+
+_URL_FORM = "postgresql+psycopg://user:password@host:5432/database"
 
 DatabaseUrl = Annotated[
     str,
@@ -15,6 +38,7 @@ DatabaseUrl = Annotated[
         envvar="ONCELY_DATABASE_URL",
         help="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db.",
         show_default=False,
+        callback=check_database_url,
     ),
 ]
 BootstrapServers = Annotated[

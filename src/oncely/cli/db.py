@@ -57,9 +57,6 @@ def upgrade(database_url: DatabaseUrl, schema: Schema = None, shards: Shards = N
     except (ConfigurationError, UpgradeRefusedError) as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
-    except sa.exc.OperationalError as exc:
-        err.print(f"[red]error:[/] cannot reach the database: {exc.orig}")
-        raise typer.Exit(1) from None
     finally:
         engine.dispose()
     if applied:

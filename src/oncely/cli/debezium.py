@@ -198,9 +198,6 @@ def purge(
     except debezium.PurgeRefusedError as exc:
         err.print(f"[red]refused:[/] {escape(str(exc))}")
         raise typer.Exit(1) from None
-    except sa.exc.OperationalError as exc:
-        err.print(f"[red]error:[/] database failure: {escape(str(exc.orig))}")
-        raise typer.Exit(1) from None
     finally:
         engine.dispose()
     _print_purge_plan(

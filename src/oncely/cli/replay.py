@@ -109,9 +109,6 @@ def replay(
     except RepublishError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(1) from None
-    except sa.exc.DBAPIError as exc:
-        err.print(f"[red]error:[/] database failure: {escape(str(exc.orig))}")
-        raise typer.Exit(1) from None
 
 
 def _reset(

@@ -44,9 +44,6 @@ def _database(database_url: str) -> Iterator[sa.Engine]:
     engine = sa.create_engine(database_url)
     try:
         yield engine
-    except sa.exc.OperationalError as exc:
-        err.print(f"[red]error:[/] database failure: {escape(str(exc.orig))}")
-        raise typer.Exit(_FAILED) from None
     finally:
         engine.dispose()
 
@@ -124,9 +121,6 @@ def run(
     except MissingHandlerError as exc:
         err.print(f"[red]error:[/] refusing to start: {escape(str(exc))}")
         raise typer.Exit(_CANNOT_RUN) from None
-    except sa.exc.OperationalError as exc:
-        err.print(f"[red]error:[/] database failure: {escape(str(exc.orig))}")
-        raise typer.Exit(_FAILED) from None
 
 
 @app.command(name="list")

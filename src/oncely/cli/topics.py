@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from pydantic import ValidationError
 
@@ -82,11 +81,7 @@ def ensure(
         err.print(f"[red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None
     admin = AdminClient(KafkaSettings(bootstrap_servers=bootstrap_servers).client_config())
-    try:
-        report = ensure_topics(admin, specs)
-    except KafkaException as exc:
-        err.print(f"[red]error:[/] Kafka at {bootstrap_servers}: {exc}", highlight=False)
-        raise typer.Exit(1) from None
+    report = ensure_topics(admin, specs)
     declared = {spec.name: spec for spec in specs}
     for name in report.created:
         out.print(f"created   {name} ({declared[name].describe()})", highlight=False)

@@ -12,7 +12,6 @@ from typing import Annotated
 
 import sqlalchemy as sa
 import typer
-from confluent_kafka import KafkaException
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -108,12 +107,6 @@ def verify(
     except VerifyError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(_BAD_ARGUMENTS) from None
-    except sa.exc.DBAPIError as exc:
-        err.print(f"[red]error:[/] database failure: {escape(str(exc.orig))}")
-        raise typer.Exit(_PROBLEM) from None
-    except KafkaException as exc:
-        err.print(f"[red]error:[/] Kafka failure: {escape(str(exc))}")
-        raise typer.Exit(_PROBLEM) from None
     finally:
         engine.dispose()
     if as_json:

@@ -1,0 +1,106 @@
+"""The command line's one error boundary: every error a user can cause becomes one line.
+
+``error: <what is wrong>; <what to do>`` on stderr, exit status 2 for bad input or configuration
+(a bad option, a malformed ``ONCELY_*`` value, an application that does not load) and 1 for an
+operation that failed (the database or the broker unreachable, a refused change). With
+``ONCELY_DEBUG=1`` the traceback is shown instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+import typer
+from confluent_kafka import KafkaException
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings
+
+from oncely import settings
+from oncely.cli._environment import known_variables, unknown_variables
+from oncely.errors import ConfigurationError, OncelyError
+
+#: Bad input or configuration: the command did not start its work.
+BAD_INPUT = 2
+#: The operation failed.
+FAILED = 1
+
+
+def run(app: typer.Typer, argv: Sequence[str]) -> int:
+    """Run ``app`` on ``argv`` and return its exit status, reporting any error a user can cause
+    as one line on stderr (the traceback instead when ``ONCELY_DEBUG=1``). Warns first about
+    each ``ONCELY_*`` variable oncely does not read."""
+    for warning in unknown_variables(os.environ, known_variables(app)):
+        sys.stderr.write(warning + "\n")
+    try:
+        result = app(args=list(argv), prog_name="oncely", standalone_mode=False)
+    except typer.Abort:
+        sys.stderr.write("error: interrupted\n")
+        return 130
+    except typer.TyperException as exc:  # click's ClickException family, as typer vendors it
+        message = _one_line(exc.format_message())
+        if not message:  # no arguments: the help was shown
+            return int(exc.exit_code)
+        context = getattr(exc, "ctx", None)
+        if context is not None:  # a usage error: the command line itself is wrong
+            message += f"; see {context.command_path} --help"
+        sys.stderr.write(f"error: {message}\n")
+        return int(exc.exit_code)
+    except Exception as exc:
+        described = describe(exc)
+        if described is None or os.environ.get("ONCELY_DEBUG") == "1":
+            raise  # not a user's error but a bug: its traceback is what to report
+        sys.stderr.write(f"error: {described[0]}\n")
+        return described[1]
+    return result if isinstance(result, int) else 0
+
+
+def describe(exc: BaseException) -> tuple[str, int] | None:
+    """The one line (without ``error:``) and the exit status for ``exc``; ``None`` for an error
+    no input or environment explains (a bug)."""
+    if isinstance(exc, ValidationError):
+        return _settings_error(exc), BAD_INPUT
+    if isinstance(exc, ConfigurationError):
+        return _one_line(str(exc)), BAD_INPUT
+    if isinstance(exc, OncelyError):
+        return _one_line(str(exc)), FAILED
+    if isinstance(exc, sa.exc.DBAPIError):
+        cause = _one_line(str(exc.orig)) if exc.orig is not None else type(exc).__name__
+        return (
+            f"database failure: {cause}; check --database-url (ONCELY_DATABASE_URL) and that "
+            "PostgreSQL runs and accepts the connection"
+        ), FAILED
+    if isinstance(exc, KafkaException):
+        return (
+            f"Kafka failure: {_one_line(str(exc.args[0] if exc.args else exc))}; check "
+            "--bootstrap-servers (ONCELY_KAFKA_BOOTSTRAP_SERVERS) and that the broker runs"
+        ), FAILED
+    return None
+
+
+def _settings_error(exc: ValidationError) -> str:
+    prefix = _env_prefix(exc.title)
+    problems = []
+    for error in exc.errors():
+        name = "_".join(str(part) for part in error["loc"]).upper()
+        given = error.get("input")
+        value = f"={given!r}" if isinstance(given, str | int | float) else ""
+        problems.append(f"{prefix}{name}{value}: {error['msg']}")
+    return "; ".join(problems) + "; fix or unset the variable (the command's --help lists them)"
+
+
+def _env_prefix(title: str) -> str:
+    model = getattr(settings, title, None)
+    if isinstance(model, type) and issubclass(model, BaseSettings):
+        return str(model.model_config.get("env_prefix", ""))
+    return ""
+
+
+def _one_line(text: str) -> str:
+    """The first non-empty line of ``text`` (drivers add hints and URLs on later lines)."""
+    for line in text.strip().splitlines():
+        if line.strip():
+            return line.strip().rstrip(".;")
+    return text.strip()

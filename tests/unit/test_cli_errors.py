@@ -1,0 +1,162 @@
+"""The command line's error boundary: a user's error is one line on stderr and exit status 2
+(bad input or configuration) or 1 (a failed operation), never a traceback."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import typer
+from tools.gen_reference import cli_env_vars, other_env_vars, settings_env_vars
+
+import oncely
+from oncely.cli import app
+from oncely.cli._environment import OTHER_VARIABLES, known_variables
+from oncely.cli._errors import run
+
+#: Nothing listens on port 1: a connection is refused at once.
+UNREACHABLE_DATABASE = "postgresql+psycopg://nobody@127.0.0.1:1/nothing"
+
+
+def _commands(command: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
+    children = getattr(command, "commands", None)
+    if not children:
+        yield path, command
+    for name, child in sorted((children or {}).items()):
+        yield from _commands(child, (*path, name))
+
+
+def _with_database_url() -> list[tuple[str, ...]]:
+    return [
+        path
+        for path, command in _commands(typer.main.get_command(app), ())
+        if any(param.name == "database_url" for param in command.params)
+    ]
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    status = run(app, argv)
+    return status, capsys.readouterr().err.splitlines()
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ONCELY_DATABASE_URL", "ONCELY_KAFKA_BOOTSTRAP_SERVERS", "ONCELY_DEBUG"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_every_database_command_refuses_a_url_that_is_not_postgresql(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commands = _with_database_url()
+    assert len(commands) > 15
+    monkeypatch.setenv("ONCELY_DATABASE_URL", "mysql://user:secret@db/app")
+    for path in commands:
+        status, lines = _run([*path], capsys)
+        assert status == 2, path
+        assert len(lines) == 1 and lines[0].startswith("error: "), (path, lines)
+        assert "secret" not in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("mysql://user:secret@db/app", "a mysql URL: oncely supports PostgreSQL; use postgresql"),
+        ("not a url", "not a database URL; use postgresql+psycopg://"),
+    ],
+)
+def test_a_bad_url_is_named_with_the_form_to_use(
+    url: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, lines = _run(["dead", "list", "--database-url", url], capsys)
+    assert status == 2
+    assert len(lines) == 1
+    assert lines[0].startswith(f"error: Invalid value for --database-url: {says}")
+    assert lines[0].endswith("; see oncely dead list --help")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dead", "list"],
+        ["relay", "purge", "--older-than", "7d"],
+        ["tasks", "list"],
+        ["status"],
+        ["db", "upgrade"],
+        ["debezium", "purge", "--older-than", "7d"],
+    ],
+)
+def test_an_unreachable_database_is_one_line_and_status_1(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, lines = _run([*argv, "--database-url", UNREACHABLE_DATABASE], capsys)
+    assert status == 1, lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: database failure: ")
+    assert lines[0].endswith(
+        "check --database-url (ONCELY_DATABASE_URL) and that PostgreSQL "
+        "runs and accepts the connection"
+    )
+
+
+def test_a_missing_application_module_is_one_line_and_status_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, lines = _run(["schemas", "check", "--registry", "no_such_module:registry"], capsys)
+    assert status == 2
+    assert lines == [
+        "error: cannot import module 'no_such_module' of 'no_such_module:registry': "
+        "No module named 'no_such_module'"
+    ]
+
+
+def test_a_malformed_setting_names_its_variable(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ONCELY_RELAY_BATCH_SIZE", "many")
+    status, lines = _run(
+        [
+            "relay",
+            "run",
+            "--database-url",
+            UNREACHABLE_DATABASE,
+            "--bootstrap-servers",
+            "127.0.0.1:1",
+        ],
+        capsys,
+    )
+    assert status == 2
+    assert len(lines) == 1
+    assert lines[0].startswith("error: ONCELY_RELAY_BATCH_SIZE='many': Input should be a valid")
+
+
+def test_an_unknown_variable_is_warned_about_with_the_closest_known_one(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ONCELY_RELAY_BATCH_SIZ", "10")
+    status, lines = _run(["--help"], capsys)
+    assert status == 0
+    assert lines == [
+        "warning: ONCELY_RELAY_BATCH_SIZ is not an oncely setting "
+        "(did you mean ONCELY_RELAY_BATCH_SIZE?); it is ignored"
+    ]
+
+
+def test_the_known_variables_are_those_the_reference_documents() -> None:
+    documented = set(settings_env_vars()) | set(cli_env_vars())
+    assert known_variables(app) == documented | other_env_vars(documented).keys()
+    assert other_env_vars(documented).keys() == OTHER_VARIABLES
+
+
+def test_oncely_debug_shows_the_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONCELY_DEBUG", "1")
+    with pytest.raises(Exception, match="connection"):
+        run(app, ["dead", "list", "--database-url", UNREACHABLE_DATABASE])
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(app, ["--version"]) == 0
+    assert capsys.readouterr().out == f"oncely {oncely.__version__}\n"
+    assert oncely.__version__ == importlib.metadata.version("oncely")
