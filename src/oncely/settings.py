@@ -12,6 +12,7 @@ errors; only :meth:`KafkaSettings.client_config` reveals them, to hand them to l
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -22,6 +23,28 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
 ClientValue = str | int | float | bool
+ClientConfig = dict[str, Any]
+"""A confluent-kafka client configuration: librdkafka settings, and the ``logger``."""
+
+
+class _LibrdkafkaLine(logging.Filter):
+    """Turn confluent-kafka's ``log("%s [%s] %s", facility, client, text)`` calls into a record
+    whose message is librdkafka's text, with ``facility`` and ``client`` as fields."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and len(record.args) == 3:
+            record.facility, record.client, record.msg = record.args
+            record.args = ()
+        return True
+
+
+KAFKA_LOGGER = logging.getLogger("oncely.kafka")
+"""The logger of librdkafka's own lines from every client oncely creates (their ``logger``
+option): records at librdkafka's level, with ``client`` (e.g. ``rdkafka#producer-1``) and
+``facility`` fields. They reach the handlers the process configured, or none: never Python's
+last-resort stderr handler."""
+KAFKA_LOGGER.addFilter(_LibrdkafkaLine())
+KAFKA_LOGGER.addHandler(logging.NullHandler())
 
 #: librdkafka keys whose values are secrets: masked wherever oncely shows a configuration.
 SECRET_KEY = re.compile(r"password|secret|token|key\.pem|oauthbearer\.config|jaas", re.IGNORECASE)
@@ -107,13 +130,17 @@ class KafkaSettings(BaseSettings):
         yield from super().__repr_args__()
         yield "extra", redact_config(self.extra)
 
-    def client_config(self) -> dict[str, ClientValue]:
+    def client_config(self) -> ClientConfig:
         """The librdkafka configuration shared by every client oncely creates.
 
         It holds the secrets in clear text (librdkafka needs them): never log it; use
-        :func:`redact_config` to show it.
+        :func:`redact_config` to show it. librdkafka's log lines go to :data:`KAFKA_LOGGER`,
+        delivered when the client is polled.
         """
-        config: dict[str, ClientValue] = {"bootstrap.servers": self.bootstrap_servers}
+        config: ClientConfig = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "logger": KAFKA_LOGGER,
+        }
         for field_name, key in _TYPED_KEYS.items():
             value = getattr(self, field_name)
             if isinstance(value, SecretStr):

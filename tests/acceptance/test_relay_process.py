@@ -1,8 +1,10 @@
 """`oncely relay run` as a process: metrics and health, SIGTERM hand-off, takeover after
-SIGKILL with the default settings, and a paused relay's late progress refused."""
+SIGKILL with the default settings, a paused relay's late progress refused, and only JSON lines
+on stderr while its broker is down."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -280,3 +282,22 @@ def test_topics_ensure_creates_missing_topics_and_flags_weaker_ones(kafka_bootst
     weaker = ensure("--partitions", "6")
     assert weaker.returncode == 1
     assert "3 partitions, 6 declared" in weaker.stdout
+
+
+def test_a_relay_facing_a_dead_broker_for_30_s_writes_only_json_lines(
+    engine: sa.Engine, database_url: str, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    insert_rows(engine, outbox_rows(20, topics=[new_topic()], keys=5))  # records to fail on
+    nobody = f"127.0.0.1:{free_port()}"
+    proc = _start_relay(database_url, nobody)
+    time.sleep(30)
+    code, stderr = _stop(proc)
+    assert code == 0, stderr
+    lines = stderr.splitlines()
+    records = [json.loads(line) for line in lines]  # a line that is not JSON fails here
+    assert all({"time", "level", "logger", "message"} <= record.keys() for record in records)
+    librdkafka = [record for record in records if record["logger"] == "oncely.kafka"]
+    assert librdkafka, "librdkafka's connection failures are logged"
+    assert all(record["client"].startswith("rdkafka#producer") for record in librdkafka)
+    assert any(nobody in record["message"] for record in librdkafka)
+    assert {record["level"] for record in librdkafka} <= {"ERROR", "WARNING", "INFO"}

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import importlib.metadata
+import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +14,7 @@ import typer
 from tools.gen_reference import cli_env_vars, other_env_vars, settings_env_vars
 
 import oncely
+import oncely.cli._kafka
 from oncely.cli import app
 from oncely.cli._environment import OTHER_VARIABLES, known_variables
 from oncely.cli._errors import run
@@ -42,9 +45,14 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list
 
 
 @pytest.fixture(autouse=True)
-def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in ("ONCELY_DATABASE_URL", "ONCELY_KAFKA_BOOTSTRAP_SERVERS", "ONCELY_DEBUG"):
         monkeypatch.delenv(name, raising=False)
+    root = logging.getLogger()  # long-running commands configure logging on a captured stderr
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def test_every_database_command_refuses_a_url_that_is_not_postgresql(
@@ -160,3 +168,58 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(app, ["--version"]) == 0
     assert capsys.readouterr().out == f"oncely {oncely.__version__}\n"
     assert oncely.__version__ == importlib.metadata.version("oncely")
+
+
+#: Nothing listens on port 1: the broker cannot be reached.
+UNREACHABLE_BROKER = ["--bootstrap-servers", "127.0.0.1:1"]
+UNREACHABLE_DATABASE_URL = ["--database-url", UNREACHABLE_DATABASE]
+LEDGER = ["--app", "tests.apps.ledger:effects", "--effect", "ledger"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["topics", "ensure", "--registry", "examples.payments.events:registry"],
+        ["receipts", "purge", *LEDGER, "--older-than", "30d", *UNREACHABLE_DATABASE_URL],
+        ["replay", *LEDGER, "--to-earliest"],
+        ["replay", "--from-outbox", "--since", "1h", "--execute", *UNREACHABLE_DATABASE_URL],
+        ["status", *UNREACHABLE_DATABASE_URL],
+        [
+            "verify",
+            "--since",
+            "1h",
+            "--app",
+            "tests.apps.ledger:effects",
+            *UNREACHABLE_DATABASE_URL,
+        ],
+    ],
+)
+def test_an_unreachable_broker_is_one_line_and_status_1(
+    argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(oncely.cli._kafka, "REACH_SECONDS", 1.0)
+    status, lines = _run([*argv, *UNREACHABLE_BROKER], capsys)
+    assert status == 1, lines
+    assert lines == [
+        "error: no Kafka broker answered at 127.0.0.1:1 within 1 s (Failed to get metadata: "
+        "Local: Broker transport failure); check --bootstrap-servers "
+        "(ONCELY_KAFKA_BOOTSTRAP_SERVERS) and that the broker runs"
+    ]
+
+
+def test_an_unreachable_broker_is_reported_within_10_s(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    started = time.monotonic()
+    status, lines = _run(
+        [
+            "topics",
+            "ensure",
+            "--registry",
+            "examples.payments.events:registry",
+            *UNREACHABLE_BROKER,
+        ],
+        capsys,
+    )
+    assert time.monotonic() - started < 10
+    assert status == 1 and len(lines) == 1 and "no Kafka broker answered" in lines[0]

@@ -20,7 +20,13 @@ from oncely.producer.staging import (
     StageLimitError,
     check_limits,
 )
-from oncely.settings import PRODUCER_MESSAGE_MAX_BYTES, KafkaSettings, StageLimits, redact_config
+from oncely.settings import (
+    KAFKA_LOGGER,
+    PRODUCER_MESSAGE_MAX_BYTES,
+    KafkaSettings,
+    StageLimits,
+    redact_config,
+)
 from oncely.storage.queries import query_names
 from oncely.storage.roles import COMPONENTS, grant_statements, privileges_of, validate_role_name
 from oncely.storage.tables import build_metadata, validate_schema_name
@@ -59,6 +65,7 @@ def test_typed_security_fields_map_to_librdkafka_keys() -> None:
     )
     assert settings.client_config() == {
         "bootstrap.servers": "broker:9093",
+        "logger": KAFKA_LOGGER,
         "security.protocol": "SASL_SSL",
         "sasl.mechanism": "SCRAM-SHA-512",
         "sasl.username": "relay",
@@ -67,7 +74,10 @@ def test_typed_security_fields_map_to_librdkafka_keys() -> None:
         "ssl.endpoint.identification.algorithm": "https",
         "message.max.bytes": 2_000_000,
     }
-    assert KafkaSettings().client_config() == {"bootstrap.servers": "127.0.0.1:9092"}
+    assert KafkaSettings().client_config() == {
+        "bootstrap.servers": "127.0.0.1:9092",
+        "logger": KAFKA_LOGGER,
+    }
 
 
 def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,6 +11,8 @@ import typer
 from pydantic_settings import BaseSettings
 from sqlalchemy.engine import make_url
 
+from oncely.runtime.logs import LogFormat, LogLevel
+
 
 def check_database_url(url: str | None) -> str | None:
     """Refuse a URL that does not parse, or whose database is not PostgreSQL."""
@@ -48,6 +50,25 @@ BootstrapServers = Annotated[
         envvar="ONCELY_KAFKA_BOOTSTRAP_SERVERS",
         help="Kafka bootstrap servers (host:port,...). Raw client settings: ONCELY_KAFKA_EXTRA.",
         show_default=False,
+    ),
+]
+
+LogFormatOption = Annotated[
+    LogFormat,
+    typer.Option(
+        "--log-format",
+        envvar="ONCELY_LOG_FORMAT",
+        help="Log lines as JSON objects (librdkafka's among them) or as plain text.",
+        case_sensitive=False,
+    ),
+]
+LogLevelOption = Annotated[
+    LogLevel,
+    typer.Option(
+        "--log-level",
+        envvar="ONCELY_LOG_LEVEL",
+        help="The lowest level logged.",
+        case_sensitive=False,
     ),
 ]
 

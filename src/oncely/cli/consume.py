@@ -10,13 +10,13 @@ from pydantic import ValidationError
 from rich.markup import escape
 
 from oncely.cli._imports import load_object
-from oncely.cli._options import BootstrapServers, DatabaseUrl
+from oncely.cli._options import BootstrapServers, DatabaseUrl, LogFormatOption, LogLevelOption
 from oncely.cli._output import err
 from oncely.consumers.dlq import DeadLetterError
 from oncely.consumers.effects import Effects
 from oncely.consumers.service import run_consumers
 from oncely.errors import ConfigurationError
-from oncely.runtime.logs import configure_logging
+from oncely.runtime.logs import LogFormat, LogLevel, configure_logging
 from oncely.schemas.loader import codec_for
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import ConsumerSettings, KafkaSettings, SchemaSettings
@@ -60,7 +60,8 @@ def consume(
             show_default=False,
         ),
     ] = None,
-    log_format: Annotated[str, typer.Option(help="json or text.")] = "json",
+    log_format: LogFormatOption = LogFormat.JSON,
+    log_level: LogLevelOption = LogLevel.INFO,
 ) -> None:
     """Apply events to effects, once each, one consumer group per effect.
 
@@ -81,7 +82,7 @@ def consume(
     removed ones are dropped. A record whose writer schema is unknown is dead-lettered, and
     every dead-lettered record logs a WARNING with the reason and the fix.
     """
-    configure_logging(json=log_format == "json")
+    configure_logging(level=log_level, log_format=log_format)
     loaded = load_object(app)
     if not isinstance(loaded, Effects):
         err.print(f"[red]error:[/] {app} is a {type(loaded).__name__}, not oncely Effects")

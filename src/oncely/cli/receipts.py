@@ -9,6 +9,7 @@ import typer
 from confluent_kafka.admin import AdminClient
 
 from oncely.cli._imports import load_effects
+from oncely.cli._kafka import reached
 from oncely.cli._options import BootstrapServers, DatabaseUrl, Execute, parse_duration
 from oncely.cli._output import err, out, print_dry_run
 from oncely.consumers.receipts import (
@@ -18,7 +19,6 @@ from oncely.consumers.receipts import (
     purge_receipts,
     topic_retention,
 )
-from oncely.settings import KafkaSettings
 
 app = typer.Typer(help="Effect receipts: the evidence that keeps effects single.")
 
@@ -44,7 +44,7 @@ def purge(
     """
     horizon = parse_duration(older_than)
     declared = load_effects(app_).get(effect)
-    admin = AdminClient(KafkaSettings(bootstrap_servers=bootstrap_servers).client_config())
+    admin = AdminClient(reached(bootstrap_servers).client_config())
     retention = topic_retention(admin, declared.topics)
     try:
         check_horizon(horizon, retention, force=force)

@@ -12,12 +12,14 @@ from oncely.cli._options import (
     BootstrapServers,
     DatabaseUrl,
     Execute,
+    LogFormatOption,
+    LogLevelOption,
     parse_duration,
     settings_epilog,
 )
 from oncely.cli._output import err, out, print_dry_run
 from oncely.relay.service import run_relay
-from oncely.runtime.logs import configure_logging
+from oncely.runtime.logs import LogFormat, LogLevel, configure_logging
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import KafkaSettings, RelaySettings
 from oncely.storage.stores.outbox.relay import RelayStore
@@ -38,7 +40,8 @@ def run(
     metrics_port: Annotated[
         int | None, typer.Option(help="Serve /metrics, /healthz, /readyz on this port.")
     ] = None,
-    log_format: Annotated[str, typer.Option(help="json or text.")] = "json",
+    log_format: LogFormatOption = LogFormat.JSON,
+    log_level: LogLevelOption = LogLevel.INFO,
 ) -> None:
     """Run a relay until SIGTERM/SIGINT (then drain, give its shards back and exit 0).
 
@@ -47,7 +50,7 @@ def run(
     settings: ONCELY_KAFKA_SECURITY_PROTOCOL, ONCELY_KAFKA_SASL_*, ONCELY_KAFKA_SSL_CA_LOCATION,
     ONCELY_KAFKA_EXTRA. Exits 2 when Kafka refuses the credentials.
     """
-    configure_logging(json=log_format == "json")
+    configure_logging(level=log_level, log_format=log_format)
     flags: dict[str, Any] = {
         "relay_id": relay_id,
         "batch_size": batch_size,

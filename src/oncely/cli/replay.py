@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from oncely.cli._imports import load_object
+from oncely.cli._kafka import reached
 from oncely.cli._options import parse_moment
 from oncely.cli._output import err, out
 from oncely.consumers.effects import Effects
@@ -31,7 +32,7 @@ from oncely.errors import ConfigurationError
 from oncely.ops.republish import RepublishError, RepublishPlan, plan_republish, republish
 from oncely.relay.publisher import Publisher
 from oncely.relay.service import producer_config
-from oncely.settings import KafkaSettings, RelaySettings
+from oncely.settings import RelaySettings
 
 
 def _offset(text: str) -> AtOffset:
@@ -140,7 +141,7 @@ def _reset(
         assert to_offset is not None
         target = _offset(to_offset)
     group = effects.group_id(effect)
-    config = KafkaSettings(bootstrap_servers=bootstrap_servers).client_config()
+    config = reached(bootstrap_servers).client_config()
     moves = plan_reset(config, group=group, topics=effects.get(effect).topics, target=target)
     table = Table(title=f"group {group}: {'applying' if execute else 'dry run'}")
     for column in ("topic", "partition", "committed", "new offset", "to re-read", "skipped"):
@@ -192,7 +193,7 @@ def _from_outbox(
             out.print("add --execute to send them (same event ids; receipts absorb the copies)")
             return
         assert bootstrap_servers is not None
-        kafka = KafkaSettings(bootstrap_servers=bootstrap_servers)
+        kafka = reached(bootstrap_servers)
         publisher = Publisher(producer_config(kafka, RelaySettings()), client=kafka.client_config())
         bar = Progress(
             TextColumn("republishing"),

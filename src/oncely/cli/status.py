@@ -16,11 +16,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from oncely.cli._imports import load_effects
+from oncely.cli._kafka import reached
 from oncely.cli._options import DatabaseUrl
 from oncely.cli._output import err, out
 from oncely.errors import ConfigurationError
 from oncely.ops.status import Status, collect_status
-from oncely.settings import KafkaSettings
 
 _FAILED = 1
 _BAD_ARGUMENTS = 2
@@ -61,11 +61,7 @@ def status(
     except ConfigurationError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(_BAD_ARGUMENTS) from None
-    kafka = (
-        None
-        if bootstrap_servers is None
-        else KafkaSettings(bootstrap_servers=bootstrap_servers).client_config()
-    )
+    kafka = None if bootstrap_servers is None else reached(bootstrap_servers).client_config()
     engine = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
     try:
         report = collect_status(engine, effects=effects, kafka_config=kafka)

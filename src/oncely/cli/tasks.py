@@ -19,10 +19,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from oncely.cli._imports import load_object
-from oncely.cli._options import DatabaseUrl, ExecuteNamed, parse_duration, settings_epilog
+from oncely.cli._options import (
+    DatabaseUrl,
+    ExecuteNamed,
+    LogFormatOption,
+    LogLevelOption,
+    parse_duration,
+    settings_epilog,
+)
 from oncely.cli._output import err, out, print_dry_run
 from oncely.errors import ConfigurationError
-from oncely.runtime.logs import configure_logging
+from oncely.runtime.logs import LogFormat, LogLevel, configure_logging
 from oncely.settings import TaskSettings
 from oncely.storage.tables import TASK_STATUSES
 from oncely.tasks import MissingHandlerError, Tasks, TaskStore, run_worker
@@ -101,6 +108,8 @@ def run(
         int | None,
         typer.Option(help="Serve /metrics, /healthz, /readyz on this port.", show_default=False),
     ] = None,
+    log_format: LogFormatOption = LogFormat.JSON,
+    log_level: LogLevelOption = LogLevel.INFO,
 ) -> None:
     """Run the tasks of an app until SIGTERM; refuse to start if a task name lacks a handler."""
     tasks = _load_tasks(target)
@@ -115,7 +124,7 @@ def run(
         "metrics_port": metrics_port,
     }
     settings = TaskSettings(**{k: v for k, v in flags.items() if v is not None})
-    configure_logging(json=True)
+    configure_logging(level=log_level, log_format=log_format)
     try:
         run_worker(tasks, database_url=database_url, settings=settings)
     except MissingHandlerError as exc:

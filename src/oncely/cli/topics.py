@@ -9,11 +9,12 @@ from confluent_kafka.admin import AdminClient
 from pydantic import ValidationError
 
 from oncely.cli._imports import load_effects, load_object
+from oncely.cli._kafka import reached
 from oncely.cli._options import BootstrapServers
 from oncely.cli._output import err, out
 from oncely.errors import ConfigurationError
 from oncely.events import Registry
-from oncely.settings import KafkaSettings, TopicSettings
+from oncely.settings import TopicSettings
 from oncely.topics import ensure_topics, planned_topics
 
 app = typer.Typer(help="Provision Kafka topics for the registered event types.")
@@ -80,7 +81,7 @@ def ensure(
     except (ValidationError, ConfigurationError) as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None
-    admin = AdminClient(KafkaSettings(bootstrap_servers=bootstrap_servers).client_config())
+    admin = AdminClient(reached(bootstrap_servers).client_config())
     report = ensure_topics(admin, specs)
     declared = {spec.name: spec for spec in specs}
     for name in report.created:

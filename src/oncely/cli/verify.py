@@ -17,11 +17,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from oncely.cli._imports import load_effects
+from oncely.cli._kafka import reached
 from oncely.cli._options import BootstrapServers, DatabaseUrl, parse_duration, parse_moment
 from oncely.cli._output import err, out
 from oncely.errors import ConfigurationError
 from oncely.ops.verify import Report, VerifyError, verify_window
-from oncely.settings import KafkaSettings
 
 _PROBLEM = 1
 _BAD_ARGUMENTS = 2
@@ -81,7 +81,7 @@ def verify(
     except ConfigurationError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(_BAD_ARGUMENTS) from None
-    kafka = KafkaSettings(bootstrap_servers=bootstrap_servers).client_config()
+    kafka = reached(bootstrap_servers).client_config()
     engine = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
     progress = Progress(
         TextColumn("verifying: published rows found in Kafka"),

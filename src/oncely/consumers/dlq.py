@@ -49,6 +49,12 @@ class DeadLetters:
         self._admin = AdminClient(admin_config)
         self._timeout = timeout
 
+    def poll(self) -> None:
+        """Serve the clients' queued callbacks and log lines, without waiting (call it now and
+        then: they queue up until then)."""
+        self._producer.poll(0)
+        self._admin.poll(0)
+
     def ensure_topics(
         self, topics: Sequence[TopicSpec], *, until: threading.Event | None = None
     ) -> None:

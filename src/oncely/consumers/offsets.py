@@ -12,6 +12,8 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from oncely.settings import ClientConfig
+
 _COORDINATOR_NOT_READY = frozenset(
     {
         KafkaError.NOT_COORDINATOR,
@@ -22,7 +24,7 @@ _COORDINATOR_NOT_READY = frozenset(
 
 
 def committed_offsets(
-    config: dict[str, str | int | float | bool],
+    config: ClientConfig,
     group: str,
     partitions: list[TopicPartition],
     timeout: float,

@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient
 
 from oncely.consumers.offsets import committed_offsets
 from oncely.errors import OncelyError
+from oncely.settings import ClientConfig
 
 
 class ReplayError(OncelyError):
@@ -67,7 +68,7 @@ class PartitionMove:
 
 
 def plan_reset(
-    config: dict[str, str | int | float | bool],
+    config: ClientConfig,
     *,
     group: str,
     topics: Sequence[str],
@@ -122,7 +123,7 @@ def plan_reset(
 
 
 def execute_reset(
-    config: dict[str, str | int | float | bool],
+    config: ClientConfig,
     *,
     group: str,
     moves: Sequence[PartitionMove],

@@ -143,6 +143,7 @@ class EffectConsumer:
                     self._pending = self._apply_thread.submit(self._lanes.apply, records)
                 if lag.due():
                     self._update_lag()
+                    self.dead_letters.poll()
         finally:
             try:
                 self._finish_pending()

@@ -33,6 +33,7 @@ from confluent_kafka.admin import ClusterMetadata
 
 from oncely.consumers.effects import Effects
 from oncely.consumers.offsets import committed_offsets
+from oncely.settings import ClientConfig
 from oncely.storage.stores.outbox import relay as outbox
 from oncely.storage.stores.outbox.relay import ShardBacklog, ShardState
 from oncely.storage.stores.outbox.reports import ParkedOfTopic, parked_by_topic
@@ -140,7 +141,7 @@ def collect_status(
     engine: sa.Engine,
     *,
     effects: Effects | None,
-    kafka_config: dict[str, str | int | float | bool] | None,
+    kafka_config: ClientConfig | None,
     timeout: float = 10.0,
 ) -> Status:
     """Read the status of the deployment behind ``engine`` (and Kafka, when configured).
@@ -213,7 +214,7 @@ def _shards(rows: Sequence[ShardState], backlog: Sequence[ShardBacklog]) -> list
 def _app_effects(
     effects: Effects,
     receipts: dict[str, EffectReceipts],
-    kafka_config: dict[str, str | int | float | bool] | None,
+    kafka_config: ClientConfig | None,
     notes: list[str],
     timeout: float,
 ) -> list[EffectStatus]:
@@ -264,7 +265,7 @@ def _topics(
 
 
 def _kafka_progress(
-    config: dict[str, str | int | float | bool],
+    config: ClientConfig,
     effects: Effects,
     notes: list[str],
     timeout: float,

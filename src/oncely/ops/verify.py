@@ -44,6 +44,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from oncely.consumers.effects import Effect
 from oncely.errors import OncelyError
+from oncely.settings import ClientConfig
 from oncely.storage.stores import receipts
 from oncely.storage.stores.outbox.reports import (
     OutboxSummary,
@@ -171,7 +172,7 @@ Progress = Callable[[int, int], None]
 def verify_window(
     engine: sa.Engine,
     *,
-    kafka_config: dict[str, str | int | float | bool],
+    kafka_config: ClientConfig,
     effects: Sequence[Effect],
     since: datetime,
     until: datetime | None = None,
@@ -258,7 +259,7 @@ class _RecordChecker:
 
     def __init__(
         self,
-        config: dict[str, str | int | float | bool],
+        config: ClientConfig,
         *,
         since: datetime,
         limit: int,

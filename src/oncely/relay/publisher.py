@@ -141,8 +141,9 @@ class Publisher:
         self._limits.pop(topic, None)
 
     def poll(self, timeout: float) -> None:
-        """Serve delivery reports for up to ``timeout`` seconds."""
+        """Serve delivery reports (and both clients' log lines) for up to ``timeout`` seconds."""
         self._producer.poll(timeout)
+        self._admin.poll(0)
 
     def flush(self, timeout: float) -> int:
         """Wait up to ``timeout`` seconds for every report; return how many are still missing."""
