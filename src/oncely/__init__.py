@@ -2,6 +2,7 @@
 
 from importlib.metadata import version as _version
 
+from oncely.app import App, AppError
 from oncely.consumers.effects import (
     AsyncEffectContext,
     EffectContext,
@@ -52,6 +53,8 @@ from oncely.tasks import LeaseLostError, Task, Tasks, TaskWorker, enqueue_task
 __version__ = _version("oncely")
 
 __all__ = [
+    "App",
+    "AppError",
     "AsyncDurableCommand",
     "AsyncEffectContext",
     "AsyncIdempotencyKeys",

@@ -1,4 +1,5 @@
-"""Load an application object named ``package.module:attribute`` (as uvicorn and celery do)."""
+"""Load an application object named ``package.module:attribute`` (as uvicorn and celery do), and
+the part of its :class:`~oncely.app.App` a command needs."""
 
 from __future__ import annotations
 
@@ -6,10 +7,20 @@ import importlib
 import sys
 from pathlib import Path
 
+from oncely.app import App
 from oncely.consumers.effects import Effects
 from oncely.errors import ConfigurationError
+from oncely.events import Registry
+from oncely.tasks import Tasks
 
-__all__ = ["ImportTargetError", "load_effects", "load_object"]
+__all__ = [
+    "ImportTargetError",
+    "load_app",
+    "load_effects",
+    "load_object",
+    "load_registry",
+    "load_tasks",
+]
 
 
 class ImportTargetError(ConfigurationError):
@@ -48,13 +59,28 @@ def load_object(target: str) -> object:
     return found
 
 
-def load_effects(target: str) -> Effects:
-    """:func:`load_object`, checked to be an oncely ``Effects`` app.
+def load_app(target: str) -> App:
+    """The :class:`~oncely.app.App` ``target`` names (a ``Registry``, ``Effects`` or ``Tasks``
+    object is taken as the App holding it).
 
     Raises:
-        ImportTargetError: as :func:`load_object`, or the object is something else.
+        ImportTargetError: as :func:`load_object`.
+        oncely.app.AppError: the object is none of those.
     """
-    effects = load_object(target)
-    if not isinstance(effects, Effects):
-        raise ImportTargetError(f"{target} is a {type(effects).__name__}, not oncely Effects")
-    return effects
+    return App.of(target, load_object(target))
+
+
+def load_effects(target: str) -> Effects:
+    """The effects of the App ``target`` names; errors as :func:`load_app`, or ``AppError``
+    when it has none."""
+    return load_app(target).require_effects(target)
+
+
+def load_registry(target: str) -> Registry:
+    """The event registry of the App ``target`` names; errors as :func:`load_effects`."""
+    return load_app(target).require_registry(target)
+
+
+def load_tasks(target: str) -> Tasks:
+    """The tasks of the App ``target`` names; errors as :func:`load_effects`."""
+    return load_app(target).require_tasks(target)

@@ -34,6 +34,28 @@ def check_database_url(url: str | None) -> str | None:
 
 _URL_FORM = "postgresql+psycopg://user:password@host:5432/database"
 
+APP_HELP = (
+    "The application, as module:attribute: an oncely.App, or its Registry, Effects or Tasks object."
+)
+AppOption = Annotated[
+    str | None, typer.Option("--app", envvar="ONCELY_APP", help=APP_HELP, show_default=False)
+]
+RequiredApp = Annotated[
+    str, typer.Option("--app", envvar="ONCELY_APP", help=APP_HELP, show_default=False)
+]
+
+
+def app_target(argument: str | None, option: str | None) -> str:
+    """The application named by a command's positional argument or by ``--app``/``ONCELY_APP``
+    (the argument wins: it was typed for this command); ``typer.BadParameter`` if neither."""
+    target = argument or option
+    if target is None:
+        raise typer.BadParameter(
+            "name the application as module:attribute (or set ONCELY_APP)", param_hint="--app"
+        )
+    return target
+
+
 DatabaseUrl = Annotated[
     str,
     typer.Option(

@@ -9,11 +9,17 @@ import typer
 from pydantic import ValidationError
 from rich.markup import escape
 
-from oncely.cli._imports import load_object
-from oncely.cli._options import BootstrapServers, DatabaseUrl, LogFormatOption, LogLevelOption
+from oncely.cli._imports import load_effects
+from oncely.cli._options import (
+    AppOption,
+    BootstrapServers,
+    DatabaseUrl,
+    LogFormatOption,
+    LogLevelOption,
+    app_target,
+)
 from oncely.cli._output import err
 from oncely.consumers.dlq import DeadLetterError
-from oncely.consumers.effects import Effects
 from oncely.consumers.service import run_consumers
 from oncely.errors import ConfigurationError
 from oncely.runtime.logs import LogFormat, LogLevel, configure_logging
@@ -23,7 +29,14 @@ from oncely.settings import ConsumerSettings, KafkaSettings, SchemaSettings
 
 
 def consume(
-    app: Annotated[str, typer.Argument(help="The effects app, as module:attribute.")],
+    app: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="APP", help="The application (or --app / ONCELY_APP).", show_default=False
+        ),
+    ] = None,
+    *,
+    app_option: AppOption = None,
     effect: Annotated[
         list[str], typer.Option("--effect", help="Effect to run (repeat for several).")
     ],
@@ -83,16 +96,9 @@ def consume(
     every dead-lettered record logs a WARNING with the reason and the fix.
     """
     configure_logging(level=log_level, log_format=log_format)
-    loaded = load_object(app)
-    if not isinstance(loaded, Effects):
-        err.print(f"[red]error:[/] {app} is a {type(loaded).__name__}, not oncely Effects")
-        raise typer.Exit(2)
-    try:
-        for name in effect:
-            loaded.get(name)
-    except ConfigurationError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+    loaded = load_effects(app_target(app, app_option))
+    for name in effect:
+        loaded.get(name)  # ConfigurationError naming the effects it has
     flags: dict[str, Any] = {"batch_size": batch_size, "lanes": lanes, "metrics_port": metrics_port}
     try:
         settings = ConsumerSettings(**{k: v for k, v in flags.items() if v is not None})

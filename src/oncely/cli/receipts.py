@@ -10,7 +10,13 @@ from confluent_kafka.admin import AdminClient
 
 from oncely.cli._imports import load_effects
 from oncely.cli._kafka import reached
-from oncely.cli._options import BootstrapServers, DatabaseUrl, Execute, parse_duration
+from oncely.cli._options import (
+    BootstrapServers,
+    DatabaseUrl,
+    Execute,
+    RequiredApp,
+    parse_duration,
+)
 from oncely.cli._output import err, out, print_dry_run
 from oncely.consumers.receipts import (
     UnsafePurgeError,
@@ -25,7 +31,7 @@ app = typer.Typer(help="Effect receipts: the evidence that keeps effects single.
 
 @app.command()
 def purge(
-    app_: Annotated[str, typer.Option("--app", help="The effects app, as module:attribute.")],
+    app_: RequiredApp,
     effect: Annotated[str, typer.Option(help="Whose receipts to purge.")],
     older_than: Annotated[str, typer.Option(help="Horizon, e.g. 30d.")],
     database_url: DatabaseUrl,

@@ -14,11 +14,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from oncely.cli._imports import load_object
+from oncely.cli._imports import load_effects
 from oncely.cli._kafka import reached
-from oncely.cli._options import parse_moment
+from oncely.cli._options import AppOption, parse_moment
 from oncely.cli._output import err, out
-from oncely.consumers.effects import Effects
 from oncely.consumers.replay import (
     AtOffset,
     AtTime,
@@ -44,9 +43,7 @@ def _offset(text: str) -> AtOffset:
 
 
 def replay(
-    app: Annotated[
-        str | None, typer.Option(help="Effects app (module:attribute) owning --effect.")
-    ] = None,
+    app: AppOption = None,
     effect: Annotated[str | None, typer.Option(help="The effect whose group moves.")] = None,
     to_earliest: Annotated[bool, typer.Option(help="Re-read everything retained.")] = False,
     to_datetime: Annotated[
@@ -129,9 +126,7 @@ def _reset(
             "give --app, --effect, --bootstrap-servers and exactly one of --to-earliest, "
             "--to-datetime, --to-offset (or --from-outbox)"
         )
-    effects = load_object(app)
-    if not isinstance(effects, Effects):
-        raise ReplayError(f"{app} is a {type(effects).__name__}, not oncely Effects")
+    effects = load_effects(app)
     target: Target
     if to_earliest:
         target = Earliest()

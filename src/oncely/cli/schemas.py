@@ -1,7 +1,7 @@
 """``oncely schemas export|check``: the committed Avro contract of an application's events.
 
 Exit codes: 0 success; 1 a check found incompatibilities or export refused to rewrite a
-committed version; 2 the command could not run (bad ``--registry``, unreadable catalog).
+committed version; 2 the command could not run (bad ``--app``, unreadable catalog).
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from oncely.cli._imports import load_object
+from oncely.cli._imports import load_registry
+from oncely.cli._options import APP_HELP
 from oncely.cli._output import err, out
-from oncely.errors import ConfigurationError
-from oncely.events import Registry
 from oncely.schemas.catalog import SchemaCatalog, export_schemas
 from oncely.schemas.compatibility import CompatibilityMode, check_compatibility
 from oncely.schemas.errors import CatalogError
@@ -28,9 +27,11 @@ app = typer.Typer(
 RegistryTarget = Annotated[
     str,
     typer.Option(
+        "--app",
         "--registry",
-        envvar="ONCELY_REGISTRY",
-        help="The application's event Registry, as 'package.module:attribute'.",
+        envvar=["ONCELY_APP", "ONCELY_REGISTRY"],
+        help=APP_HELP,
+        show_default=False,
     ),
 ]
 _BROKEN = 1
@@ -52,7 +53,7 @@ def export(
     Never rewrites a committed version with other content: if any would change, nothing is
     written and the command exits 1 naming the files.
     """
-    event_registry = _load_registry(registry)
+    event_registry = load_registry(registry)
     try:
         outcomes = export_schemas(event_registry, out_dir)
     except CatalogError as exc:
@@ -92,7 +93,7 @@ def check(
     Each incompatibility is printed with the versions involved and its location in the reader
     schema.
     """
-    event_registry = _load_registry(registry)
+    event_registry = load_registry(registry)
     try:
         catalog = SchemaCatalog.load(directory)
     except CatalogError as exc:
@@ -112,17 +113,3 @@ def check(
             f"ok    {escape(event_type.name)} v{event_type.version} ({committed})", highlight=False
         )
     err.print(f"[green]compatible[/] ({mode.value}, against {scope})")
-
-
-def _load_registry(target: str) -> Registry:
-    try:
-        loaded = load_object(target)
-    except ConfigurationError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(_CANNOT_RUN) from None
-    if not isinstance(loaded, Registry):
-        err.print(
-            f"[red]error:[/] {escape(target)} is a {type(loaded).__name__}, not an oncely Registry"
-        )
-        raise typer.Exit(_CANNOT_RUN)
-    return loaded

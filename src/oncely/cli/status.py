@@ -15,15 +15,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from oncely.cli._imports import load_effects
+from oncely.cli._imports import load_app
 from oncely.cli._kafka import reached
-from oncely.cli._options import DatabaseUrl
-from oncely.cli._output import err, out
-from oncely.errors import ConfigurationError
+from oncely.cli._options import APP_HELP, DatabaseUrl
+from oncely.cli._output import out
 from oncely.ops.status import Status, collect_status
 
 _FAILED = 1
-_BAD_ARGUMENTS = 2
 
 
 def status(
@@ -40,8 +38,9 @@ def status(
     app: Annotated[
         str | None,
         typer.Option(
-            help="Effects app (module:attribute): effect names, groups and topics. Without it, "
-            "effects are the names in the receipts and their lag and DLQ are unknown.",
+            envvar="ONCELY_APP",
+            help=f"{APP_HELP} Its effects' names, groups and topics; without it, effects are "
+            "the names in the receipts and their lag and DLQ are unknown.",
             show_default=False,
         ),
     ] = None,
@@ -56,11 +55,7 @@ def status(
     watermarks and committed group offsets. Duplicates suppressed are only in each consumer's
     /metrics, never in the database.
     """
-    try:
-        effects = load_effects(app) if app is not None else None
-    except ConfigurationError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(_BAD_ARGUMENTS) from None
+    effects = load_app(app).effects if app is not None else None
     kafka = None if bootstrap_servers is None else reached(bootstrap_servers).client_config()
     engine = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
     try:

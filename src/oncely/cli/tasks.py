@@ -18,21 +18,22 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from oncely.cli._imports import load_object
+from oncely.cli._imports import load_tasks
 from oncely.cli._options import (
+    AppOption,
     DatabaseUrl,
     ExecuteNamed,
     LogFormatOption,
     LogLevelOption,
+    app_target,
     parse_duration,
     settings_epilog,
 )
 from oncely.cli._output import err, out, print_dry_run
-from oncely.errors import ConfigurationError
 from oncely.runtime.logs import LogFormat, LogLevel, configure_logging
 from oncely.settings import TaskSettings
 from oncely.storage.tables import TASK_STATUSES
-from oncely.tasks import MissingHandlerError, Tasks, TaskStore, run_worker
+from oncely.tasks import MissingHandlerError, TaskStore, run_worker
 from oncely.tasks.errors import TaskError
 from oncely.tasks.rules import iso_z
 
@@ -55,24 +56,16 @@ def _database(database_url: str) -> Iterator[sa.Engine]:
         engine.dispose()
 
 
-def _load_tasks(target: str) -> Tasks:
-    try:
-        tasks = load_object(target)
-    except ConfigurationError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(_CANNOT_RUN) from None
-    if not isinstance(tasks, Tasks):
-        err.print(f"[red]error:[/] {escape(target)} is a {type(tasks).__name__}, not a Tasks app")
-        raise typer.Exit(_CANNOT_RUN)
-    return tasks
-
-
 @app.command(epilog=settings_epilog(TaskSettings, "task worker"))
 def run(
     target: Annotated[
-        str,
-        typer.Argument(help="The Tasks app, as 'package.module:attribute'.", show_default=False),
-    ],
+        str | None,
+        typer.Argument(
+            metavar="APP", help="The application (or --app / ONCELY_APP).", show_default=False
+        ),
+    ] = None,
+    *,
+    app_option: AppOption = None,
     database_url: DatabaseUrl,
     lease_seconds: Annotated[
         float | None, typer.Option(help="Lease of one attempt.", min=0.1, show_default=False)
@@ -112,7 +105,7 @@ def run(
     log_level: LogLevelOption = LogLevel.INFO,
 ) -> None:
     """Run the tasks of an app until SIGTERM; refuse to start if a task name lacks a handler."""
-    tasks = _load_tasks(target)
+    tasks = load_tasks(app_target(target, app_option))
     flags: dict[str, Any] = {
         "lease_seconds": lease_seconds,
         "poll_seconds": poll_seconds,

@@ -8,12 +8,11 @@ import typer
 from confluent_kafka.admin import AdminClient
 from pydantic import ValidationError
 
-from oncely.cli._imports import load_effects, load_object
+from oncely.cli._imports import load_app, load_effects
 from oncely.cli._kafka import reached
-from oncely.cli._options import BootstrapServers
+from oncely.cli._options import APP_HELP, BootstrapServers
 from oncely.cli._output import err, out
 from oncely.errors import ConfigurationError
-from oncely.events import Registry
 from oncely.settings import TopicSettings
 from oncely.topics import ensure_topics, planned_topics
 
@@ -22,7 +21,10 @@ app = typer.Typer(help="Provision Kafka topics for the registered event types.")
 
 @app.command()
 def ensure(
-    registry: Annotated[str, typer.Option(help="The event registry, as module:attribute.")],
+    registry: Annotated[
+        str,
+        typer.Option("--app", "--registry", envvar="ONCELY_APP", help=APP_HELP, show_default=False),
+    ],
     bootstrap_servers: BootstrapServers,
     effects: Annotated[
         list[str] | None,
@@ -51,25 +53,21 @@ def ensure(
 ) -> None:
     """Create missing topics; exit 1 if an existing topic is weaker than declared.
 
-    With --effects, each effect's dead-letter topics <topic>.<effect>.dlq too, each declared
-    as its source topic (partitions, replication factor, min.insync.replicas, overrides). The
-    options set every topic; ONCELY_TOPICS_OVERRIDES (JSON) sets some event types apart,
+    The App's effects (an App with effects=, or an Effects object) and those of --effects get
+    their dead-letter topics <topic>.<effect>.dlq too, each declared as its source topic
+    (partitions, replication factor, min.insync.replicas, overrides). The options set every
+    topic; ONCELY_TOPICS_OVERRIDES (JSON) sets some event types apart,
     e.g. '{"transfer.completed": {"partitions": 24}}'. Weaker means fewer partitions or
     replicas, a lower min.insync.replicas, min.insync.replicas above the replicas, or unclean
     leader election enabled. A topic deleted or created by someone else meanwhile is planned
     again; one that keeps changing is reported as failed. Exit 1 as well when a topic cannot
     be created (e.g. more replicas than brokers) or Kafka cannot be reached, 2 for a wrong
-    registry or settings.
+    application or settings.
     """
-    try:
-        loaded = load_object(registry)
-        apps = [load_effects(target) for target in effects or []]
-    except ConfigurationError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(2) from None
-    if not isinstance(loaded, Registry):
-        err.print(f"[red]error:[/] {registry} is a {type(loaded).__name__}, not an oncely Registry")
-        raise typer.Exit(2)
+    loaded = load_app(registry)
+    apps = [app for app in [loaded.effects] if app is not None]
+    apps += [load_effects(target) for target in effects or []]
+    event_registry = loaded.require_registry(registry)
     flags: dict[str, Any] = {
         "partitions": partitions,
         "replication_factor": replication_factor,
@@ -77,7 +75,7 @@ def ensure(
     }
     try:
         settings = TopicSettings(**{k: v for k, v in flags.items() if v is not None})
-        specs = planned_topics(loaded, settings, effects=[e for app in apps for e in app])
+        specs = planned_topics(event_registry, settings, effects=[e for app in apps for e in app])
     except (ValidationError, ConfigurationError) as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None

@@ -18,7 +18,13 @@ from rich.table import Table
 
 from oncely.cli._imports import load_effects
 from oncely.cli._kafka import reached
-from oncely.cli._options import BootstrapServers, DatabaseUrl, parse_duration, parse_moment
+from oncely.cli._options import (
+    BootstrapServers,
+    DatabaseUrl,
+    RequiredApp,
+    parse_duration,
+    parse_moment,
+)
 from oncely.cli._output import err, out
 from oncely.errors import ConfigurationError
 from oncely.ops.verify import Report, VerifyError, verify_window
@@ -40,12 +46,7 @@ def verify(
             show_default=False,
         ),
     ],
-    app: Annotated[
-        str,
-        typer.Option(
-            help="Effects app (module:attribute) whose effects are checked.", show_default=False
-        ),
-    ],
+    app: RequiredApp,
     database_url: DatabaseUrl,
     bootstrap_servers: BootstrapServers,
     until: Annotated[
