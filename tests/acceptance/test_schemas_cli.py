@@ -180,7 +180,7 @@ def test_changing_a_committed_version_is_a_break(committed_v1: Path) -> None:
     [
         ("nowhere_at_all:registry", "cannot import module 'nowhere_at_all'"),
         ("shop_events:missing", "has no attribute 'missing'"),
-        ("shop_events:OrderPlaced", "not an oncely Registry"),
+        ("shop_events:OrderPlaced", "name an oncely.App"),
         ("shop_events", "not of the form"),
     ],
 )

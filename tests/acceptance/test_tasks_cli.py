@@ -226,7 +226,7 @@ def test_the_worker_refuses_to_start_without_a_handler(
 
 def test_bad_targets_and_arguments_exit_2_and_unknown_tasks_exit_1(database_url: str) -> None:
     not_an_app = _cli(database_url, "run", "oncely.tasks:TaskWorker")
-    assert (not_an_app.returncode, "not a Tasks app" in not_an_app.stderr) == (2, True)
+    assert (not_an_app.returncode, "name an oncely.App" in not_an_app.stderr) == (2, True)
     missing = _cli(database_url, "run", "no_such_module:tasks")
     assert (missing.returncode, "cannot import module" in missing.stderr) == (2, True)
     bad_state = _cli(database_url, "list", "--state", "sleeping")
