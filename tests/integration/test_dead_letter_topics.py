@@ -22,16 +22,16 @@ import sqlalchemy as sa
 import typer
 from confluent_kafka.admin import AdminClient
 from pydantic import BaseModel
-from typer.testing import CliRunner, Result
+from typer.testing import CliRunner
 
 from oncely.cli.consume import consume
-from oncely.cli.topics import ensure
 from oncely.consumers.dlq import DeadLetterError
 from oncely.consumers.effects import EffectContext, Effects
 from oncely.consumers.service import build_consumers
 from oncely.events import Registry
 from oncely.runtime.metrics import ConsumerMetrics
 from oncely.settings import ConsumerSettings, KafkaSettings, TopicSettings
+from tests.helpers import CliResult, oncely_cli
 from tests.integration.test_topics_ensure import create_topic, delete_topics
 
 pytestmark = pytest.mark.integration
@@ -80,10 +80,8 @@ def cleanup(kafka_admin: AdminClient) -> Iterator[None]:
         delete_topics(kafka_admin, doomed)
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> Result:
-    command = typer.Typer()
-    command.command()(ensure)
-    return CliRunner().invoke(command, list(args), env=env)
+def _cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
+    return oncely_cli("topics", "ensure", *args, env=env)
 
 
 def _partitions(admin: AdminClient) -> dict[str, int]:

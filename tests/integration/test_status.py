@@ -10,19 +10,23 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-import typer
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from sqlalchemy.engine import make_url
-from typer.testing import CliRunner, Result
 
-from oncely.cli.status import status
 from oncely.ops.status import DUPLICATES_NOTE, collect_status
 from oncely.schemas.codec import Codec
 from oncely.storage import outbox, receipts, tasks
 from oncely.storage.tables import shard_of
 from tests.apps.ledger import App, build
-from tests.helpers import publish_events, running_consumers, scalar, wait_until
+from tests.helpers import (
+    CliResult,
+    oncely_cli,
+    publish_events,
+    running_consumers,
+    scalar,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ledger_tables")]
 
@@ -42,10 +46,8 @@ def app(kafka_admin: AdminClient) -> Iterator[App]:
         future.result(30)
 
 
-def _cli(*args: str) -> Result:
-    command = typer.Typer()
-    command.command()(status)
-    return CliRunner().invoke(command, list(args))
+def _cli(*args: str) -> CliResult:
+    return oncely_cli("status", *args)
 
 
 def _row(topic: str, key: str = "acc-0", **columns: Any) -> dict[str, Any]:

@@ -13,17 +13,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import typer
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from pydantic import BaseModel
-from typer.testing import CliRunner, Result
 
-from oncely.cli.topics import ensure
 from oncely.events import Registry
 from oncely.settings import TopicSettings
 from oncely.topics import TopicSpec, ensure_topics, planned_topics
-from tests.helpers import wait_until
+from tests.helpers import CliResult, oncely_cli, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -60,10 +57,8 @@ def cleanup(kafka_admin: AdminClient) -> Iterator[None]:
         delete_topics(kafka_admin, doomed)
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> Result:
-    command = typer.Typer()
-    command.command()(ensure)
-    return CliRunner().invoke(command, list(args), env=env)
+def _cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
+    return oncely_cli("topics", "ensure", *args, env=env)
 
 
 def test_a_topic_with_fewer_replicas_than_declared_is_a_mismatch(
