@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint format test chaos demo bench clean
+.PHONY: install test-tools lint format test chaos demo bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -28,7 +28,17 @@ format: install
 	$(BIN)/ruff format src tests examples bench tools
 	$(BIN)/ruff check --fix src tests examples bench tools
 
-test: lint
+# What the tests run that PyPI does not serve: promtool and a Prometheus server, from Debian's
+# prometheus package (RUNLEVEL=1: the package installs without starting its service).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT  := $(SUDO) env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get
+test-tools:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
+	  echo "installing Debian's prometheus package (promtool and a server, for the rules' tests)"; \
+	  $(APT) install -y -qq --no-install-recommends prometheus >/dev/null || \
+	  { $(APT) update -qq && $(APT) install -y -qq --no-install-recommends prometheus >/dev/null; }; }
+
+test: lint test-tools
 	$(BIN)/pytest
 
 chaos: install
