@@ -15,7 +15,9 @@ cores):
 - R-LANES: a handler waiting 2 ms per record, 8 lanes vs 1;
 - R4, R4-quiet: commit → effect p99 (absolute ms) at 50% and 10% of the pipeline's drain rate,
   relay, consumer and writers in processes of their own;
-- R-RSS: the consumer process's RSS while it applies a 1,000,000-record backlog.
+- R-RSS: the consumer process's RSS while it applies a 1,000,000-record backlog;
+- R-START: ``oncely --help`` and ``oncely relay run --help`` against the imports of
+  sqlalchemy and confluent_kafka, and a relay's spawn to its first record.
 
 Not in the default set: R-CLUSTER (3 consumers vs 1, 2 relays vs 1, on a 3-broker cluster it
 starts).
@@ -47,6 +49,7 @@ from bench.fixtures import Bench
 from bench.harness import Target, environment, scaled
 from bench.latency_cells import latency_cells
 from bench.quiet_cells import quiet_cells
+from bench.start_cells import start_cells
 from oncely.devstack import DevStack
 from oncely.storage import upgrade
 
@@ -63,6 +66,7 @@ ALL = [
     "R-LANES",
     *LATENCY_CELLS,
     "R-RSS",
+    "R-START",
 ]
 OPTIONAL = ["R-CLUSTER"]
 
@@ -289,6 +293,8 @@ def main() -> None:
         if "R-RSS" in args.cells:
             records = int(scaled(1_000_000, minimum=20_000))
             results.append(consumer_cells.rss_cell(bench, records=records))
+        if "R-START" in args.cells:
+            results += [c.to_json() for c in start_cells(bench, repetitions=args.repetitions)]
         if "R-CLUSTER" in args.cells:
             results += [c.to_json() for c in cluster_cells(repetitions=args.repetitions)]
         with engine.connect() as conn:

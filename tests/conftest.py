@@ -1,4 +1,6 @@
-"""Fixtures shared by the suites (the real-service ones come from ``oncely.testing``)."""
+"""Fixtures shared by the suites. The real-service ones come from the ``oncely.testing`` plugin
+(enabled in pyproject.toml's addopts, as a project using oncely enables it); the suites use them
+under their short names."""
 
 from __future__ import annotations
 
@@ -10,6 +12,31 @@ import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.apps import ledger
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(oncely_kafka_bootstrap: str) -> str:
+    return oncely_kafka_bootstrap
+
+
+@pytest.fixture(scope="session")
+def kafka_admin(oncely_kafka_admin: AdminClient) -> AdminClient:
+    return oncely_kafka_admin
+
+
+@pytest.fixture
+def new_topic(oncely_new_topic: Callable[..., str]) -> Callable[..., str]:
+    return oncely_new_topic
+
+
+@pytest.fixture
+def new_database(oncely_new_database: Callable[..., str]) -> Callable[..., str]:
+    return oncely_new_database
+
+
+@pytest.fixture
+def database_url(oncely_database_url: str) -> str:
+    return oncely_database_url
 
 
 @pytest.fixture

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -337,6 +340,71 @@ def test_the_command_prints_json_or_tables_and_never_the_password(
     assert app.registry.topic_prefix in tables.stdout  # long names fold in 80 columns
     assert all(name in tables.stdout for name in app.effects.names())
     assert secret not in as_json.stdout + tables.stdout + as_json.stderr + tables.stderr
+
+
+def test_listings_plans_and_checks_print_json(
+    app: App,
+    database_url: str,
+    kafka_bootstrap: str,
+    deployment: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ONCELY_TEST_TOPIC_PREFIX", app.registry.topic_prefix)
+    monkeypatch.setenv("ONCELY_TEST_GROUP_PREFIX", app.effects.group_prefix)
+    monkeypatch.delitem(sys.modules, "tests.apps.ledger")  # re-imported with the env above
+    url = ["--database-url", database_url]
+    ledger = ["--app", "tests.apps.ledger:effects", "--effect", "ledger"]
+
+    def document(*argv: str) -> Any:
+        result = oncely_cli(*argv, "--json")
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    (dead,) = document("dead", "list", *url)["dead_rows"]
+    assert (dead["topic"], dead["held"], dead["request"]) == (app.topic, 2, "requeue")
+    requeue = document("dead", "requeue", "--all", *url)
+    assert requeue["executed"] is False and [r["id"] for r in requeue["rows"]] == [dead["id"]]
+    tasks = document("tasks", "list", *url)["tasks"]
+    assert sorted(task["status"] for task in tasks) == ["dead", "queued", "queued"]
+    purge = document("relay", "purge", "--older-than", "0s", *url)
+    assert purge["executed"] is False
+    assert purge["rows"] == sum(topic["rows"] for topic in purge["topics"])
+    receipts = document(
+        "receipts", "purge", *ledger, "--older-than", "400d", *url,
+        "--bootstrap-servers", kafka_bootstrap,
+    )  # fmt: skip
+    assert receipts == {
+        "executed": False, "effect": "ledger", "receipts": 0, "oldest_applied_at": None
+    }  # fmt: skip
+    plan = document("replay", *ledger, "--to-earliest", "--bootstrap-servers", kafka_bootstrap)
+    assert plan["group"] == app.effects.group_id("ledger") and plan["executed"] is False
+    assert plan["to_reread"] == sum(p["to_reread"] for p in plan["partitions"]) > 0
+
+
+def test_status_watch_refreshes_until_ctrl_c(database_url: str) -> None:
+    watch = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "oncely",
+            "status",
+            "--database-url",
+            database_url,
+            "--watch",
+            "0.5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(4)
+    watch.send_signal(signal.SIGINT)
+    stdout, stderr = watch.communicate(timeout=30)
+    assert watch.returncode == 0, stderr
+    assert "outbox by topic" in stdout and "tasks by state" in stdout
+    both = oncely_cli("status", "--database-url", database_url, "--watch", "1", "--json")
+    assert both.exit_code == 2
+    assert both.stderr.startswith("error: Invalid value for --watch: --watch shows a live table")
 
 
 def test_a_bad_app_exits_2(database_url: str) -> None:

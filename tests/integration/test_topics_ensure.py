@@ -91,6 +91,13 @@ def test_cli_flags_weaker_topics_and_reports_what_it_cannot_create(
     assert result.exit_code == 1, result.output
     assert f"created   {REFUNDED} (6 partitions, replication factor 1" in result.output
     assert f"mismatch  {PAID}: 2 partitions, 6 declared" in result.output
+    as_json = _cli(*base, "--json")
+    assert as_json.exit_code == 1, as_json.output
+    document = json.loads(as_json.stdout)
+    assert document["created"] == [] and document["matching"] == [REFUNDED]
+    assert document["failed"] == [] and document["mismatches"][0].startswith(
+        f"{PAID}: 2 partitions, 6 declared"
+    )
     # Declared for production: the existing topic is weaker, nothing is created on one broker.
     delete_topics(kafka_admin, [REFUNDED])
     result = _cli(

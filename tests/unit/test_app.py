@@ -3,6 +3,7 @@ Effects or a Tasks object) keep working."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 
@@ -96,3 +97,12 @@ def test_a_missing_or_wrong_app_is_one_line_and_status_2(
     lines = err.splitlines()
     assert status == 2 and len(lines) == 1, lines
     assert says in lines[0]
+
+
+def test_schemas_check_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
+    status, stdout, _ = _run(
+        ["schemas", "check", "--app", "examples.payments.app:app", "--json"], capsys
+    )
+    document = json.loads(stdout)
+    assert status == 0 and document["compatible"] is True and document["incompatibilities"] == []
+    assert {t["event_type"] for t in document["event_types"]} == {t.name for t in registry}

@@ -16,7 +16,12 @@ from tools.gen_reference import cli_env_vars, other_env_vars, settings_env_vars
 import oncely
 import oncely.cli._kafka
 from oncely.cli import app
-from oncely.cli._environment import OTHER_VARIABLES, known_variables
+from oncely.cli._environment import (
+    OPTION_VARIABLES,
+    OTHER_VARIABLES,
+    known_variables,
+    option_variables,
+)
 from oncely.cli._errors import run
 
 #: Nothing listens on port 1: a connection is refused at once.
@@ -154,7 +159,8 @@ def test_an_unknown_variable_is_warned_about_with_the_closest_known_one(
 
 def test_the_known_variables_are_those_the_reference_documents() -> None:
     documented = set(settings_env_vars()) | set(cli_env_vars())
-    assert known_variables(app) == documented | other_env_vars(documented).keys()
+    assert known_variables() == documented | other_env_vars(documented).keys()
+    assert set(option_variables(typer.main.get_command(app))) == OPTION_VARIABLES
     assert other_env_vars(documented).keys() == OTHER_VARIABLES
 
 

@@ -6,11 +6,30 @@ import difflib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import typer
 from pydantic_settings import BaseSettings
 
 from oncely import settings
 
+#: ``ONCELY_*`` names the command-line options read (a test holds this to the options, so that
+#: the check needs no command imported).
+OPTION_VARIABLES = frozenset(
+    {
+        "ONCELY_APP",
+        "ONCELY_DATABASE_SCHEMA",
+        "ONCELY_DATABASE_URL",
+        "ONCELY_DEVSTACK_BROKERS",
+        "ONCELY_DEVSTACK_DIR",
+        "ONCELY_DEVSTACK_KAFKA_VERSION",
+        "ONCELY_KAFKA_BOOTSTRAP_SERVERS",
+        "ONCELY_LOG_FORMAT",
+        "ONCELY_LOG_LEVEL",
+        "ONCELY_REGISTRY",
+        "ONCELY_SCHEMAS_DIR",
+        "ONCELY_SCHEMAS_MODE",
+        "ONCELY_SCHEMAS_TRANSITIVE",
+        "ONCELY_SCHEMA_REGISTRY_URL",
+    }
+)
 #: ``ONCELY_*`` names read outside the settings models and the command-line options.
 OTHER_VARIABLES = frozenset(
     {
@@ -33,18 +52,18 @@ def _settings_variables() -> Iterator[str]:
             yield (alias or prefix + name).upper()
 
 
-def _option_variables(command: Any) -> Iterator[str]:
+def option_variables(command: Any) -> Iterator[str]:
+    """The ``ONCELY_*`` names ``command``'s options and its subcommands' read (it loads them)."""
     for param in command.params:
         envvar = param.envvar
         yield from [envvar] if isinstance(envvar, str) else envvar or []
     for child in (getattr(command, "commands", None) or {}).values():
-        yield from _option_variables(child)
+        yield from option_variables(child)
 
 
-def known_variables(app: typer.Typer) -> frozenset[str]:
-    """Every ``ONCELY_*`` name oncely reads: settings, ``app``'s options, and the others."""
-    options = _option_variables(typer.main.get_command(app))
-    return frozenset({*_settings_variables(), *options, *OTHER_VARIABLES})
+def known_variables() -> frozenset[str]:
+    """Every ``ONCELY_*`` name oncely reads: settings, options, and the others."""
+    return frozenset({*_settings_variables(), *OPTION_VARIABLES, *OTHER_VARIABLES})
 
 
 def unknown_variables(environ: Mapping[str, str], known: frozenset[str]) -> list[str]:

@@ -12,9 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 import typer
-from confluent_kafka import KafkaException
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
@@ -32,7 +30,7 @@ def run(app: typer.Typer, argv: Sequence[str]) -> int:
     """Run ``app`` on ``argv`` and return its exit status, reporting any error a user can cause
     as one line on stderr (the traceback instead when ``ONCELY_DEBUG=1``). Warns first about
     each ``ONCELY_*`` variable oncely does not read."""
-    for warning in unknown_variables(os.environ, known_variables(app)):
+    for warning in unknown_variables(os.environ, known_variables()):
         sys.stderr.write(warning + "\n")
     try:
         result = app(args=list(argv), prog_name="oncely", standalone_mode=False)
@@ -60,6 +58,9 @@ def run(app: typer.Typer, argv: Sequence[str]) -> int:
 def describe(exc: BaseException) -> tuple[str, int] | None:
     """The one line (without ``error:``) and the exit status for ``exc``; ``None`` for an error
     no input or environment explains (a bug)."""
+    import sqlalchemy as sa  # imported here: a command that never reached them starts faster
+    from confluent_kafka import KafkaException
+
     if isinstance(exc, ValidationError):
         return _settings_error(exc), BAD_INPUT
     if isinstance(exc, ConfigurationError):

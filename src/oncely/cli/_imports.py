@@ -6,12 +6,15 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from oncely.app import App
-from oncely.consumers.effects import Effects
 from oncely.errors import ConfigurationError
-from oncely.events import Registry
-from oncely.tasks import Tasks
+
+if TYPE_CHECKING:  # the application's parts load with it, when a command needs them
+    from oncely.app import App
+    from oncely.consumers.effects import Effects
+    from oncely.events import Registry
+    from oncely.tasks import Tasks
 
 __all__ = [
     "ImportTargetError",
@@ -67,6 +70,8 @@ def load_app(target: str) -> App:
         ImportTargetError: as :func:`load_object`.
         oncely.app.AppError: the object is none of those.
     """
+    from oncely.app import App
+
     return App.of(target, load_object(target))
 
 

@@ -6,16 +6,17 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
-import sqlalchemy as sa
 import typer
 from pydantic_settings import BaseSettings
-from sqlalchemy.engine import make_url
 
 from oncely.runtime.logs import LogFormat, LogLevel
 
 
 def check_database_url(url: str | None) -> str | None:
     """Refuse a URL that does not parse, or whose database is not PostgreSQL."""
+    import sqlalchemy as sa
+    from sqlalchemy.engine import make_url
+
     if url is None:
         return None
     try:

@@ -17,17 +17,17 @@ from oncely.cli._options import (
     LogFormatOption,
     LogLevelOption,
     app_target,
+    settings_epilog,
 )
 from oncely.cli._output import err
-from oncely.consumers.dlq import DeadLetterError
-from oncely.consumers.service import run_consumers
 from oncely.errors import ConfigurationError
 from oncely.runtime.logs import LogFormat, LogLevel, configure_logging
-from oncely.schemas.loader import codec_for
-from oncely.security import KafkaAuthenticationError
 from oncely.settings import ConsumerSettings, KafkaSettings, SchemaSettings
 
+app = typer.Typer()
 
+
+@app.command(name="consume", epilog=settings_epilog(ConsumerSettings, "consumer"))
 def consume(
     app: Annotated[
         str | None,
@@ -95,6 +95,11 @@ def consume(
     removed ones are dropped. A record whose writer schema is unknown is dead-lettered, and
     every dead-lettered record logs a WARNING with the reason and the fix.
     """
+    from oncely.consumers.dlq import DeadLetterError
+    from oncely.consumers.service import run_consumers
+    from oncely.schemas.loader import codec_for
+    from oncely.security import KafkaAuthenticationError
+
     configure_logging(level=log_level, log_format=log_format)
     loaded = load_effects(app_target(app, app_option))
     for name in effect:

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import sqlalchemy as sa
 import typer
 from rich.markup import escape
 
 from oncely.cli._options import DatabaseUrl
 from oncely.cli._output import err, out
 from oncely.errors import ConfigurationError
-from oncely.storage.migrations import UpgradeRefusedError, upgrade_sql, validate_shards
-from oncely.storage.migrations import upgrade as apply_migrations
-from oncely.storage.roles import grant_statements
-from oncely.storage.tables import validate_schema_name
 
 app = typer.Typer(help="Create and migrate oncely's tables in PostgreSQL.")
 
@@ -43,6 +38,12 @@ def upgrade(database_url: DatabaseUrl, schema: Schema = None, shards: Shards = N
     refuses while their row leases are live); rows pending then are published once by the new
     relay, and dead rows keep their keys parked (`oncely dead list`).
     """
+    import sqlalchemy as sa
+
+    from oncely.storage.migrations import UpgradeRefusedError, validate_shards
+    from oncely.storage.migrations import upgrade as apply_migrations
+    from oncely.storage.tables import validate_schema_name
+
     try:
         if schema is not None:
             validate_schema_name(schema)  # before connecting: a bad name fails at once
@@ -110,6 +111,9 @@ def sql(
     With --roles: the GRANTs each component needs, derived from the SQL it runs (create the
     roles first). Exits 2 for a role or schema name that is not a plain identifier.
     """
+    from oncely.storage.migrations import upgrade_sql
+    from oncely.storage.roles import grant_statements
+
     if not roles:
         typer.echo(upgrade_sql(), nl=False)
         return

@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 
 from oncely.cli._options import DatabaseUrl, Execute, ExecuteNamed
-from oncely.cli._output import err, out, print_dry_run
+from oncely.cli._output import JsonFlag, err, out, print_dry_run, print_json
 from oncely.storage.stores.outbox import dead
 from oncely.storage.stores.outbox.dead import ChangedRow, DeadRow
 
@@ -45,7 +45,10 @@ _CARRIED_OUT = {
 }
 
 
-def _print_changed(verb: str, rows: Sequence[ChangedRow]) -> None:
+def _print_changed(verb: str, rows: Sequence[ChangedRow], *, as_json: bool) -> None:
+    if as_json:
+        print_json({"executed": True, "request": verb, "rows": rows})
+        return
     out.print(f"{verb} requested for {len(rows)} row(s): {_CARRIED_OUT[verb]}")
     for row in rows:
         out.print(f"  {row.id}  {escape(row.topic)}  key={escape(row.aggregateid)}")
@@ -55,10 +58,14 @@ def _print_changed(verb: str, rows: Sequence[ChangedRow]) -> None:
 def list_(
     database_url: DatabaseUrl,
     topic: Annotated[str | None, typer.Option(help="Only this topic.")] = None,
+    as_json: JsonFlag = False,
 ) -> None:
     """List dead rows, oldest first: the rows held behind each one's key, its error, and the
     request (requeue or skip) waiting for a relay to carry it out."""
     rows = _with_engine(database_url, lambda e: dead.list_dead(e, topic=topic))
+    if as_json:
+        print_json({"dead_rows": rows})
+        return
     # One line per row (ids whole, to copy), the error on the next.
     out.print(f"{len(rows)} dead row(s)")
     for row in rows:
@@ -70,15 +77,21 @@ def list_(
         out.print(f"    error: {escape(row.error or '-')}")
 
 
-def _print_plan(verb: str, rows: Sequence[DeadRow], named: Sequence[UUID] | None) -> None:
+def _print_plan(
+    verb: str, rows: Sequence[DeadRow], named: Sequence[UUID] | None, *, as_json: bool
+) -> None:
+    found = {row.id for row in rows}
+    not_dead = [i for i in named or () if i not in found]
+    if as_json:
+        print_json({"executed": False, "request": verb, "rows": rows, "not_dead": not_dead})
+        return
     out.print(f"would {verb} {len(rows)} row(s)")
     for row in rows:
         out.print(
             f"  {row.id}  {escape(row.topic)}  key={escape(row.aggregateid)}  "
             f"{escape(row.type or '(purged)')}  held={row.held}"
         )
-    found = {row.id for row in rows}
-    for missing in [i for i in named or () if i not in found]:
+    for missing in not_dead:
         out.print(f"  {missing}  not a dead row: unchanged")
 
 
@@ -92,6 +105,7 @@ def requeue(
     yes: Annotated[
         bool, typer.Option("--yes", help="Requeue the row ids named (as --execute does).")
     ] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Publish dead rows again, then the rows held behind their keys, in order.
 
@@ -111,11 +125,12 @@ def requeue(
         plan = _with_engine(
             database_url, lambda e: dead.matching_dead(e, ids=ids or None, topic=topic)
         )
-        _print_plan("requeue", plan, ids)
-        print_dry_run("--yes" if ids else "--execute")
+        _print_plan("requeue", plan, ids, as_json=as_json)
+        if not as_json:
+            print_dry_run("--yes" if ids else "--execute")
         return
     rows = _with_engine(database_url, lambda e: dead.requeue(e, ids=ids or None, topic=topic))
-    _print_changed("requeue", rows)
+    _print_changed("requeue", rows, as_json=as_json)
 
 
 @app.command()
@@ -123,6 +138,7 @@ def skip(
     database_url: DatabaseUrl,
     ids: Annotated[list[UUID], typer.Argument(help="Row ids.")],
     execute: ExecuteNamed = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Give up on dead rows: the rows held behind their keys are published without them.
 
@@ -132,8 +148,9 @@ def skip(
     """
     if not execute:
         plan = _with_engine(database_url, lambda e: dead.matching_dead(e, ids=ids))
-        _print_plan("skip", plan, ids)
-        print_dry_run("--yes")
+        _print_plan("skip", plan, ids, as_json=as_json)
+        if not as_json:
+            print_dry_run("--yes")
         return
     rows = _with_engine(database_url, lambda e: dead.skip(e, ids=ids))
-    _print_changed("skip", rows)
+    _print_changed("skip", rows, as_json=as_json)

@@ -15,16 +15,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
 
-import sqlalchemy as sa
 import typer
 from rich.markup import escape
 
 from oncely import debezium
 from oncely.cli._options import DatabaseUrl, Execute, parse_duration
-from oncely.cli._output import err, out, print_dry_run
+from oncely.cli._output import JsonFlag, err, out, print_dry_run, print_json
 from oncely.devstack import default_stack_dir
 from oncely.devstack.connect import DEFAULT_DEBEZIUM_VERSION, ConnectNode
-from oncely.devstack.stack import read_state
 from oncely.errors import ConfigurationError, DevstackError
 
 app = typer.Typer(
@@ -151,6 +149,7 @@ def purge(
         ),
     ] = 120.0,
     execute: Execute = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Delete outbox rows created before --older-than that the connector has read (Debezium mode).
 
@@ -167,11 +166,16 @@ def purge(
     with exit 1 when the slot is inactive (no connector reads it) and behind, or did not catch
     up within --wait.
     """
+    import sqlalchemy as sa
+
     horizon = parse_duration(older_than).total_seconds()
     engine = sa.create_engine(database_url)
     try:
         if not execute:
             plan = debezium.purge_plan(engine, older_than_seconds=horizon, slot_name=slot_name)
+            if as_json:
+                print_json({"executed": False, "plan": plan})
+                return
             _print_purge_plan(
                 plan, f"would delete {plan.rows} outbox row(s) created more than {older_than} ago"
             )
@@ -200,6 +204,9 @@ def purge(
         raise typer.Exit(1) from None
     finally:
         engine.dispose()
+    if as_json:
+        print_json({"executed": True, "deleted": result.deleted, "plan": result.plan})
+        return
     _print_purge_plan(
         result.plan,
         f"deleted {result.deleted} outbox row(s) created more than {older_than} ago, all "
@@ -220,6 +227,8 @@ def drop_slot(
     An idle slot makes PostgreSQL keep all WAL from its position on. Exit 1 if the slot is
     still in use after --wait seconds.
     """
+    import sqlalchemy as sa
+
     engine = sa.create_engine(database_url)
     try:
         dropped = debezium.drop_slot(engine, slot_name, timeout=wait)
@@ -238,12 +247,14 @@ def drop_slot(
 def slot(
     database_url: DatabaseUrl,
     slot_name: SlotName = debezium.DEFAULT_SLOT_NAME,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Show the connector's replication slot: held by a connector or idle, WAL it retains.
 
     Exit 1 when there is no such slot.
     """
+    import sqlalchemy as sa
+
     engine = sa.create_engine(database_url)
     try:
         status = debezium.slot_status(engine, slot_name)
@@ -316,6 +327,10 @@ def connect(
     published (consumers' receipts absorb the repeats). Do not run `oncely relay run` at the
     same time.
     """
+    import sqlalchemy as sa
+
+    from oncely.devstack.stack import read_state
+
     stack = read_state(directory)
     database_url = database_url or (stack.database_url if stack else None)
     bootstrap_servers = bootstrap_servers or (stack.kafka_bootstrap if stack else None)

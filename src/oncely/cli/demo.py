@@ -16,12 +16,13 @@ import typer
 
 from oncely.cli._imports import ImportTargetError, load_object
 from oncely.cli._output import err, out
-from oncely.devstack import DevStack
 from oncely.errors import DevstackError, OncelyError
 
 
 @contextlib.contextmanager
 def _services() -> Iterator[tuple[str, str]]:
+    from oncely.devstack import DevStack
+
     kafka = os.environ.get("ONCELY_KAFKA_BOOTSTRAP_SERVERS")
     database = os.environ.get("ONCELY_DATABASE_URL")
     if kafka and database:
@@ -33,6 +34,10 @@ def _services() -> Iterator[tuple[str, str]]:
         yield info.database_url, info.kafka_bootstrap
 
 
+app = typer.Typer()
+
+
+@app.command(name="demo")
 def run(
     events: Annotated[int, typer.Option(help="Transfers to request.")] = 5000,
     chaos: Annotated[

@@ -15,11 +15,9 @@ from typing import Annotated
 
 import typer
 
-from oncely.cli._output import err, out
+from oncely.cli._output import JsonFlag, err, out
 from oncely.cli.debezium import connect
 from oncely.devstack import DevStack, default_stack_dir
-from oncely.devstack._process import pid_alive
-from oncely.devstack.cluster import active_controller
 from oncely.devstack.stack import StackInfo, read_state, stop_recorded, write_state
 from oncely.errors import DevstackError
 
@@ -116,6 +114,8 @@ def down(directory: StackDir) -> None:
 
 
 def _kafka_lines(info: StackInfo, controller: int | None) -> list[str]:
+    from oncely.devstack._process import pid_alive
+
     nodes = info.kafka_nodes
     count = f"{len(nodes)} nodes, " if len(nodes) > 1 else ""
     leader = f"node {controller}" if controller is not None else "none answered"
@@ -136,10 +136,12 @@ def _kafka_lines(info: StackInfo, controller: int | None) -> list[str]:
 @app.command()
 def status(
     directory: StackDir,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Say whether a stack runs in --dir, its Kafka nodes and active controller, and how to
     reach it. Exit 1 when none runs."""
+    from oncely.devstack.cluster import active_controller
+
     info = read_state(directory)
     controller = active_controller(info.kafka_bootstrap) if info is not None else None
     if as_json:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated
 
-import sqlalchemy as sa
 import typer
-from confluent_kafka.admin import AdminClient
 
 from oncely.cli._imports import load_effects
 from oncely.cli._kafka import reached
@@ -17,14 +16,7 @@ from oncely.cli._options import (
     RequiredApp,
     parse_duration,
 )
-from oncely.cli._output import err, out, print_dry_run
-from oncely.consumers.receipts import (
-    UnsafePurgeError,
-    check_horizon,
-    preview_receipts,
-    purge_receipts,
-    topic_retention,
-)
+from oncely.cli._output import JsonFlag, err, out, print_dry_run, print_json
 
 app = typer.Typer(help="Effect receipts: the evidence that keeps effects single.")
 
@@ -40,6 +32,7 @@ def purge(
         bool, typer.Option(help="Purge even within the topics' retention (unsafe).")
     ] = False,
     execute: Execute = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Delete an effect's receipts older than --older-than, in batches.
 
@@ -48,6 +41,17 @@ def purge(
     shorter than the retention of the effect's topics (a replay could then apply an event
     twice) unless --force.
     """
+    import sqlalchemy as sa
+    from confluent_kafka.admin import AdminClient
+
+    from oncely.consumers.receipts import (
+        UnsafePurgeError,
+        check_horizon,
+        preview_receipts,
+        purge_receipts,
+        topic_retention,
+    )
+
     horizon = parse_duration(older_than)
     declared = load_effects(app_).get(effect)
     admin = AdminClient(reached(bootstrap_servers).client_config())
@@ -61,6 +65,9 @@ def purge(
     try:
         if not execute:
             preview = preview_receipts(engine, effect=effect, older_than=horizon)
+            if as_json:
+                print_json({"executed": False, "effect": effect, **asdict(preview)})
+                return
             oldest = preview.oldest_applied_at
             out.print(
                 f"would delete {preview.receipts} receipt(s) of {effect} older than {older_than}"
@@ -73,4 +80,7 @@ def purge(
         )
     finally:
         engine.dispose()
+    if as_json:
+        print_json({"executed": True, "effect": effect, "receipts": deleted})
+        return
     out.print(f"deleted {deleted} receipt(s) of {effect} older than {older_than}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import sqlalchemy as sa
 import typer
 from rich.markup import escape
 
@@ -17,12 +16,9 @@ from oncely.cli._options import (
     parse_duration,
     settings_epilog,
 )
-from oncely.cli._output import err, out, print_dry_run
-from oncely.relay.service import run_relay
+from oncely.cli._output import JsonFlag, err, out, print_dry_run, print_json
 from oncely.runtime.logs import LogFormat, LogLevel, configure_logging
-from oncely.security import KafkaAuthenticationError
 from oncely.settings import KafkaSettings, RelaySettings
-from oncely.storage.stores.outbox.relay import RelayStore
 
 app = typer.Typer(help="Publish staged outbox rows to Kafka.")
 
@@ -50,6 +46,9 @@ def run(
     settings: ONCELY_KAFKA_SECURITY_PROTOCOL, ONCELY_KAFKA_SASL_*, ONCELY_KAFKA_SSL_CA_LOCATION,
     ONCELY_KAFKA_EXTRA. Exits 2 when Kafka refuses the credentials.
     """
+    from oncely.relay.service import run_relay
+    from oncely.security import KafkaAuthenticationError
+
     configure_logging(level=log_level, log_format=log_format)
     flags: dict[str, Any] = {
         "relay_id": relay_id,
@@ -74,6 +73,7 @@ def purge(
         str, typer.Option(help="Delete published rows older than this (e.g. 7d, 12h).")
     ] = "7d",
     execute: Execute = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Delete published outbox rows older than --older-than, in batches.
 
@@ -81,6 +81,10 @@ def purge(
     dead or delayed row and those held behind it) never are. A dry run unless --execute: it
     prints how many rows it would delete per topic, and the oldest of each.
     """
+    import sqlalchemy as sa
+
+    from oncely.storage.stores.outbox.relay import RelayStore
+
     horizon = parse_duration(older_than).total_seconds()
     engine = sa.create_engine(database_url)
     try:
@@ -88,6 +92,9 @@ def purge(
         if not execute:
             topics = store.purge_preview(older_than_seconds=horizon)
             total = sum(topic.rows for topic in topics)
+            if as_json:
+                print_json({"executed": False, "rows": total, "topics": topics})
+                return
             out.print(f"would delete {total} published row(s) older than {older_than}")
             for topic in topics:
                 out.print(
@@ -99,4 +106,7 @@ def purge(
         deleted = store.purge(older_than_seconds=horizon)
     finally:
         engine.dispose()
+    if as_json:
+        print_json({"executed": True, "rows": deleted})
+        return
     out.print(f"deleted {deleted} published row(s) older than {older_than}")

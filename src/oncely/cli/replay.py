@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import sqlalchemy as sa
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -17,7 +16,7 @@ from rich.table import Table
 from oncely.cli._imports import load_effects
 from oncely.cli._kafka import reached
 from oncely.cli._options import AppOption, parse_moment
-from oncely.cli._output import err, out
+from oncely.cli._output import JsonFlag, err, out, print_json
 from oncely.consumers.replay import (
     AtOffset,
     AtTime,
@@ -29,8 +28,6 @@ from oncely.consumers.replay import (
 )
 from oncely.errors import ConfigurationError
 from oncely.ops.republish import RepublishError, RepublishPlan, plan_republish, republish
-from oncely.relay.publisher import Publisher
-from oncely.relay.service import producer_config
 from oncely.settings import RelaySettings
 
 
@@ -42,6 +39,10 @@ def _offset(text: str) -> AtOffset:
     return AtOffset(topic, int(partition), int(rest))
 
 
+app = typer.Typer()
+
+
+@app.command(name="replay")
 def replay(
     app: AppOption = None,
     effect: Annotated[str | None, typer.Option(help="The effect whose group moves.")] = None,
@@ -76,6 +77,7 @@ def replay(
     database_url: Annotated[
         str | None, typer.Option(envvar="ONCELY_DATABASE_URL", help="SQLAlchemy URL.")
     ] = None,
+    as_json: JsonFlag = False,
 ) -> None:
     """Replay safely: receipts keep effects single, so re-reading never applies twice.
 
@@ -89,7 +91,15 @@ def replay(
     """
     try:
         if from_outbox:
-            _from_outbox(database_url, bootstrap_servers, since, until, event_type, execute=execute)
+            _from_outbox(
+                database_url,
+                bootstrap_servers,
+                since,
+                until,
+                event_type,
+                execute=execute,
+                as_json=as_json,
+            )
         else:
             _reset(
                 app,
@@ -100,6 +110,7 @@ def replay(
                 bootstrap_servers,
                 execute,
                 allow_skip=allow_skip,
+                as_json=as_json,
             )
     except (ReplayError, ConfigurationError) as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}")
@@ -119,6 +130,7 @@ def _reset(
     execute: bool,
     *,
     allow_skip: bool,
+    as_json: bool,
 ) -> None:
     chosen = [to_earliest, to_datetime is not None, to_offset is not None]
     if app is None or effect is None or sum(chosen) != 1 or bootstrap_servers is None:
@@ -138,6 +150,29 @@ def _reset(
     group = effects.group_id(effect)
     config = reached(bootstrap_servers).client_config()
     moves = plan_reset(config, group=group, topics=effects.get(effect).topics, target=target)
+    skipped = sum(m.skips for m in moves)
+    total = sum(m.to_reread for m in moves)
+    refused = bool(skipped and not allow_skip)
+    if as_json:
+        print_json(
+            {
+                "group": group,
+                "executed": execute and not refused,
+                "to_reread": total,
+                "skipped": skipped,
+                "partitions": [
+                    {
+                        "topic": m.topic,
+                        "partition": m.partition,
+                        "committed": m.current,
+                        "new_offset": m.target,
+                        "to_reread": m.to_reread,
+                        "skipped": m.skips,
+                    }
+                    for m in moves
+                ],
+            }
+        )
     table = Table(title=f"group {group}: {'applying' if execute else 'dry run'}")
     for column in ("topic", "partition", "committed", "new offset", "to re-read", "skipped"):
         table.add_column(column)
@@ -150,19 +185,20 @@ def _reset(
             str(move.to_reread),
             f"[red]{move.skips}[/]" if move.skips else "0",
         )
-    out.print(table)
-    skipped = sum(m.skips for m in moves)
-    if skipped and not allow_skip:
+    if not as_json:
+        out.print(table)
+    if refused:
         raise ReplayError(
             f"this plan moves the group forward past {skipped} record(s) it has not read: "
             "their effects would never apply. Pass --allow-skip if that is what you want."
         )
-    total = sum(m.to_reread for m in moves)
     if not execute:
-        out.print(f"dry run: {total} record(s) would be re-read; add --execute to apply")
+        if not as_json:
+            out.print(f"dry run: {total} record(s) would be re-read; add --execute to apply")
         return
     execute_reset(config, group=group, moves=moves)
-    out.print(f"moved {len(moves)} partition(s); {total} record(s) will be re-read")
+    if not as_json:
+        out.print(f"moved {len(moves)} partition(s); {total} record(s) will be re-read")
 
 
 def _from_outbox(
@@ -173,7 +209,13 @@ def _from_outbox(
     event_type: str | None,
     *,
     execute: bool,
+    as_json: bool,
 ) -> None:
+    import sqlalchemy as sa
+
+    from oncely.relay.publisher import Publisher
+    from oncely.relay.service import producer_config
+
     if database_url is None or since is None or (execute and bootstrap_servers is None):
         raise ReplayError(
             "--from-outbox needs --database-url and --since (and --bootstrap-servers with "
@@ -184,6 +226,9 @@ def _from_outbox(
     try:
         if not execute:
             plan = plan_republish(engine, since=start, until=end, event_type=event_type)
+            if as_json:
+                print_json({"executed": False, "rows": plan.rows, "topics": plan.topics})
+                return
             out.print(f"dry run: {plan.rows} row(s) would be republished{_per_topic(plan)}")
             out.print("add --execute to send them (same event ids; receipts absorb the copies)")
             return
@@ -207,6 +252,9 @@ def _from_outbox(
                 event_type=event_type,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )
+        if as_json:
+            print_json({"executed": True, "rows": plan.rows, "topics": plan.topics})
+            return
         out.print(f"republished {plan.rows} row(s) with their original event ids{_per_topic(plan)}")
     finally:
         engine.dispose()

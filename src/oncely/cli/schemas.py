@@ -14,10 +14,8 @@ from rich.markup import escape
 
 from oncely.cli._imports import load_registry
 from oncely.cli._options import APP_HELP
-from oncely.cli._output import err, out
-from oncely.schemas.catalog import SchemaCatalog, export_schemas
+from oncely.cli._output import JsonFlag, err, out, print_json
 from oncely.schemas.compatibility import CompatibilityMode, check_compatibility
-from oncely.schemas.errors import CatalogError
 
 app = typer.Typer(
     help="Export event schemas to the committed catalog and check changes against it.",
@@ -53,6 +51,9 @@ def export(
     Never rewrites a committed version with other content: if any would change, nothing is
     written and the command exits 1 naming the files.
     """
+    from oncely.schemas.catalog import export_schemas
+    from oncely.schemas.errors import CatalogError
+
     event_registry = load_registry(registry)
     try:
         outcomes = export_schemas(event_registry, out_dir)
@@ -87,12 +88,16 @@ def check(
             help="Compare with every older committed version, not only the latest.",
         ),
     ] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Check the code's schemas against the committed versions; exit 1 on any break.
 
     Each incompatibility is printed with the versions involved and its location in the reader
     schema.
     """
+    from oncely.schemas.catalog import SchemaCatalog
+    from oncely.schemas.errors import CatalogError
+
     event_registry = load_registry(registry)
     try:
         catalog = SchemaCatalog.load(directory)
@@ -100,6 +105,26 @@ def check(
         err.print(f"[red]error:[/] {escape(str(exc))}")
         raise typer.Exit(_CANNOT_RUN) from None
     found = check_compatibility(event_registry, catalog, mode=mode, transitive=transitive)
+    if as_json:
+        print_json(
+            {
+                "compatible": not found,
+                "mode": mode.value,
+                "transitive": transitive,
+                "event_types": [
+                    {
+                        "event_type": t.name,
+                        "version": t.version,
+                        "committed": [e.version for e in catalog.versions(t.name)],
+                    }
+                    for t in event_registry
+                ],
+                "incompatibilities": found,
+            }
+        )
+        if found:
+            raise typer.Exit(_BROKEN)
+        return
     for problem in found:
         out.print(f"BREAK {escape(str(problem))}", highlight=False)
     scope = "all older versions" if transitive else "the latest older version"

@@ -6,24 +6,26 @@ load).
 
 from __future__ import annotations
 
-import json
-import sys
+import time
+from collections.abc import Callable
 from typing import Annotated
 
-import sqlalchemy as sa
 import typer
+from rich.console import Group, RenderableType
+from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
 from oncely.cli._imports import load_app
 from oncely.cli._kafka import reached
 from oncely.cli._options import APP_HELP, DatabaseUrl
-from oncely.cli._output import out
+from oncely.cli._output import JsonFlag, out, print_json
 from oncely.ops.status import Status, collect_status
 
-_FAILED = 1
+app = typer.Typer()
 
 
+@app.command(name="status")
 def status(
     database_url: DatabaseUrl,
     bootstrap_servers: Annotated[
@@ -44,7 +46,16 @@ def status(
             show_default=False,
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
+    as_json: JsonFlag = False,
+    watch: Annotated[
+        float | None,
+        typer.Option(
+            "--watch",
+            help="Refresh a live table every this many seconds until Ctrl-C (not with --json).",
+            min=0.5,
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Show the outbox backlog per topic and shard, parked keys, shard leases, each effect's
     lag, receipts and DLQ, and tasks by state.
@@ -55,35 +66,60 @@ def status(
     watermarks and committed group offsets. Duplicates suppressed are only in each consumer's
     /metrics, never in the database.
     """
+    import sqlalchemy as sa
+
+    if watch is not None and as_json:
+        raise typer.BadParameter(
+            "--watch shows a live table: leave out --json", param_hint="--watch"
+        )
     effects = load_app(app).effects if app is not None else None
     kafka = None if bootstrap_servers is None else reached(bootstrap_servers).client_config()
     engine = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
     try:
         report = collect_status(engine, effects=effects, kafka_config=kafka)
+        if as_json:
+            print_json(report.to_json())
+        elif watch is None:
+            out.print(_render(report, bootstrap_servers))
+        else:
+            _watch(
+                watch,
+                report,
+                lambda: collect_status(engine, effects=effects, kafka_config=kafka),
+                bootstrap_servers,
+            )
     finally:
         engine.dispose()
-    if as_json:
-        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
-    else:
-        _print(report, bootstrap_servers)
 
 
-def _print(report: Status, bootstrap_servers: str | None) -> None:
-    out.print(
-        f"database {escape(report.database)}"
-        + (f", Kafka {escape(bootstrap_servers)}" if bootstrap_servers else "")
-    )
-    _print_outbox(report)
-    _print_relays(report)
-    _print_effects(report)
+def _watch(
+    seconds: float, report: Status, collect: Callable[[], Status], bootstrap_servers: str | None
+) -> None:
+    """Show ``report``, then a fresh one every ``seconds`` in its place, until Ctrl-C."""
+    with Live(_render(report, bootstrap_servers), console=out, auto_refresh=False) as live:
+        try:
+            while True:
+                time.sleep(seconds)
+                live.update(_render(collect(), bootstrap_servers), refresh=True)
+        except KeyboardInterrupt:
+            return  # how a watch ends
+
+
+def _render(report: Status, bootstrap_servers: str | None) -> Group:
     tasks = Table(*report.tasks, title="tasks by state")
     tasks.add_row(*(str(n) for n in report.tasks.values()))
-    out.print(tasks)
-    for note in report.notes:
-        out.print(f"[dim]note: {escape(note)}[/]")
+    return Group(
+        f"database {escape(report.database)}"
+        + (f", Kafka {escape(bootstrap_servers)}" if bootstrap_servers else ""),
+        *_outbox(report),
+        _relays(report),
+        _effects(report),
+        tasks,
+        *(f"[dim]note: {escape(note)}[/]" for note in report.notes),
+    )
 
 
-def _print_outbox(report: Status) -> None:
+def _outbox(report: Status) -> list[RenderableType]:
     topics = _table(
         "outbox by topic",
         ["topic"],
@@ -99,13 +135,13 @@ def _print_outbox(report: Status) -> None:
             str(t.held_keys),
             str(t.held_rows),
         )
-    out.print(topics)
-    for t in report.topics:
-        if t.requested:
-            out.print(
-                f"{t.requested} dead row(s) of {escape(t.topic)} asked to be requeued or "
-                "skipped: a running relay carries it out"
-            )
+    parts: list[RenderableType] = [topics]
+    parts += [
+        f"{t.requested} dead row(s) of {escape(t.topic)} asked to be requeued or skipped: a "
+        "running relay carries it out"
+        for t in report.topics
+        if t.requested
+    ]
     if report.backlog:
         backlog = _table("unpublished by topic and shard", ["topic"], ["shard", "rows", "oldest"])
         for b in report.backlog:
@@ -115,10 +151,11 @@ def _print_outbox(report: Status) -> None:
                 str(b.unpublished),
                 _age(b.oldest_unpublished_seconds),
             )
-        out.print(backlog)
+        parts.append(backlog)
+    return parts
 
 
-def _print_relays(report: Status) -> None:
+def _relays(report: Status) -> Table:
     relays = _table("shard leases", ["relay"], ["shards", "epochs"])
     for owner, held in sorted(report.relays.items()):
         epochs = sorted({s.epoch for s in report.shards if s.shard in held and s.owner == owner})
@@ -126,10 +163,10 @@ def _print_relays(report: Status) -> None:
     free = [s.shard for s in report.shards if not s.leased]
     if free:
         relays.add_row("[dim](not leased)[/]", _ranges(free), "-")
-    out.print(relays)
+    return relays
 
 
-def _print_effects(report: Status) -> None:
+def _effects(report: Status) -> Table:
     effects = _table(
         "effects", ["effect", "group"], ["lag", "applied", "applied/min", "duplicates", "DLQ"]
     )
@@ -143,7 +180,7 @@ def _print_effects(report: Status) -> None:
             "n/a (see /metrics)",
             _known(e.dlq),
         )
-    out.print(effects)
+    return effects
 
 
 def _table(title: str, names: list[str], numbers: list[str]) -> Table:

@@ -29,13 +29,10 @@ from oncely.cli._options import (
     parse_duration,
     settings_epilog,
 )
-from oncely.cli._output import err, out, print_dry_run
+from oncely.cli._output import JsonFlag, err, out, print_dry_run, print_json
 from oncely.runtime.logs import LogFormat, LogLevel, configure_logging
 from oncely.settings import TaskSettings
 from oncely.storage.tables import TASK_STATUSES
-from oncely.tasks import MissingHandlerError, TaskStore, run_worker
-from oncely.tasks.errors import TaskError
-from oncely.tasks.rules import iso_z
 
 app = typer.Typer(
     help="Run durable tasks (emails, webhooks, API calls) and manage stale and dead ones.",
@@ -105,6 +102,8 @@ def run(
     log_level: LogLevelOption = LogLevel.INFO,
 ) -> None:
     """Run the tasks of an app until SIGTERM; refuse to start if a task name lacks a handler."""
+    from oncely.tasks import MissingHandlerError, run_worker
+
     tasks = load_tasks(app_target(target, app_option))
     flags: dict[str, Any] = {
         "lease_seconds": lease_seconds,
@@ -133,13 +132,20 @@ def list_tasks(
         typer.Option(help=f"Only tasks in this state: {', '.join(TASK_STATUSES)}."),
     ] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.", min=1)] = 50,
+    as_json: JsonFlag = False,
 ) -> None:
     """List the newest tasks (times in UTC)."""
+    from oncely.tasks import TaskStore
+    from oncely.tasks.rules import iso_z
+
     if state is not None and state not in TASK_STATUSES:
         err.print(f"[red]error:[/] unknown state {escape(state)!r}: use {', '.join(TASK_STATUSES)}")
         raise typer.Exit(_CANNOT_RUN)
     with _database(database_url) as engine:
         records = TaskStore(engine=engine).list_tasks(status=state, limit=limit)
+    if as_json:
+        print_json({"tasks": records})
+        return
     table = Table("id", "name", "key", "policy", "state", "attempts", "available", "lease until")
     table.add_column("last error", overflow="fold")
     for record in records:
@@ -163,6 +169,7 @@ def reclaim(
     task_id: Annotated[str, typer.Argument(help="The task's id (see `list`).", show_default=False)],
     database_url: DatabaseUrl,
     execute: ExecuteNamed = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Queue a stale (or dead, or failed) task again: an operator's decision.
 
@@ -170,6 +177,9 @@ def reclaim(
     nothing. For an irreversible task, first check with the provider (by the task's
     idempotency key, its id) that the effect did not happen.
     """
+    from oncely.tasks import TaskStore
+    from oncely.tasks.errors import TaskError
+
     try:
         parsed = uuid.UUID(task_id)
     except ValueError:
@@ -182,6 +192,9 @@ def reclaim(
         except TaskError as exc:
             err.print(f"[red]error:[/] {escape(str(exc))}")
             raise typer.Exit(_FAILED) from None
+    if as_json:
+        print_json({"executed": execute, "task": record})
+        return
     if not execute:
         out.print(
             f"would reclaim task {record.id} ({escape(record.name)}, key "

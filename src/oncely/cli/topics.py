@@ -5,16 +5,14 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from confluent_kafka.admin import AdminClient
 from pydantic import ValidationError
 
 from oncely.cli._imports import load_app, load_effects
 from oncely.cli._kafka import reached
 from oncely.cli._options import APP_HELP, BootstrapServers
-from oncely.cli._output import err, out
+from oncely.cli._output import JsonFlag, err, out, print_json
 from oncely.errors import ConfigurationError
 from oncely.settings import TopicSettings
-from oncely.topics import ensure_topics, planned_topics
 
 app = typer.Typer(help="Provision Kafka topics for the registered event types.")
 
@@ -50,6 +48,7 @@ def ensure(
             "production: 2)."
         ),
     ] = None,
+    as_json: JsonFlag = False,
 ) -> None:
     """Create missing topics; exit 1 if an existing topic is weaker than declared.
 
@@ -64,6 +63,10 @@ def ensure(
     be created (e.g. more replicas than brokers) or Kafka cannot be reached, 2 for a wrong
     application or settings.
     """
+    from confluent_kafka.admin import AdminClient
+
+    from oncely.topics import ensure_topics, planned_topics
+
     loaded = load_app(registry)
     apps = [app for app in [loaded.effects] if app is not None]
     apps += [load_effects(target) for target in effects or []]
@@ -82,6 +85,18 @@ def ensure(
     admin = AdminClient(reached(bootstrap_servers).client_config())
     report = ensure_topics(admin, specs)
     declared = {spec.name: spec for spec in specs}
+    if as_json:
+        print_json(
+            {
+                "created": report.created,
+                "matching": report.matching,
+                "mismatches": report.mismatches,
+                "failed": report.failed,
+            }
+        )
+        if report.mismatches or report.failed:
+            raise typer.Exit(1)
+        return
     for name in report.created:
         out.print(f"created   {name} ({declared[name].describe()})", highlight=False)
     for name in report.matching:

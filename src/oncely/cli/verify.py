@@ -6,11 +6,8 @@ database or Kafka failed; 2 bad arguments.
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Annotated
 
-import sqlalchemy as sa
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -25,7 +22,7 @@ from oncely.cli._options import (
     parse_duration,
     parse_moment,
 )
-from oncely.cli._output import err, out
+from oncely.cli._output import JsonFlag, err, out, print_json
 from oncely.errors import ConfigurationError
 from oncely.ops.verify import Report, VerifyError, verify_window
 
@@ -38,6 +35,10 @@ _REASONS = {
 }
 
 
+app = typer.Typer()
+
+
+@app.command(name="verify")
 def verify(
     since: Annotated[
         str,
@@ -62,7 +63,7 @@ def verify(
         typer.Option(help="A row not published this long after it was due is stuck (90s, 15m)."),
     ] = "60s",
     show: Annotated[int, typer.Option(help="List at most this many ids per problem.", min=0)] = 20,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for machines.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Reconcile a window of outbox rows with Kafka and the effects' receipts (read-only).
 
@@ -73,6 +74,8 @@ def verify(
     not applied (published, no receipt of the effect); out of order (a key's event applied
     before the previous one). Rows already purged from the outbox cannot be checked.
     """
+    import sqlalchemy as sa
+
     start = parse_moment(since)
     end = None if until is None else parse_moment(until)
     threshold = parse_duration(max_pending_age).total_seconds()
@@ -111,7 +114,7 @@ def verify(
     finally:
         engine.dispose()
     if as_json:
-        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+        print_json(report.to_json())
     else:
         _print(report)
     if not report.ok:

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.read import SchemaResolutionError
 from pydantic import BaseModel, ValidationError
@@ -33,10 +32,14 @@ from oncely.errors import ConfigurationError
 from oncely.events import Encoding, EventType, Registry
 from oncely.schemas import single_object
 from oncely.schemas.catalog import SchemaCatalog, SchemaEntry
-from oncely.schemas.confluent import ConfluentAvro
 from oncely.schemas.datum import from_datum, to_datum
 from oncely.schemas.errors import CatalogError, DecodeError, DecodeFailure, EncodeError
 from oncely.wire import CONTENT_TYPE_HEADER, EVENT_TYPE_HEADER, SCHEMA_VERSION_HEADER
+
+if TYPE_CHECKING:  # the schema registry's client is an extra: oncely[confluent]
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    from oncely.schemas.confluent import ConfluentAvro
 
 __all__ = [
     "CONTENT_TYPES",
@@ -93,7 +96,11 @@ class Codec:
                 f"event types {', '.join(confluent_types)} use avro-confluent: "
                 "pass schema_registry=SchemaRegistryClient({'url': ...})"
             )
-        self._confluent = ConfluentAvro(client=schema_registry) if schema_registry else None
+        self._confluent: ConfluentAvro | None = None
+        if schema_registry is not None:
+            from oncely.schemas.confluent import ConfluentAvro
+
+            self._confluent = ConfluentAvro(client=schema_registry)
         self._parsed_schemas: dict[bytes, Any] = {}
         self._writers: dict[bytes, SchemaEntry] = {}
 

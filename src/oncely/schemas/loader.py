@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from typing import TYPE_CHECKING
 
 from oncely.errors import ConfigurationError
 from oncely.events import Registry
@@ -22,7 +21,10 @@ from oncely.schemas.catalog import SchemaCatalog
 from oncely.schemas.codec import Codec
 from oncely.settings import SchemaSettings
 
-__all__ = ["DEFAULT_SCHEMAS_DIR", "codec_for", "find_catalog"]
+if TYPE_CHECKING:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+__all__ = ["DEFAULT_SCHEMAS_DIR", "codec_for", "find_catalog", "schema_registry_client"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,22 @@ def find_catalog(directory: Path | None) -> SchemaCatalog:
             return SchemaCatalog()
         directory = DEFAULT_SCHEMAS_DIR
     return SchemaCatalog.load(directory)
+
+
+def schema_registry_client(url: str) -> SchemaRegistryClient:
+    """A Confluent schema registry client for ``url``.
+
+    Raises :class:`ConfigurationError` naming the extra to install when the client's packages
+    are missing (they come with ``oncely[confluent]``).
+    """
+    try:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"a schema registry needs the Confluent client's packages ({exc.name} is missing): "
+            "pip install 'oncely[confluent]'"
+        ) from None
+    return SchemaRegistryClient.new_client({"url": url})
 
 
 def codec_for(registry: Registry, settings: SchemaSettings | None = None) -> Codec:
@@ -66,7 +84,7 @@ def codec_for(registry: Registry, settings: SchemaSettings | None = None) -> Cod
         )
     catalog = find_catalog(settings.schemas_dir)
     client = (
-        SchemaRegistryClient.new_client({"url": settings.schema_registry_url})
+        schema_registry_client(settings.schema_registry_url)
         if settings.schema_registry_url
         else None
     )

@@ -1,14 +1,18 @@
 """Testing helpers: a pytest plugin with real Kafka and PostgreSQL fixtures, and helpers for an
 application's own tests.
 
-The plugin is registered through the ``pytest11`` entry point, so installing ``oncely[test]``
-makes its fixtures available; see :mod:`oncely.testing.plugin`. :func:`apply_event` applies an
+The plugin is opt-in: ``-p oncely.testing`` on pytest's command line (or in ``addopts``), or
+``pytest_plugins = ["oncely.testing"]`` in a root ``conftest.py``, adds the ``oncely_*``
+fixtures of :mod:`oncely.testing.plugin`. :func:`apply_event` applies an
 event to an effect inside a test's transaction (receipts and all, no Kafka);
 :func:`staged_events` lists what a transaction staged.
 """
 
 from oncely.testing.effects import apply_event, staged_events
 from oncely.testing.services import Services, ServicesUnavailableError, provide_services
+
+#: Loading this module as a pytest plugin loads the fixtures (pytest reads this name).
+pytest_plugins = ["oncely.testing.plugin"]
 
 __all__ = [
     "Services",

@@ -1,15 +1,19 @@
-"""oncely's pytest plugin: real Kafka and PostgreSQL fixtures (registered as ``pytest11``).
+"""oncely's pytest plugin: real Kafka and PostgreSQL fixtures, opt-in.
 
-Fixtures:
+Enable it with ``-p oncely.testing`` (or ``pytest_plugins = ["oncely.testing"]`` in the root
+``conftest.py``); without that, installing oncely adds no fixture to a project's tests.
+
+Fixtures (all named ``oncely_*``, so they never shadow a project's own):
 
 - ``oncely_services`` (session): the :class:`~oncely.testing.services.Services` in use.
-- ``kafka_bootstrap`` (session): bootstrap servers string.
-- ``kafka_admin`` (session): a confluent-kafka ``AdminClient``.
-- ``new_topic`` (function): ``new_topic(partitions=1) -> name`` creates a uuid-named topic,
-  deleted after the test.
-- ``database_url`` (function): SQLAlchemy URL of a fresh database with oncely's tables,
+- ``oncely_kafka_bootstrap`` (session): bootstrap servers string.
+- ``oncely_kafka_admin`` (session): a confluent-kafka ``AdminClient``.
+- ``oncely_new_topic`` (function): ``oncely_new_topic(partitions=1) -> name`` creates a
+  uuid-named topic, deleted after the test.
+- ``oncely_database_url`` (function): SQLAlchemy URL of a fresh database with oncely's tables,
   cloned from a session template (``oncely db upgrade`` applied once), dropped after the test.
-- ``new_database`` (function): ``new_database(empty=False) -> url`` for more databases.
+- ``oncely_new_database`` (function): ``oncely_new_database(empty=False) -> url`` for more
+  databases.
 
 When no services can be had, every test that asks for them fails with the reason; it never
 skips.
@@ -46,30 +50,30 @@ def oncely_services(request: pytest.FixtureRequest) -> Iterator[Services]:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap(oncely_services: Services) -> str:
+def oncely_kafka_bootstrap(oncely_services: Services) -> str:
     return oncely_services.kafka_bootstrap
 
 
 @pytest.fixture(scope="session")
-def kafka_admin(kafka_bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": kafka_bootstrap})
+def oncely_kafka_admin(oncely_kafka_bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": oncely_kafka_bootstrap})
 
 
 @pytest.fixture
-def new_topic(kafka_admin: AdminClient) -> Iterator[Callable[..., str]]:
-    """Create uuid-named topics: ``new_topic(partitions=1, config=None) -> name``."""
+def oncely_new_topic(oncely_kafka_admin: AdminClient) -> Iterator[Callable[..., str]]:
+    """Create uuid-named topics: ``oncely_new_topic(partitions=1, config=None) -> name``."""
     created: list[str] = []
 
     def create(partitions: int = 1, config: dict[str, str] | None = None) -> str:
         name = f"test-{uuid.uuid4().hex}"
         topic = NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})
-        kafka_admin.create_topics([topic])[name].result(30)
+        oncely_kafka_admin.create_topics([topic])[name].result(30)
         created.append(name)
         return name
 
     yield create
     if created:
-        for future in kafka_admin.delete_topics(created).values():
+        for future in oncely_kafka_admin.delete_topics(created).values():
             future.result(30)
 
 
@@ -91,8 +95,10 @@ def _oncely_template(oncely_services: Services) -> str:
 
 
 @pytest.fixture
-def new_database(oncely_services: Services, _oncely_template: str) -> Iterator[Callable[..., str]]:
-    """Create fresh databases: ``new_database(empty=False) -> SQLAlchemy URL``.
+def oncely_new_database(
+    oncely_services: Services, _oncely_template: str
+) -> Iterator[Callable[..., str]]:
+    """Create fresh databases: ``oncely_new_database(empty=False) -> SQLAlchemy URL``.
 
     A database is cloned from the template that has oncely's tables, or is empty with
     ``empty=True``. All are dropped after the test.
@@ -125,9 +131,9 @@ def new_database(oncely_services: Services, _oncely_template: str) -> Iterator[C
 
 
 @pytest.fixture
-def database_url(new_database: Callable[..., str]) -> str:
+def oncely_database_url(oncely_new_database: Callable[..., str]) -> str:
     """A fresh database with oncely's tables, for this test only (dropped afterwards)."""
-    return new_database()
+    return oncely_new_database()
 
 
 def pytest_terminal_summary(

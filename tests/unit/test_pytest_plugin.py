@@ -1,0 +1,50 @@
+"""The pytest plugin is opt-in: a project that depends on oncely sees no oncely fixture in its
+own test runs until it enables ``oncely.testing``, and then only ``oncely_*`` names."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+FIXTURES = [
+    "oncely_services",
+    "oncely_kafka_bootstrap",
+    "oncely_kafka_admin",
+    "oncely_new_topic",
+    "oncely_new_database",
+    "oncely_database_url",
+]
+
+
+def _fixtures(project: Path, *options: str) -> str:
+    """``pytest --fixtures`` in ``project`` (its own rootdir, none of this repository's config)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--fixtures", "-p", "no:cacheprovider", *options],
+        cwd=project,
+        env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout
+
+
+def test_a_project_sees_oncely_fixtures_only_once_it_opts_in(tmp_path: Path) -> None:
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_service.py").write_text("def test_nothing():\n    pass\n")
+    without = _fixtures(tmp_path)
+    assert "oncely" not in without
+    for short in ("database_url", "kafka_bootstrap", "kafka_admin", "new_topic"):
+        assert short not in without
+
+    by_option = _fixtures(tmp_path, "-p", "oncely.testing")
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["oncely.testing"]\n')
+    by_conftest = _fixtures(tmp_path)
+    for listing in (by_option, by_conftest):
+        for name in FIXTURES:
+            assert f"{name} " in listing or f"{name}\n" in listing, (name, listing)
+        for short in ("database_url", "kafka_bootstrap", "kafka_admin", "new_topic"):
+            assert f"\n{short}" not in listing and f" {short} " not in listing
