@@ -90,20 +90,42 @@ def test_a_bad_url_is_named_with_the_form_to_use(
     assert lines[0].endswith("; see oncely dead list --help")
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["dead", "list"],
-        ["relay", "purge", "--older-than", "7d"],
-        ["tasks", "list"],
-        ["status"],
-        ["db", "upgrade"],
-        ["debezium", "purge", "--older-than", "7d"],
-    ],
-)
+ANY_ID = "0190c3f0-0000-7000-8000-000000000000"
+#: Every one-shot command that reaches PostgreSQL, as it can be run on its own.
+ONE_SHOT_DATABASE = {
+    ("db", "upgrade"): [],
+    ("dead", "list"): [],
+    ("dead", "requeue"): ["--all"],
+    ("dead", "skip"): [ANY_ID],
+    ("debezium", "drop-slot"): [],
+    ("debezium", "purge"): ["--older-than", "7d"],
+    ("debezium", "slot"): [],
+    ("relay", "purge"): ["--older-than", "7d"],
+    ("replay",): ["--from-outbox", "--since", "1h"],
+    ("status",): [],
+    ("tasks", "list"): [],
+    ("tasks", "reclaim"): [ANY_ID],
+}
+#: They reach Kafka first: an unreachable broker is their first error (tested below).
+KAFKA_FIRST = {("receipts", "purge"), ("verify",)}
+#: It writes the connector's configuration from the URL, without connecting.
+NO_CONNECTION = {("debezium", "config")}
+#: They ride out a database outage (their own tests show it), or start services.
+LONG_RUNNING = {("consume",), ("relay", "run"), ("tasks", "run"), ("dev", "connect")}
+
+
+def test_every_database_command_is_checked_for_an_unreachable_database() -> None:
+    assert (
+        set(_with_database_url())
+        == ONE_SHOT_DATABASE.keys() | KAFKA_FIRST | LONG_RUNNING | NO_CONNECTION
+    )
+
+
+@pytest.mark.parametrize("path", sorted(ONE_SHOT_DATABASE))
 def test_an_unreachable_database_is_one_line_and_status_1(
-    argv: list[str], capsys: pytest.CaptureFixture[str]
+    path: tuple[str, ...], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    argv = [*path, *ONE_SHOT_DATABASE[path]]
     status, lines = _run([*argv, "--database-url", UNREACHABLE_DATABASE], capsys)
     assert status == 1, lines
     assert len(lines) == 1, lines
