@@ -303,20 +303,23 @@ def test_without_app_or_kafka_effects_come_from_receipts_and_lag_is_unknown(
     assert report.relays == {"relay-a": list(LEASED)}
 
 
+@pytest.fixture
+def ledger_target(app: App, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--app tests.apps.ledger:effects`` names the test's app (the module is imported afresh
+    with its prefixes)."""
+    monkeypatch.setenv("ONCELY_TEST_TOPIC_PREFIX", app.registry.topic_prefix)
+    monkeypatch.setenv("ONCELY_TEST_GROUP_PREFIX", app.effects.group_prefix)
+    monkeypatch.delitem(sys.modules, "tests.apps.ledger")
+
+
+@pytest.mark.usefixtures("ledger_target")
 def test_the_command_prints_json_or_tables_and_never_the_password(
-    app: App,
-    database_url: str,
-    kafka_bootstrap: str,
-    deployment: str,
-    monkeypatch: pytest.MonkeyPatch,
+    app: App, database_url: str, kafka_bootstrap: str, deployment: str
 ) -> None:
     url = make_url(database_url)
     if url.password is None:  # a trust-auth server ignores it; it must still never be shown
         url = url.set(password="not-shown-secret")
     secret = str(url.password)
-    monkeypatch.setenv("ONCELY_TEST_TOPIC_PREFIX", app.registry.topic_prefix)
-    monkeypatch.setenv("ONCELY_TEST_GROUP_PREFIX", app.effects.group_prefix)
-    monkeypatch.delitem(sys.modules, "tests.apps.ledger")  # re-imported with the env above
     common = [
         "--database-url",
         url.render_as_string(hide_password=False),
@@ -342,16 +345,10 @@ def test_the_command_prints_json_or_tables_and_never_the_password(
     assert secret not in as_json.stdout + tables.stdout + as_json.stderr + tables.stderr
 
 
+@pytest.mark.usefixtures("ledger_target")
 def test_listings_plans_and_checks_print_json(
-    app: App,
-    database_url: str,
-    kafka_bootstrap: str,
-    deployment: str,
-    monkeypatch: pytest.MonkeyPatch,
+    app: App, database_url: str, kafka_bootstrap: str, deployment: str
 ) -> None:
-    monkeypatch.setenv("ONCELY_TEST_TOPIC_PREFIX", app.registry.topic_prefix)
-    monkeypatch.setenv("ONCELY_TEST_GROUP_PREFIX", app.effects.group_prefix)
-    monkeypatch.delitem(sys.modules, "tests.apps.ledger")  # re-imported with the env above
     url = ["--database-url", database_url]
     ledger = ["--app", "tests.apps.ledger:effects", "--effect", "ledger"]
 

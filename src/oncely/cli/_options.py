@@ -41,6 +41,12 @@ APP_HELP = (
 AppOption = Annotated[
     str | None, typer.Option("--app", envvar="ONCELY_APP", help=APP_HELP, show_default=False)
 ]
+AppArgument = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="APP", help="The application (or --app / ONCELY_APP).", show_default=False
+    ),
+]
 RequiredApp = Annotated[
     str, typer.Option("--app", envvar="ONCELY_APP", help=APP_HELP, show_default=False)
 ]

@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from oncely.cli._imports import load_effects
 from oncely.cli._options import (
+    AppArgument,
     AppOption,
     BootstrapServers,
     DatabaseUrl,
@@ -29,12 +30,7 @@ app = typer.Typer()
 
 @app.command(name="consume", epilog=settings_epilog(ConsumerSettings, "consumer"))
 def consume(
-    app: Annotated[
-        str | None,
-        typer.Argument(
-            metavar="APP", help="The application (or --app / ONCELY_APP).", show_default=False
-        ),
-    ] = None,
+    app: AppArgument = None,
     *,
     app_option: AppOption = None,
     effect: Annotated[

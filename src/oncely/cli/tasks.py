@@ -20,6 +20,7 @@ from rich.table import Table
 
 from oncely.cli._imports import load_tasks
 from oncely.cli._options import (
+    AppArgument,
     AppOption,
     DatabaseUrl,
     ExecuteNamed,
@@ -55,12 +56,7 @@ def _database(database_url: str) -> Iterator[sa.Engine]:
 
 @app.command(epilog=settings_epilog(TaskSettings, "task worker"))
 def run(
-    target: Annotated[
-        str | None,
-        typer.Argument(
-            metavar="APP", help="The application (or --app / ONCELY_APP).", show_default=False
-        ),
-    ] = None,
+    target: AppArgument = None,
     *,
     app_option: AppOption = None,
     database_url: DatabaseUrl,
