@@ -4,6 +4,7 @@ under their short names."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -12,6 +13,17 @@ import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.apps import ledger
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """Undo a test's logging set-up: a long-running command run in-process configures the root
+    logger on the test's captured stderr, closed once the test ends."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

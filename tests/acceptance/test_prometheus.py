@@ -204,7 +204,9 @@ def test_a_real_prometheus_scrapes_every_metric_the_rules_and_dashboard_use(
         return len(targets) == 3 and all(t["health"] == "up" for t in targets)
 
     wait_until(all_up, timeout=90)
-    wait_until(lambda: "oncely_relay_shards" in _get(web, "/api/v1/label/__name__/values"), 30)
+    wait_until(
+        lambda: "oncely_relay_shards" in _get(web, "/api/v1/label/__name__/values"), timeout=30
+    )
     scraped = set(_get(web, "/api/v1/label/__name__/values")) | set(_get(web, "/api/v1/metadata"))
     used = _used_metrics()
     assert len(used) > 15  # the rules and the dashboard read many metrics

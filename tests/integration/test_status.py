@@ -393,6 +393,8 @@ def test_status_watch_refreshes_until_ctrl_c(database_url: str) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As from a terminal: a shell's background job (CI) starts with SIGINT ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     time.sleep(4)
     watch.send_signal(signal.SIGINT)

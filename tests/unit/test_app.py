@@ -4,8 +4,6 @@ Effects or a Tasks object) keep working."""
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Iterator
 
 import pytest
 from examples.payments.app import app as payments
@@ -19,14 +17,9 @@ from oncely.cli._errors import run
 
 
 @pytest.fixture(autouse=True)
-def _clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("ONCELY_APP", "ONCELY_REGISTRY", "ONCELY_DATABASE_URL"):
         monkeypatch.delenv(name, raising=False)
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def test_an_app_takes_its_registry_from_its_effects() -> None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import importlib.metadata
-import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -50,14 +49,9 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list
 
 
 @pytest.fixture(autouse=True)
-def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("ONCELY_DATABASE_URL", "ONCELY_KAFKA_BOOTSTRAP_SERVERS", "ONCELY_DEBUG"):
         monkeypatch.delenv(name, raising=False)
-    root = logging.getLogger()  # long-running commands configure logging on a captured stderr
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def test_every_database_command_refuses_a_url_that_is_not_postgresql(

@@ -9,7 +9,6 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -18,15 +17,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from oncely.devstack._process import free_port
 from oncely.runtime.logs import LogFormat, configure_logging
 from oncely.settings import KafkaSettings
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def _stderr_lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
