@@ -59,18 +59,22 @@ def _translate_unique_violations(context: ExceptionContext) -> BaseException | N
 
 
 _translating: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
+#: Sessions and connections whose engine is hooked: ``stage()`` checks this on every call.
+_hooked: weakref.WeakSet[Session | AsyncSession | sa.Connection] = weakref.WeakSet()
 
 
 def translate_errors_of(target: Session | AsyncSession | sa.Connection) -> None:
     """Raise oncely's errors for violations of its constraints on ``target``'s engine, at
     execute, flush or commit, from now on (once per engine; a session without a bind: no-op)."""
+    if target in _hooked:
+        return
     session = target.sync_session if isinstance(target, AsyncSession) else target
     try:
         bind = session.engine if isinstance(session, sa.Connection) else session.get_bind()
     except sa.exc.UnboundExecutionError:  # bound per table or mapper: nothing to hook here
         return
     engine = bind.engine if isinstance(bind, sa.Connection) else bind
-    if engine in _translating:
-        return
-    sa.event.listen(engine, "handle_error", _translate_unique_violations)
-    _translating.add(engine)
+    if engine not in _translating:
+        sa.event.listen(engine, "handle_error", _translate_unique_violations)
+        _translating.add(engine)
+    _hooked.add(target)
