@@ -76,7 +76,7 @@ def _records(rows: list[dict[str, object]], topic: str) -> list[Record]:
                 (name, str(value).encode())
                 for name, value in row["headers"].items()  # type: ignore[attr-defined]
             ),
-            timestamp_ms=int(now.timestamp() * 1000),
+            created_us=int(now.timestamp() * 1_000_000),
         )
         records.append((topic, outbox_row.key, outbox_row.payload, outbox_row.kafka_headers()))
     return records

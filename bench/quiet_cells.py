@@ -60,7 +60,7 @@ def quiet_cells(bench: Bench, *, repetitions: int, seconds: float) -> tuple[list
                 row["type"],
                 row["payload"],
                 tuple((name, str(value).encode()) for name, value in row["headers"].items()),
-                int(now.timestamp() * 1000),
+                int(now.timestamp() * 1_000_000),
             )
             producer.produce(
                 topic, key=record.key, value=record.payload, headers=record.kafka_headers()

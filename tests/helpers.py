@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from oncely.relay import Relay, build_relay
 from oncely.runtime.metrics import RelayMetrics
+from oncely.runtime.tracing import Tracing
 from oncely.settings import KafkaSettings, RelaySettings
 from oncely.storage import outbox
 
@@ -77,7 +78,9 @@ def fast_settings(**overrides: object) -> RelaySettings:
 
 
 @contextlib.contextmanager
-def running_relay(engine: sa.Engine, bootstrap: str, settings: RelaySettings) -> Iterator[Relay]:
+def running_relay(
+    engine: sa.Engine, bootstrap: str, settings: RelaySettings, *, tracing: Tracing | None = None
+) -> Iterator[Relay]:
     """A relay on a thread for the duration of the block, stopped and drained afterwards."""
     stop = threading.Event()
     relay = build_relay(
@@ -86,6 +89,7 @@ def running_relay(engine: sa.Engine, bootstrap: str, settings: RelaySettings) ->
         settings=settings,
         stop=stop,
         metrics=RelayMetrics(),
+        tracing=tracing,
     )
     thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
     thread.start()
@@ -218,6 +222,7 @@ def running_consumers(
     bootstrap: str,
     *,
     lanes: int = 1,
+    tracing: Tracing | None = None,
     **settings: object,
 ) -> Iterator[list[object]]:
     """Effect consumers on threads for the block; stopped (offsets committed) afterwards.
@@ -239,6 +244,7 @@ def running_consumers(
             **{"batch_size": 200, "poll_timeout_seconds": 0.2, "lanes": lanes, **settings}  # type: ignore[arg-type]
         ),
         metrics=ConsumerMetrics(),
+        tracing=tracing,
     )
     threads = [threading.Thread(target=c.run, args=(stop,), daemon=True) for c in consumers]
     for thread in threads:

@@ -59,6 +59,9 @@ _TYPED_KEYS = {
 }
 _ALIASES = {"sasl.mechanisms": "sasl.mechanism"}
 
+#: A CloudEvents ``source``: a URI-reference, written here as visible ASCII without spaces.
+CLOUDEVENTS_SOURCE_PATTERN = r"^[!-~]+$"
+
 
 def redact_config(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with the values of secret-looking keys (see :data:`SECRET_KEY`) masked."""
@@ -204,6 +207,14 @@ class RelaySettings(BaseSettings):
     )
     shutdown_timeout_seconds: float = Field(
         default=30.0, gt=0, description="Bound on the graceful drain after SIGTERM."
+    )
+    cloudevents_source: str | None = Field(
+        default=None,
+        pattern=CLOUDEVENTS_SOURCE_PATTERN,
+        description="Add the CloudEvents binary-mode headers (ce_id, ce_type, ce_time, "
+        "ce_source, ce_specversion) to every record, with this ce_source (a URI-reference such "
+        "as /shop/orders); `oncely debezium config --cloudevents-source` makes Debezium send "
+        "the same.",
     )
 
 

@@ -8,8 +8,14 @@ A row becomes one record, the same from oncely's relay and from Debezium's Outbo
   (the ``type`` column), then the row's own ``headers`` in their stored (``jsonb``) order, each
   value as UTF-8 text; the codec puts :data:`CONTENT_TYPE_HEADER` and
   :data:`SCHEMA_VERSION_HEADER` there;
-- timestamp: the row's ``created_at`` in whole milliseconds, rounded down (computed by the
-  statements that read rows, so it is the database's clock).
+- then the trace context staged with the row (``tracingspancontext``: :func:`trace_context_text`),
+  one header per field (``traceparent``, ``tracestate``, ``baggage``); a relay that traces puts
+  its own span's context there instead (Debezium's tracing SMT does the same);
+- then, when the deployment opts in, the CloudEvents binary-mode headers of
+  :func:`cloudevents_headers` (``ce_id``, ``ce_type``, ``ce_time``, ``ce_source``,
+  ``ce_specversion``), the same from oncely's relay and from Debezium;
+- timestamp: the row's ``created_at`` in whole milliseconds, rounded down (the statements that
+  read rows return it in microseconds, from the database's clock).
 
 A consumer reads headers as text with :func:`text_headers`, within :data:`MAX_HEADERS`,
 :data:`MAX_HEADER_BYTES` and :data:`MAX_HEADERS_TOTAL_BYTES`. A record an effect gives up on
@@ -20,13 +26,20 @@ goes to :func:`dlq_topic` with the original headers and the ``oncely.dlq.*`` one
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 
+import javaproperties
 from confluent_kafka import Message
 
 from oncely.errors import error_text
+from oncely.settings import CLOUDEVENTS_SOURCE_PATTERN
 
 __all__ = [
+    "CLOUDEVENTS_HEADERS",
+    "CLOUDEVENTS_SPECVERSION",
     "CONTENT_TYPE_HEADER",
     "DLQ_HEADER_PREFIX",
     "EVENT_TYPE_HEADER",
@@ -36,12 +49,17 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "SCHEMA_VERSION_HEADER",
     "Headers",
+    "check_cloudevents_source",
+    "cloudevents_headers",
+    "cloudevents_time",
     "dlq_headers",
     "dlq_topic",
     "id_header",
     "record_headers",
     "row_headers",
     "text_headers",
+    "trace_context_fields",
+    "trace_context_text",
 ]
 
 ID_HEADER = "id"
@@ -56,6 +74,12 @@ MAX_HEADERS_TOTAL_BYTES = 1024 * 1024
 
 DLQ_HEADER_PREFIX = "oncely.dlq."
 
+#: The CloudEvents binary-mode headers (Kafka protocol binding), in the order both relays add
+#: them: three from the row (``id``, ``type``, ``created_at``), then the two constants.
+CLOUDEVENTS_HEADERS = ("ce_id", "ce_type", "ce_time", "ce_source", "ce_specversion")
+CLOUDEVENTS_SPECVERSION = "1.0"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
 #: A row's own headers as Kafka headers: (name, UTF-8 value) in stored order.
 Headers = tuple[tuple[str, bytes], ...]
 
@@ -67,10 +91,77 @@ def row_headers(text: str) -> Headers:
 
 
 def record_headers(
-    event_id: str, event_type: str, headers: Headers
+    event_id: str,
+    event_type: str,
+    headers: Headers,
+    trace: Headers = (),
+    cloudevents: Headers = (),
 ) -> list[tuple[str, str | bytes | None]]:
-    """A record's headers: the id, the event type, then the row's own headers."""
-    return [(ID_HEADER, event_id.encode()), (EVENT_TYPE_HEADER, event_type.encode()), *headers]
+    """A record's headers: the id, the event type, the row's own headers, the trace context,
+    the CloudEvents headers."""
+    return [
+        (ID_HEADER, event_id.encode()),
+        (EVENT_TYPE_HEADER, event_type.encode()),
+        *headers,
+        *trace,
+        *cloudevents,
+    ]
+
+
+def trace_context_text(fields: Mapping[str, str]) -> str | None:
+    """The trace context ``fields`` a propagator injected (``traceparent``, ``tracestate``,
+    ``baggage``) as the Java properties text the ``tracingspancontext`` column holds, which
+    Debezium's tracing SMT reads with ``java.util.Properties.load``; ``None`` when empty."""
+    return javaproperties.dumps(fields, timestamp=None) if fields else None
+
+
+def trace_context_fields(text: str | None) -> dict[str, str]:
+    """The fields of a ``tracingspancontext`` text; empty for ``None`` or text that is not
+    properties (a trace context is never a reason to refuse a row)."""
+    if not text:
+        return {}
+    try:
+        fields: dict[str, str] = javaproperties.loads(text)
+    except ValueError:  # a malformed \u escape
+        return {}
+    return fields
+
+
+def check_cloudevents_source(source: str) -> str:
+    """``source`` if it can be the CloudEvents ``source`` attribute, else raise ``ValueError``.
+
+    The attribute is a non-empty URI-reference (``/shop/orders``, ``urn:shop``,
+    ``https://shop.example/orders``): visible ASCII characters, no spaces
+    (:data:`~oncely.settings.CLOUDEVENTS_SOURCE_PATTERN`).
+    """
+    if not re.fullmatch(CLOUDEVENTS_SOURCE_PATTERN, source):
+        raise ValueError(
+            f"CloudEvents source {source!r} is not a URI-reference: give a non-empty value of "
+            "visible ASCII characters without spaces, such as /shop/orders or urn:shop"
+        )
+    return source
+
+
+def cloudevents_time(created_us: int) -> str:
+    """``created_at`` (microseconds since the epoch) as RFC 3339 text in UTC, written as
+    Debezium writes a ``timestamptz`` column (``ZonedTimestamp``: ISO-8601 with a ``Z`` and the
+    fraction's trailing zeros dropped), so both relays send the same ``ce_time``."""
+    moment = _EPOCH + timedelta(microseconds=created_us)
+    fraction = f"{moment.microsecond:06d}".rstrip("0")
+    return moment.strftime("%Y-%m-%dT%H:%M:%S") + (f".{fraction}" if fraction else "") + "Z"
+
+
+def cloudevents_headers(event_id: str, event_type: str, created_us: int, source: str) -> Headers:
+    """The CloudEvents binary-mode headers of a row (:data:`CLOUDEVENTS_HEADERS`): the event id,
+    the event type, ``created_at``, the deployment's ``source`` and the spec version. The
+    record's ``content-type`` header (set by the codec) is CloudEvents' ``datacontenttype``."""
+    return (
+        ("ce_id", event_id.encode()),
+        ("ce_type", event_type.encode()),
+        ("ce_time", cloudevents_time(created_us).encode()),
+        ("ce_source", source.encode()),
+        ("ce_specversion", CLOUDEVENTS_SPECVERSION.encode()),
+    )
 
 
 def text_headers(message: Message) -> dict[str, str] | str:

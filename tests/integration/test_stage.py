@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import javaproperties
 import pytest
 import sqlalchemy as sa
 from examples.payments.events import TransferCompleted, registry
@@ -126,16 +127,23 @@ def test_stage_many_writes_a_batch_in_order(engine: sa.Engine) -> None:
     assert [row.id for row in rows] == [s.id for s in staged]
 
 
-def test_the_active_span_s_traceparent_is_recorded(engine: sa.Engine) -> None:
+def test_the_active_span_s_context_is_recorded_as_debezium_reads_it(engine: sa.Engine) -> None:
     tracer = TracerProvider().get_tracer("test")
     with tracer.start_as_current_span("transfer") as span:
         with Session(engine) as session, session.begin():
             stage(session, _event())
+            stage(session, _event(), headers={"x-tenant": "t1"})
         context = span.get_span_context()
-    [row] = _outbox(engine)
-    assert row.headers["traceparent"] == (
-        f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
-    )
+    with Session(engine) as session, session.begin():
+        stage(session, _event())  # no active span: no context
+    traced, with_header, untraced = _outbox(engine)
+    traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    # java.util.Properties text, the column Debezium's tracing SMT reads by default.
+    assert traced.tracingspancontext == f"traceparent={traceparent}\n"
+    assert javaproperties.loads(with_header.tracingspancontext) == {"traceparent": traceparent}
+    assert "traceparent" not in traced.headers
+    assert with_header.headers["x-tenant"] == "t1"
+    assert untraced.tracingspancontext is None
     assert trace.get_current_span().get_span_context().is_valid is False
 
 

@@ -59,10 +59,11 @@ def test_error_text_is_truncated_to_4000_characters() -> None:
 def test_the_record_follows_the_contract() -> None:
     event_id = uuid.UUID("0190f0a0-0000-7000-8000-000000000001")
     available_at = datetime(2026, 11, 29, 9, 0, 0, 123000, tzinfo=UTC)
-    headers = '{"traceparent": "00-abc-def-01", "content-type": "application/vnd.oncely.avro"}'
+    headers = '{"x-tenant": "t-1", "content-type": "application/vnd.oncely.avro"}'
+    trace = "traceparent=00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\n"
     columns = (str(event_id), 7, 3, "payments.transfer.completed", "transfer-9",
-               "transfer.completed", b"\xc3\x01payload", headers, 1795942800123,
-               available_at)  # fmt: skip
+               "transfer.completed", b"\xc3\x01payload", headers, 1795942800123456,
+               available_at, trace)  # fmt: skip
     row = OutboxRow.of(columns)
     assert row.id == event_id
     assert row.delayed
@@ -71,10 +72,18 @@ def test_the_record_follows_the_contract() -> None:
     assert row.kafka_headers() == [
         ("id", b"0190f0a0-0000-7000-8000-000000000001"),
         ("eventType", b"transfer.completed"),
-        ("traceparent", b"00-abc-def-01"),
+        ("x-tenant", b"t-1"),
         ("content-type", b"application/vnd.oncely.avro"),
+        ("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
     ]
-    assert OutboxRow.of((*columns[:7], None, *columns[8:])).kafka_headers()[2:] == []
+    assert row.kafka_headers(cloudevents_source="/shop")[5:] == [
+        ("ce_id", b"0190f0a0-0000-7000-8000-000000000001"),
+        ("ce_type", b"transfer.completed"),
+        ("ce_time", b"2026-11-29T09:00:00.123456Z"),
+        ("ce_source", b"/shop"),
+        ("ce_specversion", b"1.0"),
+    ]
+    assert OutboxRow.of((*columns[:7], None, *columns[8:10], None)).kafka_headers()[2:] == []
     assert OutboxRow.of((*columns[:7], '{"n": 1}', *columns[8:])).headers == (("n", b"1"),)
 
 

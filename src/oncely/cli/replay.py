@@ -234,7 +234,12 @@ def _from_outbox(
             return
         assert bootstrap_servers is not None
         kafka = reached(bootstrap_servers)
-        publisher = Publisher(producer_config(kafka, RelaySettings()), client=kafka.client_config())
+        relay = RelaySettings()
+        publisher = Publisher(
+            producer_config(kafka, relay),
+            client=kafka.client_config(),
+            cloudevents_source=relay.cloudevents_source,
+        )
         bar = Progress(
             TextColumn("republishing"),
             BarColumn(),

@@ -16,6 +16,9 @@ An ``async`` effect runs the same steps on an ``AsyncSession``: :meth:`Applier.a
 runs them in the session's greenlet (``AsyncSession.run_sync``) and awaits the handler there,
 so both kinds share one implementation.
 
+Each handler call runs inside a CONSUMER span whose parent is the record's trace context
+(:meth:`~oncely.runtime.tracing.Tracing.process`), so a task it enqueues continues the trace.
+
 Only the receipt's primary key means "already applied"; any other error is the
 record's failure, and so is a plain handler that returns an awaitable: the awaitable is closed
 unrun, the record fails with an :class:`~oncely.consumers.effects.EffectDeclarationError`, and
@@ -43,6 +46,7 @@ from oncely.consumers.records import Decoded, Envelope, Undecodable, decode_even
 from oncely.consumers.writes import Writes
 from oncely.failpoints import failpoint
 from oncely.runtime.metrics import ConsumerMetrics
+from oncely.runtime.tracing import Tracing
 from oncely.schemas.codec import Codec
 from oncely.schemas.errors import DecodeFailure
 from oncely.storage.stores import receipts
@@ -94,12 +98,19 @@ class Applier:
         metrics: ConsumerMetrics,
         codec: Codec,
         async_engine: AsyncEngine | None = None,
+        *,
+        group_id: str = "",
+        tracing: Tracing | None = None,
     ) -> None:
+        """``group_id`` (the effect's consumer group) and ``tracing`` (default: the global
+        tracer provider) describe the handler's spans."""
         self.effect = effect
         self.engine = engine
         self.async_engine = async_engine
         self.metrics = metrics
         self.codec = codec
+        self.group_id = group_id
+        self.tracing = tracing or Tracing()
 
     def apply(self, records: Sequence[Record]) -> BatchResult:
         """Apply ``records`` (in Kafka order per partition) once each; never raises.
@@ -273,10 +284,26 @@ class Applier:
         handler: Callable[..., Any] = self.effect.handler
         started = time.perf_counter()
         if self.effect.batch:
-            self._finish(handler(pairs))
+            with self.tracing.process_batch(
+                topics=[r.envelope.message.topic() or "" for r in records],
+                group=self.group_id,
+                effect=self.effect.name,
+                headers=[r.envelope.headers for r in records],
+            ):
+                self._finish(handler(pairs))
         else:
-            for event, context in pairs:
-                self._finish(handler(event, context))
+            for (event, context), record in zip(pairs, records, strict=True):
+                message = record.envelope.message
+                with self.tracing.process(
+                    topic=message.topic() or "",
+                    partition=message.partition() or 0,
+                    offset=message.offset() or 0,
+                    event_id=str(record.envelope.event_id),
+                    group=self.group_id,
+                    effect=self.effect.name,
+                    headers=record.envelope.headers,
+                ):
+                    self._finish(handler(event, context))
         self.metrics.handler_latency.labels(self.effect.name).observe(time.perf_counter() - started)
 
     def _finish(self, result: object) -> None:

@@ -27,6 +27,7 @@ from oncely.consumers.apply import (
 )
 from oncely.consumers.effects import Effect
 from oncely.runtime.metrics import ConsumerMetrics
+from oncely.runtime.tracing import Tracing
 from oncely.schemas.codec import Codec
 
 
@@ -35,11 +36,27 @@ class Lanes:
     thread), which must also :meth:`close` it."""
 
     def __init__(
-        self, effect: Effect, engine: sa.Engine, metrics: ConsumerMetrics, codec: Codec, count: int
+        self,
+        effect: Effect,
+        engine: sa.Engine,
+        metrics: ConsumerMetrics,
+        codec: Codec,
+        count: int,
+        *,
+        group_id: str = "",
+        tracing: Tracing | None = None,
     ) -> None:
         self.count = count
         self._async_engine = _async_engine(engine, count) if effect.is_async else None
-        self._applier = Applier(effect, engine, metrics, codec, self._async_engine)
+        self._applier = Applier(
+            effect,
+            engine,
+            metrics,
+            codec,
+            self._async_engine,
+            group_id=group_id,
+            tracing=tracing,
+        )
         self._pool = (
             ThreadPoolExecutor(count, thread_name_prefix=f"lane-{effect.name}")
             if count > 1 and not effect.is_async

@@ -46,6 +46,7 @@ from oncely.consumers.records import read_envelope
 from oncely.failpoints import failpoint
 from oncely.runtime.metrics import ConsumerMetrics
 from oncely.runtime.process import Every
+from oncely.runtime.tracing import Tracing
 from oncely.schemas.codec import Codec
 from oncely.security import AuthWatch
 from oncely.settings import ConsumerSettings, KafkaSettings
@@ -86,7 +87,9 @@ class EffectConsumer:
         settings: ConsumerSettings,
         metrics: ConsumerMetrics,
         dead_letters: DeadLetters,
+        tracing: Tracing | None = None,
     ) -> None:
+        """``tracing`` records the handlers' spans (default: the global tracer provider)."""
         self.effect = effect
         self.group_id = group_id
         self.codec = codec
@@ -98,7 +101,9 @@ class EffectConsumer:
         self._auth = AuthWatch()  # refused credentials stop the consumer (retrying cannot help)
         self._config = {**consumer_config(kafka, settings, group_id), "error_cb": self._auth}
         self._consumer = Consumer(self._config)
-        self._lanes = Lanes(effect, engine, metrics, codec, settings.lanes)
+        self._lanes = Lanes(
+            effect, engine, metrics, codec, settings.lanes, group_id=group_id, tracing=tracing
+        )
         self._apply_thread = ThreadPoolExecutor(1, thread_name_prefix=f"apply-{effect.name}")
         self._pending: Future[list[BatchResult]] | None = None
         self._gate = PartitionGate(lambda: self._consumer)

@@ -13,6 +13,7 @@ from oncely.consumers.effects import Effects
 from oncely.consumers.runner import EffectConsumer
 from oncely.runtime.metrics import ConsumerMetrics
 from oncely.runtime.process import database, serving, stop_on_signals
+from oncely.runtime.tracing import Tracing
 from oncely.schemas.codec import Codec
 from oncely.schemas.loader import codec_for
 from oncely.settings import ConsumerSettings, KafkaSettings, TopicSettings
@@ -32,6 +33,7 @@ def build_consumers(
     codec: Codec | None = None,
     stop: threading.Event | None = None,
     topics: TopicSettings | None = None,
+    tracing: Tracing | None = None,
 ) -> list[EffectConsumer]:
     """One :class:`EffectConsumer` per effect name, sharing the engine, codec and DLQ producer.
 
@@ -42,7 +44,8 @@ def build_consumers(
     (the source topic's layout from ``topics``, default ``ONCELY_TOPICS_*``; see
     :meth:`DeadLetters.ensure_topics`). An unreachable broker raises ``KafkaException``; with
     ``stop``, it is waited for instead until ``stop`` is set. A missing or malformed catalog
-    raises ``CatalogError``.
+    raises ``CatalogError``. ``tracing`` records the handlers' spans (default: the global
+    tracer provider).
     """
     codec = codec or codec_for(effects.registry)
     dead_letters = DeadLetters(kafka.client_config())
@@ -62,6 +65,7 @@ def build_consumers(
                 settings=settings,
                 metrics=metrics,
                 dead_letters=dead_letters,
+                tracing=tracing,
             )
         )
     return consumers

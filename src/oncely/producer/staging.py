@@ -29,10 +29,12 @@ from sqlalchemy.orm import Session
 from oncely.errors import OncelyError
 from oncely.events import registry_of
 from oncely.producer.ids import uuid7
+from oncely.runtime.tracing import current_context_text
 from oncely.schemas.codec import Codec
 from oncely.settings import StageLimits
 from oncely.storage.errors import translate_errors_of
 from oncely.storage.stores.outbox.writes import StagedEvent, add_rows
+from oncely.storage.tables import TRACE_CONTEXT_COLUMN
 
 Transactional = Session | AsyncSession | sa.Connection
 """What ``stage()`` writes through: the caller's session or connection."""
@@ -122,31 +124,18 @@ def _transaction_of(target: Transactional) -> Any:
     return sync.get_transaction()
 
 
-def _current_traceparent() -> str | None:
-    """The W3C ``traceparent`` of the active OpenTelemetry span, if OpenTelemetry is in use."""
-    try:
-        from opentelemetry import propagate
-    except ImportError:
-        return None
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return carrier.get("traceparent")
-
-
 def _row(
     event: BaseModel,
     codec: Codec,
     event_key: str | None,
     headers: Mapping[str, str] | None,
     available_at: datetime | None,
-    traceparent: str | None,
+    trace_context: str | None,
 ) -> dict[str, Any]:
     event_type = codec.registry.for_model(type(event))
     payload, codec_headers = codec.encode(event)
     event_id = uuid7()
     row_headers = dict(headers or {})
-    if traceparent is not None:
-        row_headers.setdefault("traceparent", traceparent)
     row_headers.update(codec_headers)
     row: dict[str, Any] = {
         "id": event_id,
@@ -160,6 +149,8 @@ def _row(
     }
     if available_at is not None:
         row["available_at"] = available_at
+    if trace_context is not None:
+        row[TRACE_CONTEXT_COLUMN] = trace_context
     return row
 
 
@@ -183,9 +174,9 @@ def stage_many(
     keys = list(idempotency_keys) if idempotency_keys is not None else [None] * len(batch)
     if len(keys) != len(batch):
         raise ValueError(f"{len(batch)} events but {len(keys)} idempotency keys")
-    traceparent = _current_traceparent()
+    trace_context = current_context_text()
     rows = [
-        _row(event, codec or _codec_for(event), key, headers, available_at, traceparent)
+        _row(event, codec or _codec_for(event), key, headers, available_at, trace_context)
         for event, key in zip(batch, keys, strict=True)
     ]
     for row in rows:
@@ -239,8 +230,10 @@ def stage(
         idempotency_key: the producer's stable key for this event (default: the new event
             id): staging it again, in any later transaction, raises
             :class:`~oncely.storage.DuplicateEventError` instead of a second event.
-        headers: extra Kafka headers (the codec's ``content-type`` and ``schema-version`` and
-            the active OpenTelemetry ``traceparent`` are added).
+        headers: extra Kafka headers (the codec's ``content-type`` and ``schema-version`` are
+            added). The active OpenTelemetry context (``traceparent``, ``tracestate``,
+            ``baggage``) is stored with the row and travels on its record (see
+            :mod:`oncely.runtime.tracing`).
         available_at: do not publish before this time.
         limits: the payload, key and header limits (default: ``StageLimits()`` from the
             ``ONCELY_STAGE_*`` environment, read once).

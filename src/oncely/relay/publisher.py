@@ -6,6 +6,12 @@ try again. A fatal error of the idempotent producer is remembered in :attr:`fata
 then calls :meth:`recreate`, which fails every outstanding record (they retry) and starts a new
 producer. Refused credentials are remembered in :attr:`auth_failed`: librdkafka would retry
 them forever, so the relay stops instead (:class:`~oncely.security.KafkaAuthenticationError`).
+
+A row staged with a trace context is produced inside a PRODUCER span when the process records
+spans (:meth:`~oncely.runtime.tracing.Tracing.send`): the span is the active one while the
+record is handed over (an instrumented client's own span is its child), and the record's
+headers are then given as a mapping, so such a client replaces the ``traceparent`` instead of
+adding a second one.
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
+from oncely.runtime.tracing import Tracing
 from oncely.security import KafkaAuthenticationError, is_authentication_failure
 from oncely.storage.stores.outbox.rows import OutboxRow
+from oncely.wire import check_cloudevents_source, trace_context_fields
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +47,25 @@ REQUIRED = {
 class Publisher:
     """Produce outbox rows; each one's result goes to the report given with it."""
 
-    def __init__(self, config: Mapping[str, Any], *, client: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        client: Mapping[str, Any],
+        cloudevents_source: str | None = None,
+        tracing: Tracing | None = None,
+    ) -> None:
         """``config``: the producer's settings; ``client``: those any client shares (an admin
-        client reads topic limits with them)."""
+        client reads topic limits with them); ``cloudevents_source``: add the CloudEvents
+        headers with this ``ce_source`` (:func:`oncely.wire.cloudevents_headers`);
+        ``tracing``: who records the PRODUCER spans (default: the global tracer provider).
+
+        Raises ``ValueError`` when ``cloudevents_source`` is not a URI-reference.
+        """
+        self._cloudevents_source = (
+            check_cloudevents_source(cloudevents_source) if cloudevents_source is not None else None
+        )
+        self._tracing = tracing or Tracing()
         self._config = {**config, **REQUIRED, "error_cb": self._on_error}
         self._admin = AdminClient(dict(client))
         self._limits: dict[str, tuple[int | None, float]] = {}
@@ -95,13 +119,38 @@ class Publisher:
         Returns the error when the client refuses the record at once (larger than
         ``message.max.bytes``); ``report`` is then never called.
         """
+        staged = trace_context_fields(row.trace_context) if row.trace_context else {}
+        sending = (
+            self._tracing.send(
+                topic=row.topic, event_id=row.event_id, key=row.aggregateid, staged=staged
+            )
+            if staged
+            else None
+        )
+        fields = sending.fields if sending is not None else staged
+        trace = tuple((name, value.encode()) for name, value in fields.items()) if fields else ()
+        headers = row.kafka_headers(trace=trace, cloudevents_source=self._cloudevents_source)
+        if sending is None:
+            return self._produce(row, headers, report)
+        with sending.current():
+            refused = self._produce(row, dict(headers), sending.reported(report))
+        if refused is not None:
+            sending.refused(refused)
+        return refused
+
+    def _produce(
+        self,
+        row: OutboxRow,
+        headers: list[tuple[str, str | bytes | None]] | dict[str, str | bytes | None],
+        report: Report,
+    ) -> KafkaError | None:
         while True:
             try:
                 self._producer.produce(
                     row.topic,
                     row.payload,
                     row.key,
-                    headers=row.kafka_headers(),
+                    headers=headers,
                     timestamp=row.timestamp_ms,
                     on_delivery=report,
                 )

@@ -11,6 +11,7 @@ from oncely.relay.publisher import Publisher
 from oncely.relay.relay import Relay
 from oncely.runtime.metrics import RelayMetrics
 from oncely.runtime.process import database, process_id, serving, stop_on_signals
+from oncely.runtime.tracing import Tracing
 from oncely.runtime.wakeup import Wakeup
 from oncely.settings import KafkaSettings, RelaySettings
 from oncely.storage.stores.outbox.relay import RelayStore
@@ -57,8 +58,10 @@ def build_relay(
     settings: RelaySettings,
     stop: threading.Event,
     metrics: RelayMetrics | None = None,
+    tracing: Tracing | None = None,
 ) -> Relay:
-    """A :class:`Relay` over ``engine`` and Kafka, listening for staged rows.
+    """A :class:`Relay` over ``engine`` and Kafka, listening for staged rows; ``tracing``
+    records its PRODUCER spans (default: the global tracer provider).
 
     Raises :class:`~oncely.security.KafkaAuthenticationError` when the broker refuses the
     credentials (checked before anything is read; an unreachable broker is not an error).
@@ -67,7 +70,12 @@ def build_relay(
     config = producer_config(kafka, settings)
 
     def publisher() -> Publisher:
-        made = Publisher(config, client=kafka.client_config())
+        made = Publisher(
+            config,
+            client=kafka.client_config(),
+            cloudevents_source=settings.cloudevents_source,
+            tracing=tracing,
+        )
         made.check_credentials(timeout=_CREDENTIALS_TIMEOUT)
         return made
 

@@ -38,6 +38,10 @@ IDEMPOTENCY_KEY_MAX = 200
 NOTIFY_CHANNEL = "oncely_outbox"
 #: The channel notified at commit after every insert into ``oncely_tasks``: task workers LISTEN.
 TASKS_NOTIFY_CHANNEL = "oncely_tasks"
+#: The column of the outbox and the tasks holding the trace context staged with a row (Java
+#: properties text, :func:`oncely.wire.trace_context_text`); the outbox's is the column
+#: Debezium's Outbox Event Router reads by default (``tracing.span.context.field``).
+TRACE_CONTEXT_COLUMN = "tracingspancontext"
 
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -188,6 +192,8 @@ def build_metadata(schema: str | None = None) -> sa.MetaData:
             sa.Computed(shard_expression(DEFAULT_SHARDS), persisted=True),
             nullable=False,
         ),
+        # Migration 0004: the trace context staged with the row (see oncely.wire).
+        sa.Column(TRACE_CONTEXT_COLUMN, sa.Text),
         sa.PrimaryKeyConstraint("id", name="oncely_outbox_pkey"),
         sa.UniqueConstraint("event_key", name="oncely_outbox_event_key_key"),
     )
@@ -291,6 +297,7 @@ def build_metadata(schema: str | None = None) -> sa.MetaData:
         sa.Column("result", JSONB),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
         sa.Column("finished_at", sa.DateTime(timezone=True)),
+        sa.Column(TRACE_CONTEXT_COLUMN, sa.Text),
         sa.PrimaryKeyConstraint("id", name="oncely_tasks_pkey"),
         sa.UniqueConstraint("task_key", name="oncely_tasks_task_key_key"),
         sa.CheckConstraint(_in("status", TASK_STATUSES), name="oncely_tasks_status_check"),

@@ -3,8 +3,9 @@
 The task row is written through the caller's ``Session``, ``AsyncSession`` or ``Connection``
 and commits or rolls back with the business rows: there is no commit here. With a session the
 row is added to the unit of work (inserted at the next flush, no I/O now); with a
-``Connection`` it is inserted at once. An insert trigger notifies ``oncely_tasks`` at commit, so
-an idle worker wakes immediately.
+``Connection`` it is inserted at once. The active OpenTelemetry context is stored with it: the
+worker's span for the task continues that trace (:mod:`oncely.runtime.tracing`). An insert
+trigger notifies ``oncely_tasks`` at commit, so an idle worker wakes immediately.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, registry
 
+from oncely.runtime.tracing import current_context_text
 from oncely.storage.errors import DuplicateTaskKeyError, translate_errors_of
-from oncely.storage.tables import TASK_POLICIES, tasks
+from oncely.storage.tables import TASK_POLICIES, TRACE_CONTEXT_COLUMN, tasks
 from oncely.tasks.model import QueuedTask
 from oncely.tasks.rules import (
     DEFAULT_MAX_ATTEMPTS,
@@ -103,6 +105,9 @@ def enqueue_task(
         "policy": policy,
         "max_attempts": attempts,
     }
+    trace_context = current_context_text()
+    if trace_context is not None:
+        row[TRACE_CONTEXT_COLUMN] = trace_context
     if ttl is not None:
         row["expires_at"] = _db_now_plus(ttl)
     if isinstance(available_at, timedelta):

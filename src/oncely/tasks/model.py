@@ -39,6 +39,8 @@ class Task:
     lease_owner: str
     lease_until: datetime
     expires_at: datetime | None
+    #: The trace context active when the task was enqueued (Java properties text), if any.
+    trace_context: str | None = field(default=None, repr=False)
     _renewer: Renewer | None = field(default=None, repr=False, compare=False)
 
     @property

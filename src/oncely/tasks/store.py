@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from oncely.errors import error_text
 from oncely.runtime.retry import Backoff
 from oncely.runtime.steps import Call, Ran, Sql, Step, drive
+from oncely.runtime.tracing import Tracing
 from oncely.storage.queries import purge_in_batches, query
 from oncely.storage.tables import TASK_STATUSES
 from oncely.tasks.errors import LeaseLostError, NotReclaimableError, TaskError, TaskNotFoundError
@@ -89,6 +90,7 @@ def _task(row: sa.Row[Any], renewer: Renewer | None) -> Task:
         lease_owner=row.lease_owner,
         lease_until=row.lease_until,
         expires_at=row.expires_at,
+        trace_context=row.tracingspancontext,
         _renewer=renewer,
     )
 
@@ -136,18 +138,38 @@ def renew_steps(task: Task, lease_seconds: float) -> Generator[Step, Any, dateti
     return lease_until
 
 
+_TRACING = Tracing()
+
+
 def attempt_steps(
-    lease: Sql, handler: TaskHandler, *, backoff: Backoff, renewer: Renewer | None
+    lease: Sql,
+    handler: TaskHandler,
+    *,
+    backoff: Backoff,
+    renewer: Renewer | None,
+    tracing: Tracing = _TRACING,
 ) -> Generator[Step, Any, Attempt | None]:
     """Lease one task, run ``handler`` on it outside any transaction, settle the result.
 
     Returns ``None`` when nothing was leased. A lost lease is an ``Attempt`` with outcome
-    ``lease_lost`` (its ``error`` is the :class:`LeaseLostError`), never a success.
+    ``lease_lost`` (its ``error`` is the :class:`LeaseLostError`), never a success. The handler
+    runs inside the task's span (:meth:`~oncely.runtime.tracing.Tracing.task`).
     """
     task = yield from lease_steps(lease, renewer)
     if task is None:
         return None
-    ran: Ran = yield Call(handler, task)
+
+    def traced(leased: Task) -> object:
+        return tracing.task(
+            handler,
+            leased,
+            name=leased.name,
+            task_id=str(leased.id),
+            attempt=leased.attempt,
+            staged=leased.trace_context,
+        )
+
+    ran: Ran = yield Call(traced, task)
     try:
         if ran.error is None and ran.value is not False:
             yield from complete_steps(task)
@@ -267,10 +289,12 @@ class TaskStore:
         engine: sa.Engine,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         backoff: Backoff | None = None,
+        tracing: Tracing = _TRACING,
     ) -> None:
         self.engine = engine
         self.lease_seconds = lease_seconds
         self.backoff = backoff or DEFAULT_BACKOFF
+        self.tracing = tracing
 
     def lease(self, owner: str, names: Iterable[str]) -> Task | None:
         """Lease the oldest due task named in ``names`` for ``lease_seconds``, or ``None``."""
@@ -281,7 +305,10 @@ class TaskStore:
     def run(self, lease: Sql, handler: TaskHandler) -> Attempt | None:
         """Lease with ``lease``, run ``handler`` and settle (see :func:`attempt_steps`)."""
         return drive(
-            self.engine, attempt_steps(lease, handler, backoff=self.backoff, renewer=self.renew)
+            self.engine,
+            attempt_steps(
+                lease, handler, backoff=self.backoff, renewer=self.renew, tracing=self.tracing
+            ),
         )
 
     def complete(self, task: Task) -> None:

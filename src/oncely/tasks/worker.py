@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from oncely.runtime.metrics import TaskMetrics
 from oncely.runtime.process import Every, database, process_id, serving, stop_on_signals
 from oncely.runtime.retry import Backoff
+from oncely.runtime.tracing import Tracing
 from oncely.runtime.wakeup import Wakeup
 from oncely.settings import TaskSettings
 from oncely.storage.tables import TASKS_NOTIFY_CHANNEL
@@ -44,7 +45,8 @@ class TaskWorker:
     """Runs the handlers of a :class:`Tasks` app over ``oncely_tasks``, one task at a time.
 
     Run several processes to run tasks in parallel. ``observer`` is told of every failure and
-    dead letter (:class:`TaskFailure`); its own errors are logged and ignored.
+    dead letter (:class:`TaskFailure`); its own errors are logged and ignored. Each attempt
+    runs inside a span recorded by ``tracing`` (default: the global tracer provider).
     """
 
     def __init__(
@@ -60,10 +62,16 @@ class TaskWorker:
         worker_id: str | None = None,
         purge_interval_seconds: float = PURGE_EVERY_SECONDS,
         metrics: TaskMetrics | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.engine = engine
         self.tasks = tasks
-        self.store = TaskStore(engine=engine, lease_seconds=lease_seconds, backoff=backoff)
+        self.store = TaskStore(
+            engine=engine,
+            lease_seconds=lease_seconds,
+            backoff=backoff,
+            tracing=tracing or Tracing(),
+        )
         self.poll_seconds = poll_seconds
         self.retention_seconds = retention_seconds
         self.observer = observer

@@ -14,8 +14,9 @@ SELECT CAST(pg_current_snapshot() AS text) AS snapshot, now() AS now
 -- transaction never makes a read rescan the rows written since it began.
 SELECT CAST(o.id AS text) AS id, o.seq, o.shard, o.topic, o.aggregateid, o.type, o.payload,
        CAST(o.headers AS text) AS headers,
-       CAST(floor(extract(epoch FROM o.created_at) * 1000) AS bigint) AS timestamp_ms,
-       CASE WHEN o.available_at > now() THEN o.available_at END AS available_at
+       CAST(extract(epoch FROM o.created_at) * 1000000 AS bigint) AS created_us,
+       CASE WHEN o.available_at > now() THEN o.available_at END AS available_at,
+       o.tracingspancontext
 FROM oncely_outbox AS o
 WHERE o.shard = ANY (CAST(:shards AS smallint[]))
   AND o.seq > :after_seq
@@ -29,8 +30,9 @@ LIMIT :page_size
 -- Outbox rows by id, for releasing a parked key (its own row and the rows held behind it).
 SELECT CAST(o.id AS text) AS id, o.seq, o.shard, o.topic, o.aggregateid, o.type, o.payload,
        CAST(o.headers AS text) AS headers,
-       CAST(floor(extract(epoch FROM o.created_at) * 1000) AS bigint) AS timestamp_ms,
-       CAST(NULL AS timestamptz) AS available_at
+       CAST(extract(epoch FROM o.created_at) * 1000000 AS bigint) AS created_us,
+       CAST(NULL AS timestamptz) AS available_at,
+       o.tracingspancontext
 FROM oncely_outbox AS o
 WHERE o.id = ANY (CAST(:ids AS uuid[]))
 
@@ -364,8 +366,9 @@ LIMIT :limit
 -- The window's rows in seq order, as the relay reads them (streamed from a server-side cursor).
 SELECT CAST(o.id AS text) AS id, o.seq, o.shard, o.topic, o.aggregateid, o.type, o.payload,
        CAST(o.headers AS text) AS headers,
-       CAST(floor(extract(epoch FROM o.created_at) * 1000) AS bigint) AS timestamp_ms,
-       CAST(NULL AS timestamptz) AS available_at
+       CAST(extract(epoch FROM o.created_at) * 1000000 AS bigint) AS created_us,
+       CAST(NULL AS timestamptz) AS available_at,
+       o.tracingspancontext
 FROM oncely_outbox AS o
 WHERE o.created_at >= :since
   AND (CAST(:until AS timestamptz) IS NULL OR o.created_at < :until)

@@ -31,7 +31,7 @@ SET status = 'leased', attempts = t.attempts + 1, lease_owner = :owner,
 FROM due
 WHERE t.id = due.id
 RETURNING t.id, t.task_key, t.name, t.payload, t.policy, t.attempts, t.max_attempts,
-          t.lease_owner, t.lease_until, t.expires_at
+          t.lease_owner, t.lease_until, t.expires_at, t.tracingspancontext
 
 -- name: task_lease_by_key
 -- Lease one task by its key (a durable command's immediate delivery, right after its commit).
@@ -44,7 +44,7 @@ WHERE task_key = :task_key
   AND available_at <= now()
   AND (expires_at IS NULL OR expires_at > now())
 RETURNING id, task_key, name, payload, policy, attempts, max_attempts, lease_owner,
-          lease_until, expires_at
+          lease_until, expires_at, tracingspancontext
 
 -- name: task_complete
 -- Settle a successful attempt, fenced: only the current owner of this attempt, while its lease

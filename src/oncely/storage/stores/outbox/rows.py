@@ -3,27 +3,34 @@
 The relay never decodes a payload, so it needs no application code.
 
 The statements that read rows to publish (``relay_read``, ``relay_rows``, ``republish_rows``)
-select the same columns, in :class:`OutboxRow`'s field order: the timestamp and the headers' text
-come from PostgreSQL, so each row costs one constructor call here.
+select the same columns, in :class:`OutboxRow`'s field order: ``created_at`` (in microseconds)
+and the headers' text come from PostgreSQL, so each row costs one constructor call here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from oncely.wire import Headers, record_headers, row_headers
+from oncely.wire import (
+    Headers,
+    cloudevents_headers,
+    record_headers,
+    row_headers,
+    trace_context_fields,
+)
 
 
 @dataclass(slots=True, eq=False)
 class OutboxRow:
     """One outbox row read by the relay (not frozen only because that makes it cheaper to make).
 
-    ``event_id``: the row's ``id`` as text; ``available_at``: set only while it is still ahead
-    (the row is delayed until then).
+    ``event_id``: the row's ``id`` as text; ``created_us``: ``created_at`` in microseconds
+    since the epoch; ``available_at``: set only while it is still ahead (the row is delayed
+    until then); ``trace_context``: the ``tracingspancontext`` staged with the row.
     """
 
     event_id: str
@@ -34,13 +41,14 @@ class OutboxRow:
     type: str
     payload: bytes
     headers: Headers
-    timestamp_ms: int
+    created_us: int
     available_at: datetime | None = None
+    trace_context: str | None = None
 
     @classmethod
     def of(cls, columns: Sequence[Any]) -> OutboxRow:
         """The row from a statement's columns (``headers`` as ``jsonb`` text)."""
-        event_id, seq, shard, topic, key, type_, payload, headers, ms, available_at = columns
+        event_id, seq, shard, topic, key, type_, payload, headers, us, available_at, trace = columns
         return cls(
             event_id,
             seq,
@@ -50,9 +58,15 @@ class OutboxRow:
             type_,
             bytes(payload),
             row_headers(headers) if headers else (),
-            ms,
+            us,
             available_at,
+            trace,
         )
+
+    @property
+    def timestamp_ms(self) -> int:
+        """The record's timestamp: ``created_at`` in whole milliseconds, rounded down."""
+        return self.created_us // 1000
 
     @property
     def id(self) -> UUID:
@@ -78,9 +92,25 @@ class OutboxRow:
     def key(self) -> bytes:
         return self.aggregateid.encode()
 
-    def kafka_headers(self) -> list[tuple[str, str | bytes | None]]:
-        """``id`` (36 lowercase characters, as Debezium sends it), ``eventType``, then extras."""
-        return record_headers(self.event_id, self.type, self.headers)
+    def kafka_headers(
+        self, *, trace: Headers | None = None, cloudevents_source: str | None = None
+    ) -> list[tuple[str, str | bytes | None]]:
+        """The record's headers (:func:`oncely.wire.record_headers`): ``id`` (36 lowercase
+        characters, as Debezium sends it), ``eventType``, the row's own, the trace context
+        (``trace``, default: the staged one), the CloudEvents headers with
+        ``cloudevents_source``."""
+        if trace is None:
+            trace = _encoded(trace_context_fields(self.trace_context)) if self.trace_context else ()
+        cloudevents = (
+            cloudevents_headers(self.event_id, self.type, self.created_us, cloudevents_source)
+            if cloudevents_source
+            else ()
+        )
+        return record_headers(self.event_id, self.type, self.headers, trace, cloudevents)
+
+
+def _encoded(fields: Mapping[str, str]) -> Headers:
+    return tuple((name, value.encode()) for name, value in fields.items())
 
 
 @dataclass(frozen=True, slots=True)
