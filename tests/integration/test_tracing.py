@@ -128,9 +128,9 @@ def test_one_trace_from_stage_to_the_effects_and_their_tasks(
 ) -> None:
     provider, exporter = spans
     tracing = Tracing(provider)
-    with provider.get_tracer("shop").start_as_current_span("place order"):
-        with Session(engine) as session, session.begin():
-            staged = stage(session, OrderPlaced(order_id="o-1", email="a@example.com"))
+    tracer = provider.get_tracer("shop")
+    with tracer.start_as_current_span("place order"), Session(engine) as session, session.begin():
+        staged = stage(session, OrderPlaced(order_id="o-1", email="a@example.com"))
     with running_relay(engine, kafka_bootstrap, fast_settings(), tracing=tracing):
         wait_until(lambda: count_published(engine) == 1, timeout=30)
     receipts = "SELECT count(*) FROM oncely_receipts"
@@ -184,9 +184,13 @@ def test_a_relay_that_does_not_trace_forwards_the_staged_context(
     spans: tuple[TracerProvider, InMemorySpanExporter],
 ) -> None:
     provider, exporter = spans
-    with provider.get_tracer("shop").start_as_current_span("place order") as root:
-        with Session(engine) as session, session.begin():
-            stage(session, OrderPlaced(order_id="o-2", email="b@example.com"))
+    tracer = provider.get_tracer("shop")
+    with (
+        tracer.start_as_current_span("place order") as root,
+        Session(engine) as session,
+        session.begin(),
+    ):
+        stage(session, OrderPlaced(order_id="o-2", email="b@example.com"))
     with Session(engine) as session, session.begin():
         stage(session, OrderPlaced(order_id="o-3", email="c@example.com"))  # no span
     untraced = Tracing(NoOpTracerProvider())
