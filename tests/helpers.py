@@ -139,6 +139,8 @@ class Record:
     headers: dict[str, bytes]
     #: The record's timestamp in ms (the producer's, on CreateTime topics).
     timestamp: int = 0
+    #: Every header name in order, repeated names included (``headers`` keeps the last value).
+    header_names: tuple[str, ...] = ()
 
 
 def read_topics(bootstrap: str, topics: Sequence[str], *, timeout: float = 30) -> list[Record]:
@@ -180,6 +182,7 @@ def read_topics(bootstrap: str, topics: Sequence[str], *, timeout: float = 30) -
                     msg.value() or b"",
                     {k: bytes(v or b"") for k, v in msg.headers() or []},  # type: ignore[misc]
                     msg.timestamp()[1],
+                    tuple(name for name, _ in msg.headers() or []),
                 )
             )
             if offset + 1 >= ends.get((topic, partition), 0):

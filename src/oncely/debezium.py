@@ -16,6 +16,14 @@ What the router cannot reproduce is listed in ``docs/how-to/debezium.md``: the r
 one ``jsonb`` value, which the router could only place whole, as a single JSON header, never as
 one Kafka header per entry. oncely's consumers need neither.
 
+The trace context staged with a row (``tracingspancontext``, the router's default
+``tracing.span.context.field``) continues through Debezium's tracing SMT when Kafka Connect has
+the OpenTelemetry SDK: the record's ``traceparent`` is then a child of the staged context, as
+the relay's is. With ``cloudevents_source`` the router places ``id``, ``type`` and
+``created_at`` as ``ce_id``, ``ce_type`` and ``ce_time``, and Kafka Connect's ``InsertField`` and
+``HeaderFrom`` add ``ce_source`` and ``ce_specversion``: the values
+:func:`oncely.wire.cloudevents_headers` gives the relay's records.
+
 Only INSERTs are events: the relay never updates an outbox row, and DELETEs (purges) are
 skipped by the connector (``skipped.operations=u,d,t``; Debezium then creates the publication
 with ``publish = 'insert'``), so nothing is emitted for them, not even a tombstone
@@ -41,6 +49,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+import javaproperties
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
@@ -49,8 +58,8 @@ from oncely.storage.queries import query
 from oncely.storage.stores.outbox import debezium as outbox
 from oncely.storage.stores.outbox.debezium import PurgeMark
 from oncely.storage.stores.outbox.rows import TopicPurge
-from oncely.storage.tables import validate_schema_name
-from oncely.wire import EVENT_TYPE_HEADER
+from oncely.storage.tables import TRACE_CONTEXT_COLUMN, validate_schema_name
+from oncely.wire import CLOUDEVENTS_SPECVERSION, EVENT_TYPE_HEADER, check_cloudevents_source
 
 OUTBOX_TABLE = "oncely_outbox"
 CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
@@ -60,6 +69,10 @@ BYTE_ARRAY_CONVERTER = "org.apache.kafka.connect.converters.ByteArrayConverter"
 HEADER_CONVERTER = "org.apache.kafka.connect.storage.SimpleHeaderConverter"
 #: The router's named group: ``route.topic.replacement`` refers to it as ``${routedByValue}``.
 ROUTED_BY_VALUE = "${routedByValue}"
+INSERT_FIELD = "org.apache.kafka.connect.transforms.InsertField$Value"
+HEADER_FROM = "org.apache.kafka.connect.transforms.HeaderFrom$Value"
+#: The name of the router's span (Debezium's ``tracing.operation.name``).
+TRACING_OPERATION = "oncely-debezium-read"
 DEFAULT_ROUTE_REGEX = "(?<routedByValue>.*)"
 DEFAULT_CONNECTOR_NAME = "oncely-outbox"
 DEFAULT_SLOT_NAME = "oncely_outbox"
@@ -71,7 +84,6 @@ Format = Literal["json", "properties"]
 _IDENTIFIER_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
 _NAME_CHARS = _IDENTIFIER_CHARS | frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ.-")
 _MAX_IDENTIFIER = 63
-_CONTROL_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r", "\f": "\\f"}
 
 
 class SlotInUseError(OncelyError):
@@ -113,6 +125,8 @@ class ConnectorOptions:
         slot_name, publication_name: the replication slot and publication Debezium uses.
         extended_headers: Debezium's ``extended.headers.enabled``; when true every record also
             carries ``__debezium.context.*`` headers before ``id``.
+        cloudevents_source: add the CloudEvents binary-mode headers with this ``ce_source``
+            (a URI-reference), as the relay does with ``ONCELY_RELAY_CLOUDEVENTS_SOURCE``.
 
     Raises:
         ConfigurationError: a name PostgreSQL or Kafka Connect would refuse or misread, or a
@@ -133,6 +147,7 @@ class ConnectorOptions:
     slot_name: str = DEFAULT_SLOT_NAME
     publication_name: str = DEFAULT_PUBLICATION_NAME
     extended_headers: bool = False
+    cloudevents_source: str | None = None
 
     def __post_init__(self) -> None:
         validate_schema_name(self.schema)
@@ -142,6 +157,11 @@ class ConnectorOptions:
         _check_name("logical name", self.logical_name)
         if self.topic_prefix:
             _check_name("topic prefix", self.topic_prefix)
+        if self.cloudevents_source is not None:
+            try:
+                check_cloudevents_source(self.cloudevents_source)
+            except ValueError as exc:
+                raise ConfigurationError(str(exc)) from None
         if "(?<routedByValue>" not in self.route_regex:
             raise ConfigurationError(
                 f"route regex {self.route_regex!r} has no named group (?<routedByValue>...): "
@@ -214,6 +234,43 @@ def connector_config(options: ConnectorOptions) -> dict[str, str]:
         "database.dbname": options.dbname,
         **({"database.sslmode": options.sslmode} if options.sslmode else {}),
     }
+    placement = [f"type:header:{EVENT_TYPE_HEADER}"]
+    transforms = {
+        "transforms.outbox.type": EVENT_ROUTER,
+        "transforms.outbox.table.field.event.id": "id",
+        "transforms.outbox.table.field.event.key": "aggregateid",
+        "transforms.outbox.table.field.event.payload": "payload",
+        "transforms.outbox.route.by.field": "topic",
+        "transforms.outbox.route.topic.regex": options.route_regex,
+        "transforms.outbox.route.topic.replacement": options.topic_prefix + ROUTED_BY_VALUE,
+        "transforms.outbox.route.tombstone.on.empty.payload": "false",
+        # The staged trace context: a child span and its traceparent when Connect has the
+        # OpenTelemetry SDK; rows staged without one are not traced.
+        "transforms.outbox.tracing.span.context.field": TRACE_CONTEXT_COLUMN,
+        "transforms.outbox.tracing.operation.name": TRACING_OPERATION,
+        "transforms.outbox.tracing.with.context.field.only": "true",
+    }
+    names = ["outbox"]
+    if options.cloudevents_source is not None:
+        # oncely.wire.cloudevents_headers: the router places three columns; the two constants
+        # are put on Debezium's change event as string fields, then moved into headers, before
+        # the router runs (InsertHeader would parse "1.0" as a number and send "1").
+        placement += ["id:header:ce_id", "type:header:ce_type", "created_at:header:ce_time"]
+        constants = {
+            "ce_source": options.cloudevents_source,
+            "ce_specversion": CLOUDEVENTS_SPECVERSION,
+        }
+        for header, value in constants.items():
+            name = header.replace("_", "")
+            transforms[f"transforms.{name}.type"] = INSERT_FIELD
+            transforms[f"transforms.{name}.static.field"] = f"__oncely_{header}"
+            transforms[f"transforms.{name}.static.value"] = value
+        transforms["transforms.ceheaders.type"] = HEADER_FROM
+        transforms["transforms.ceheaders.fields"] = ",".join(f"__oncely_{h}" for h in constants)
+        transforms["transforms.ceheaders.headers"] = ",".join(constants)
+        transforms["transforms.ceheaders.operation"] = "move"
+        names = [*(h.replace("_", "") for h in constants), "ceheaders", *names]
+    transforms["transforms.outbox.table.fields.additional.placement"] = ",".join(placement)
     return {
         "connector.class": CONNECTOR_CLASS,
         "tasks.max": "1",
@@ -236,16 +293,8 @@ def connector_config(options: ConnectorOptions) -> dict[str, str]:
         "key.converter": STRING_CONVERTER,
         "value.converter": BYTE_ARRAY_CONVERTER,
         "header.converter": HEADER_CONVERTER,
-        "transforms": "outbox",
-        "transforms.outbox.type": EVENT_ROUTER,
-        "transforms.outbox.table.field.event.id": "id",
-        "transforms.outbox.table.field.event.key": "aggregateid",
-        "transforms.outbox.table.field.event.payload": "payload",
-        "transforms.outbox.table.fields.additional.placement": f"type:header:{EVENT_TYPE_HEADER}",
-        "transforms.outbox.route.by.field": "topic",
-        "transforms.outbox.route.topic.regex": options.route_regex,
-        "transforms.outbox.route.topic.replacement": options.topic_prefix + ROUTED_BY_VALUE,
-        "transforms.outbox.route.tombstone.on.empty.payload": "false",
+        "transforms": ",".join(names),
+        **transforms,
     }
 
 
@@ -254,35 +303,10 @@ def connector_request(options: ConnectorOptions) -> dict[str, object]:
     return {"name": options.name, "config": connector_config(options)}
 
 
-def _escape_properties(text: str, *, key: bool) -> str:
-    """Escape ``text`` for a Java ``.properties`` file (read as ISO-8859-1).
-
-    Keys also escape the separators ``=``, ``:`` and spaces, and a leading ``#`` or ``!``.
-    """
-    escaped = []
-    for index, char in enumerate(text):
-        if char == "\\":
-            escaped.append("\\\\")
-        elif char in _CONTROL_ESCAPES:
-            escaped.append(_CONTROL_ESCAPES[char])
-        elif (key and char in "=: ") or (index == 0 and char in (" #!" if key else " ")):
-            escaped.append("\\" + char)
-        elif not " " <= char <= "~":
-            utf16 = char.encode("utf-16-be")  # two code units beyond the BMP
-            escaped.extend(
-                f"\\u{int.from_bytes(utf16[i : i + 2], 'big'):04x}" for i in range(0, len(utf16), 2)
-            )
-        else:
-            escaped.append(char)
-    return "".join(escaped)
-
-
 def to_properties(config: Mapping[str, str]) -> str:
-    """``config`` as a Java ``.properties`` file (``ConnectStandalone``'s connector file)."""
-    return "".join(
-        f"{_escape_properties(key, key=True)}={_escape_properties(value, key=False)}\n"
-        for key, value in config.items()
-    )
+    """``config`` as a Java ``.properties`` file (``ConnectStandalone``'s connector file), in
+    order, escaped as ``java.util.Properties.load`` reads it (ASCII, ``\\uXXXX`` escapes)."""
+    return javaproperties.dumps(config, timestamp=None)
 
 
 def render(options: ConnectorOptions, output: Format) -> str:

@@ -144,11 +144,10 @@ def check_cloudevents_source(source: str) -> str:
 
 def cloudevents_time(created_us: int) -> str:
     """``created_at`` (microseconds since the epoch) as RFC 3339 text in UTC, written as
-    Debezium writes a ``timestamptz`` column (``ZonedTimestamp``: ISO-8601 with a ``Z`` and the
-    fraction's trailing zeros dropped), so both relays send the same ``ce_time``."""
+    Debezium writes a ``timestamptz`` column (``ZonedTimestamp`` with the column's six fraction
+    digits and a ``Z``), so both relays send the same ``ce_time``."""
     moment = _EPOCH + timedelta(microseconds=created_us)
-    fraction = f"{moment.microsecond:06d}".rstrip("0")
-    return moment.strftime("%Y-%m-%dT%H:%M:%S") + (f".{fraction}" if fraction else "") + "Z"
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def cloudevents_headers(event_id: str, event_type: str, created_us: int, source: str) -> Headers:

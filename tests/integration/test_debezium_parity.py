@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
+from opentelemetry.sdk.trace import TracerProvider
 from pydantic import BaseModel
 
 from oncely.consumers.effects import EffectContext, Effects
@@ -43,6 +44,7 @@ from oncely.producer.staging import stage_many
 from oncely.runtime.metrics import ConsumerMetrics
 from oncely.schemas.codec import Codec
 from oncely.settings import ConsumerSettings, KafkaSettings
+from oncely.wire import CLOUDEVENTS_HEADERS as CLOUDEVENTS
 from tests.helpers import (
     Record,
     count_published,
@@ -58,6 +60,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.debezium]
 PARTITIONS = 6
 EVENTS = 1000
 KEYS = 7
+CLOUDEVENTS_SOURCE = "/oncely/parity"
 
 
 class Opened(BaseModel):
@@ -197,18 +200,36 @@ def _topic_total(bootstrap: str, topics: Sequence[str]) -> int:
         consumer.close()
 
 
-def _stage(engine: sa.Engine, codec: Codec, numbers: range, batch: int = 100) -> list[uuid.UUID]:
-    """Stage events ``numbers`` in transactions of ``batch``; return their ids in order."""
+def _stage(
+    engine: sa.Engine,
+    codec: Codec,
+    numbers: range,
+    batch: int = 100,
+    traces: dict[str, int] | None = None,
+) -> list[uuid.UUID]:
+    """Stage events ``numbers`` in transactions of ``batch``; return their ids in order. With
+    ``traces``, every other transaction runs inside a span: its events' trace ids go there."""
     ids: list[uuid.UUID] = []
+    tracer = TracerProvider().get_tracer("parity")
     for start in range(numbers.start, numbers.stop, batch):
-        with engine.begin() as conn:
-            staged = stage_many(
-                conn,
-                [_event(i) for i in range(start, min(start + batch, numbers.stop))],
-                codec=codec,
-            )
+        traced = traces is not None and (start // batch) % 2 == 0
+        with contextlib.ExitStack() as stack:
+            span = stack.enter_context(tracer.start_as_current_span("stage")) if traced else None
+            with engine.begin() as conn:
+                staged = stage_many(
+                    conn,
+                    [_event(i) for i in range(start, min(start + batch, numbers.stop))],
+                    codec=codec,
+                )
+        if traces is not None and span is not None:
+            traces.update({str(e.id): span.get_span_context().trace_id for e in staged})
         ids.extend(event.id for event in staged)
     return ids
+
+
+def _trace_id(record: Record) -> int | None:
+    traceparent = record.headers.get("traceparent")
+    return int(traceparent.decode().split("-")[1], 16) if traceparent else None
 
 
 def _by_id(records: Sequence[Record]) -> dict[str, Record]:
@@ -304,10 +325,13 @@ def test_debezium_and_the_relay_publish_the_same_records(
     codec = run.codec(run.registry_a)
     topics_a, topics_b = run.registry_a.topics(), run.registry_b.topics()
     half = EVENTS // 2
+    traces: dict[str, int] = {}
     # Rows committed before the connector starts reach B through its snapshot ...
-    ids = _stage(engine, codec, range(half))
+    ids = _stage(engine, codec, range(half), traces=traces)
     options = debezium(
-        route_regex=rf"\Q{run.prefix}.A.\E(?<routedByValue>.*)", topic_prefix=f"{run.prefix}.B."
+        route_regex=rf"\Q{run.prefix}.A.\E(?<routedByValue>.*)",
+        topic_prefix=f"{run.prefix}.B.",
+        cloudevents_source=CLOUDEVENTS_SOURCE,
     )
     wait_until(lambda: _topic_total(kafka_bootstrap, topics_b) == half, timeout=60)
     # skipped.operations=u,d,t: UPDATEs and DELETEs do not even leave PostgreSQL.
@@ -316,8 +340,9 @@ def test_debezium_and_the_relay_publish_the_same_records(
         publishes = conn.execute(sa.text(publication), {"p": options.publication_name}).one()
     assert tuple(publishes) == (True, False, False)
     # ... and rows committed afterwards through the WAL stream.
-    ids += _stage(engine, codec, range(half, EVENTS))
-    with running_relay(engine, kafka_bootstrap, fast_settings()):
+    ids += _stage(engine, codec, range(half, EVENTS), traces=traces)
+    settings = fast_settings(cloudevents_source=CLOUDEVENTS_SOURCE)
+    with running_relay(engine, kafka_bootstrap, settings):
         wait_until(lambda: _topic_total(kafka_bootstrap, topics_a) == EVENTS, timeout=60)
         wait_until(lambda: count_published(engine) == EVENTS, timeout=30)
     wait_until(lambda: _topic_total(kafka_bootstrap, topics_b) == EVENTS, timeout=60)
@@ -335,10 +360,24 @@ def test_debezium_and_the_relay_publish_the_same_records(
         assert b.value == a.value
         assert b.partition == a.partition
         assert b.headers["eventType"] == a.headers["eventType"]
-        # Debezium places only id and eventType (extended headers off); the relay adds the
-        # row's own headers after them.
-        assert list(b.headers) == ["id", "eventType"]
-        assert list(a.headers)[:2] == ["id", "eventType"]
+        # Debezium sends the two CloudEvents constants first (moved from its change event), the
+        # traceparent of its tracing SMT, then what the router places (extended headers off);
+        # the relay adds the row's own headers after eventType.
+        traced = event_id in traces
+        assert b.header_names == (
+            ("ce_source", "ce_specversion")
+            + ("traceparent",) * traced
+            + ("id", "eventType", "ce_id", "ce_type", "ce_time")
+        )
+        assert a.header_names[:2] == ("id", "eventType")
+        assert a.header_names.count("traceparent") == traced
+        for name in CLOUDEVENTS:
+            assert b.headers[name] == a.headers[name], name
+        # One trace from the staging span, through either relay (Debezium's tracing SMT
+        # parents a span of its own on the staged context).
+        assert _trace_id(a) == _trace_id(b) == traces.get(event_id)
+    assert {a.headers["ce_source"] for a in records_a} == {CLOUDEVENTS_SOURCE.encode()}
+    assert 0 < len(traces) < EVENTS
     assert {a.headers["content-type"] for a in records_a} == {
         b"application/vnd.oncely.avro",
         b"application/vnd.confluent.avro",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import javaproperties
 import pytest
 from typer.testing import CliRunner
 
@@ -100,8 +101,12 @@ def test_invalid_options_are_refused_with_the_reason(
 
 
 def test_properties_escape_what_java_would_misread() -> None:
-    text = to_properties({"a b=c": " x=y:z \\Q.\\E é\t", "#k": "#v"})
-    assert text == "a\\ b\\=c=\\ x=y:z \\\\Q.\\\\E \\u00e9\\t\n\\#k=#v\n"
+    config = {"a b=c": " x=y:z \\Q.\\E é\t", "#k": "#v"}
+    text = to_properties(config)
+    assert text.startswith("a\\ b\\=c=\\ x")  # separators and a leading space escaped
+    assert "\\\\Q.\\\\E \\u00e9\\t" in text  # backslashes, non-ASCII, control characters
+    assert text.isascii() and text.endswith("\n\\#k=\\#v\n")  # not a comment line
+    assert javaproperties.loads(text) == config
 
 
 def test_the_properties_file_names_the_connector_first() -> None:

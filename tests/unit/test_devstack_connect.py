@@ -30,7 +30,10 @@ def test_a_failed_resolution_carries_mavens_output_and_is_not_reused(
     with pytest.raises(DevstackError, match="Could not find artifact") as info:
         resolve_connect("4.4.0", "9.9.9.Final", cache_dir=cache)
     assert "debezium-connector-postgres:9.9.9.Final" in str(info.value)
-    assert not (cache / "connect-4.4.0-debezium-9.9.9.Final" / ".resolved").exists()
+    assert [path.name for path in cache.iterdir()] == [
+        "connect-4.4.0-debezium-9.9.9.Final-otel-1.68.0"
+    ]
+    assert not list(cache.rglob(".resolved"))
 
 
 def test_worker_properties_keep_offsets_local_and_rest_on_loopback(tmp_path: Path) -> None:

@@ -59,6 +59,15 @@ ExtendedHeaders = Annotated[
         help="Debezium's extended.headers.enabled: add __debezium.context.* headers before `id`."
     ),
 ]
+CloudEventsSource = Annotated[
+    str | None,
+    typer.Option(
+        envvar="ONCELY_RELAY_CLOUDEVENTS_SOURCE",
+        help="Add the CloudEvents binary-mode headers (ce_id, ce_type, ce_time, ce_source, "
+        "ce_specversion) with this ce_source, as `oncely relay run` does with the same variable.",
+        show_default=False,
+    ),
+]
 
 
 def _options(database_url: str, **options: Any) -> debezium.ConnectorOptions:
@@ -87,13 +96,15 @@ def config(
     slot_name: SlotName = debezium.DEFAULT_SLOT_NAME,
     publication_name: PublicationName = debezium.DEFAULT_PUBLICATION_NAME,
     extended_headers: ExtendedHeaders = False,
+    cloudevents_source: CloudEventsSource = None,
 ) -> None:
     """Print the Debezium PostgreSQL connector configuration that relays oncely_outbox.
 
     The database URL is how Kafka Connect reaches PostgreSQL (e.g. `postgres:5432` inside
     docker compose); its password, if any, is written into the configuration. Register the JSON
     with `curl -X POST -H 'Content-Type: application/json' --data @oncely-outbox.json
-    http://connect:8083/connectors`. Do not run `oncely relay run` as well.
+    http://connect:8083/connectors`. Do not run `oncely relay run` as well. Traces continue
+    through Debezium when Kafka Connect has the OpenTelemetry SDK (see docs/how-to/debezium.md).
     """
     if output not in ("json", "properties"):
         err.print(f"[red]error:[/] --format {output!r}: use json or properties")
@@ -108,6 +119,7 @@ def config(
         slot_name=slot_name,
         publication_name=publication_name,
         extended_headers=extended_headers,
+        cloudevents_source=cloudevents_source,
     )
     sys.stdout.write(debezium.render(options, "json" if output == "json" else "properties"))
 

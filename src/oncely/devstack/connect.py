@@ -2,10 +2,15 @@
 
 The worker runs as ``java -cp <libs>/* org.apache.kafka.connect.cli.ConnectStandalone
 worker.properties`` on 127.0.0.1 (offsets in a local file, no internal topics). Its classpath
-(``connect-runtime`` of the broker's Kafka version, with an SLF4J binding) and Debezium's plugin
-folder (the ``debezium-connector-postgres`` ``plugin`` archive: connector, Outbox Event Router,
-JDBC driver) are resolved once per version pair with Maven into a cache folder; a resolution is
-only reused when it completed (a marker file). Connectors are added through the REST API.
+(``connect-runtime`` of the broker's Kafka version, with an SLF4J binding and the OpenTelemetry
+SDK) and Debezium's plugin folder (the ``debezium-connector-postgres`` ``plugin`` archive:
+connector, Outbox Event Router, JDBC driver) are resolved once per version pair with Maven into a
+cache folder; a resolution is only reused when it completed (a marker file). Connectors are
+added through the REST API.
+
+The SDK is configured by :data:`TRACING_PROPERTIES` (W3C propagation, no exporter): the
+router's tracing SMT then continues the trace staged with each row, as a Kafka Connect with an
+OpenTelemetry Java agent or SDK does in production.
 """
 
 from __future__ import annotations
@@ -32,6 +37,18 @@ from oncely.devstack.kafka import (
 from oncely.errors import DevstackError
 
 DEFAULT_DEBEZIUM_VERSION = "3.6.1.Final"
+#: The OpenTelemetry SDK on the worker's classpath (connect-pom.xml): part of the cache's name.
+OPENTELEMETRY_VERSION = "1.68.0"
+#: The SDK's autoconfiguration: the global OpenTelemetry that Debezium's tracing SMT asks for
+#: propagates W3C trace context and exports nothing.
+TRACING_PROPERTIES = {
+    "otel.java.global-autoconfigure.enabled": "true",
+    "otel.service.name": "oncely-devstack-connect",
+    "otel.propagators": "tracecontext,baggage",
+    "otel.traces.exporter": "none",
+    "otel.metrics.exporter": "none",
+    "otel.logs.exporter": "none",
+}
 _PLUGIN_ARCHIVE = "debezium-connector-postgres-{version}-plugin.tar.gz"
 _MAIN_CLASS = "org.apache.kafka.connect.cli.ConnectStandalone"
 
@@ -50,7 +67,9 @@ def resolve_connect(
         ToolMissingError: Maven is not installed.
         DevstackError: the resolution failed (the message carries Maven's own output).
     """
-    home = (cache_dir or cache_root()) / f"connect-{kafka_version}-debezium-{debezium_version}"
+    home = (cache_dir or cache_root()) / (
+        f"connect-{kafka_version}-debezium-{debezium_version}-otel-{OPENTELEMETRY_VERSION}"
+    )
     libs, plugins, marker = home / "libs", home / "plugins", home / ".resolved"
     if marker.exists() and libs.is_dir() and plugins.is_dir():
         return libs, plugins
@@ -58,7 +77,11 @@ def resolve_connect(
     staging = copy_dependencies(
         home,
         "connect-pom.xml",
-        {"kafka.version": kafka_version, "debezium.version": debezium_version},
+        {
+            "kafka.version": kafka_version,
+            "debezium.version": debezium_version,
+            "opentelemetry.version": OPENTELEMETRY_VERSION,
+        },
         wanted=archive_name,
         resolves=f"Kafka Connect (org.apache.kafka:connect-runtime:{kafka_version}) and "
         f"Debezium (io.debezium:debezium-connector-postgres:{debezium_version}, plugin tar.gz)",
@@ -168,6 +191,7 @@ class ConnectNode:
             log_config="connect-log4j2.properties",
             libs=libs,
             main_class=_MAIN_CLASS,
+            properties=TRACING_PROPERTIES,
         )
         stdout = (logs / "stdout.log").open("ab")
         self._proc = subprocess.Popen(

@@ -65,11 +65,18 @@ def check_java() -> str:
 
 
 def jvm_command(
-    java: str, *, heap: tuple[str, str], logs: Path, log_config: str, libs: Path, main_class: str
+    java: str,
+    *,
+    heap: tuple[str, str],
+    logs: Path,
+    log_config: str,
+    libs: Path,
+    main_class: str,
+    properties: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The command line of a Kafka process (broker or Connect worker) run by ``java`` (from
     :func:`check_java`): ``heap`` (initial, maximum), G1, its log4j2 configuration (a packaged
-    file, written beside ``logs``), the jars of ``libs``."""
+    file, written beside ``logs``), more system ``properties``, the jars of ``libs``."""
     config = logs.parent / "log4j2.properties"
     config.write_bytes(resources.files(__package__).joinpath(log_config).read_bytes())
     return [
@@ -81,6 +88,7 @@ def jvm_command(
         "-Djava.awt.headless=true",
         f"-Dkafka.logs.dir={logs}",
         f"-Dlog4j2.configurationFile={config}",
+        *(f"-D{name}={value}" for name, value in (properties or {}).items()),
         "-cp",
         f"{libs}/*",
         main_class,
