@@ -23,6 +23,8 @@ lint: install
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/oncely schemas check --registry examples.payments.events:registry --dir schemas
+	$(BIN)/oncely asyncapi --app examples.payments.app:app --title 'oncely payments example' \
+	  --output docs/asyncapi/payments.json --check
 
 format: install
 	$(BIN)/ruff format src tests examples bench tools

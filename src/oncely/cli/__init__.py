@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "verify",
         "Reconcile a window of outbox rows with Kafka and the effects' receipts (read-only).",
     ),
+    "asyncapi": (
+        "asyncapi",
+        "Write the AsyncAPI 3.0 document of the application's events and effects, as JSON.",
+    ),
     "db": ("db", "Create and migrate oncely's tables in PostgreSQL."),
     "dead": (
         "dead",
@@ -61,7 +65,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 #: The commands that are one command, not a group of subcommands.
-SINGLE = frozenset({"demo", "consume", "replay", "status", "verify"})
+SINGLE = frozenset({"asyncapi", "demo", "consume", "replay", "status", "verify"})
 
 
 def load_command(name: str) -> Any:

@@ -15,6 +15,9 @@ from oncely import settings
 OPTION_VARIABLES = frozenset(
     {
         "ONCELY_APP",
+        "ONCELY_ASYNCAPI_OUTPUT",
+        "ONCELY_ASYNCAPI_TITLE",
+        "ONCELY_ASYNCAPI_VERSION",
         "ONCELY_DATABASE_SCHEMA",
         "ONCELY_DATABASE_URL",
         "ONCELY_DEVSTACK_BROKERS",

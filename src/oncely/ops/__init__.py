@@ -1,1 +1,1 @@
-"""Operator views shared by the CLI and HTTP: status, verify, republish."""
+"""Operator views shared by the CLI and HTTP: status, verify, republish; the AsyncAPI document."""
