@@ -153,7 +153,7 @@ async def test_the_same_key_while_the_first_request_runs_is_409(
         waiting = scalar(
             shop,
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock'",
+            "AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO orders %'",
         )
         return claim_status(shop, "key-1") == "processing" and waiting == 1
 
@@ -282,7 +282,10 @@ async def test_the_relay_publishes_the_order_and_the_async_effect_applies_it_onc
         assert receipts() == 1
         with shop.connect() as conn:
             applied = conn.execute(
-                sa.text("SELECT event_id, customer_email, total FROM order_history")
+                sa.text(
+                    "SELECT event_id, customer_email, total FROM order_history WHERE order_id = :o"
+                ),
+                {"o": order["id"]},
             ).one()
         assert applied.event_id == event_id
         assert (applied.customer_email, str(applied.total)) == ("ada@example.test", "42.50")
