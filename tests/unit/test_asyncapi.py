@@ -35,7 +35,7 @@ from oncely.cli._errors import run
 from oncely.ops.asyncapi import AVRO_SCHEMA_FORMAT, AsyncApiError, asyncapi_document, render
 from oncely.schemas import single_object
 from oncely.schemas.codec import Codec
-from oncely.wire import record_headers
+from oncely.wire import CLOUDEVENTS_HEADERS, record_headers
 
 ROOT = Path(__file__).resolve().parents[2]
 OFFICIAL_SCHEMA = ROOT / "tests" / "data" / "asyncapi" / "asyncapi-3.0.0.schema.json"
@@ -278,6 +278,9 @@ def test_headers_and_key_are_the_records() -> None:
         "content-type",
         "schema-version",
         "traceparent",
+        "tracestate",
+        "baggage",
+        *CLOUDEVENTS_HEADERS,
     }
     assert headers["properties"]["eventType"]["const"] == "transfer.completed"
     assert headers["properties"]["content-type"]["const"] == "application/vnd.oncely.avro"

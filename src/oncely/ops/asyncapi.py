@@ -32,7 +32,14 @@ from pydantic.json_schema import models_json_schema
 from oncely.errors import ConfigurationError
 from oncely.events import EventType, Registry
 from oncely.schemas.codec import CONTENT_TYPES
-from oncely.wire import CONTENT_TYPE_HEADER, EVENT_TYPE_HEADER, ID_HEADER, SCHEMA_VERSION_HEADER
+from oncely.wire import (
+    CLOUDEVENTS_HEADERS,
+    CLOUDEVENTS_SPECVERSION,
+    CONTENT_TYPE_HEADER,
+    EVENT_TYPE_HEADER,
+    ID_HEADER,
+    SCHEMA_VERSION_HEADER,
+)
 
 if TYPE_CHECKING:
     from oncely.consumers.effects import Effect, Effects
@@ -227,12 +234,34 @@ def _headers(event_type: EventType[Any]) -> dict[str, Any]:
             },
             "traceparent": {
                 "type": "string",
-                "description": "The W3C trace context of the span that staged the event, when "
-                "the application uses OpenTelemetry.",
+                "description": "The W3C trace context: of the relay's span when it traces, else "
+                "of the span that staged the event (absent when none was active).",
+            },
+            "tracestate": {"type": "string", "description": "W3C trace context, with traceparent."},
+            "baggage": {"type": "string", "description": "W3C baggage of the staging context."},
+            **{
+                name: {"type": "string", "description": description}
+                for name, description in _CLOUDEVENTS.items()
             },
         },
         "required": [ID_HEADER, EVENT_TYPE_HEADER],
     }
+
+
+#: The CloudEvents binary-mode headers (:func:`oncely.wire.cloudevents_headers`).
+_CLOUDEVENTS = dict(
+    zip(
+        CLOUDEVENTS_HEADERS,
+        [
+            "CloudEvents id: the event id (when ONCELY_RELAY_CLOUDEVENTS_SOURCE is set).",
+            "CloudEvents type: the event type.",
+            "CloudEvents time: when the event was staged (RFC 3339, UTC, microseconds).",
+            "CloudEvents source: the deployment's ONCELY_RELAY_CLOUDEVENTS_SOURCE.",
+            f"CloudEvents specversion: {CLOUDEVENTS_SPECVERSION}.",
+        ],
+        strict=True,
+    )
+)
 
 
 def _kafka_message_binding(event_type: EventType[Any]) -> dict[str, Any]:
