@@ -26,7 +26,7 @@ def _loaded_after(code: str) -> set[str]:
     return set(done.stdout.split())
 
 
-HEAVY = {"sqlalchemy", "confluent_kafka", "psycopg", "fastavro", "oncely.consumers"}
+HEAVY = {"sqlalchemy", "confluent_kafka", "psycopg", "fastavro", "alembic", "oncely.consumers"}
 
 
 def test_import_oncely_and_the_root_help_load_no_service() -> None:
