@@ -20,12 +20,12 @@ version in the revision's transaction, recording them in ``oncely_migrations`` a
     from oncely.alembic import downgrade_oncely, upgrade_oncely
 
     def upgrade() -> None:
-        upgrade_oncely(op, version=3)
+        upgrade_oncely(op, version=4)
 
     def downgrade() -> None:
         downgrade_oncely(op)
 
-When a newer oncely ships migration 4, a new revision calls ``upgrade_oncely(op, version=4)``
+When a newer oncely ships migration 5, a new revision calls ``upgrade_oncely(op, version=5)``
 (oncely's migrations are forward-only: leave its ``downgrade()`` empty).
 """
 
