@@ -389,3 +389,50 @@ def oncely_cli(*argv: str, env: dict[str, str] | None = None) -> CliResult:
         return CliResult(
             code, stdout.getvalue().decode(), stderr.getvalue().decode(), output.getvalue().decode()
         )
+
+
+_CATALOG = {
+    # Column order, not ordinal_position: a migration's dropped columns leave gaps in attnum.
+    "columns": """
+        SELECT table_name, column_name,
+               row_number() OVER (PARTITION BY table_name ORDER BY ordinal_position),
+               data_type, is_nullable, column_default, is_identity, identity_generation,
+               is_generated, generation_expression
+        FROM information_schema.columns WHERE table_schema = 'public'
+        ORDER BY table_name, ordinal_position""",
+    "constraints": """
+        SELECT conrelid::regclass::text, conname, contype, pg_get_constraintdef(oid)
+        FROM pg_constraint WHERE connamespace = 'public'::regnamespace
+        ORDER BY 1, 2""",
+    "indexes": """
+        SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'
+        ORDER BY 1, 2""",
+    "triggers": """
+        SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid) FROM pg_trigger
+        WHERE NOT tgisinternal ORDER BY 1, 2""",
+    "functions": """
+        SELECT proname, pg_get_functiondef(oid) FROM pg_proc
+        WHERE pronamespace = 'public'::regnamespace ORDER BY 1""",
+    # The shards are created with the schema, both ways.
+    "shards": """
+        SELECT 'oncely_relay_shards', shard, reading, after_seq, owner, epoch, lease_until
+        FROM oncely_relay_shards ORDER BY shard""",
+}
+
+
+def schema_catalog(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Columns, constraints, indexes, triggers, functions and shards of the ``public`` schema
+    (``oncely_migrations`` left out), as PostgreSQL prints them back: two databases built two
+    ways compare equal part by part."""
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        snapshot = {
+            name: [
+                tuple(row)
+                for row in conn.execute(sa.text(sql))
+                if "oncely_migrations" not in str(row[0])
+            ]
+            for name, sql in _CATALOG.items()
+        }
+    engine.dispose()
+    return snapshot

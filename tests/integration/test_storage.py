@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import psycopg.errors
 import pytest
@@ -21,51 +20,9 @@ from oncely.storage import (
 )
 from oncely.storage.tables import DEFAULT_SHARDS, NOTIFY_CHANNEL, build_metadata
 from oncely.testing.services import libpq_dsn
+from tests.helpers import schema_catalog
 
 pytestmark = pytest.mark.integration
-
-_CATALOG = {
-    # Column order, not ordinal_position: a migration's dropped columns leave gaps in attnum.
-    "columns": """
-        SELECT table_name, column_name,
-               row_number() OVER (PARTITION BY table_name ORDER BY ordinal_position),
-               data_type, is_nullable, column_default, is_identity, identity_generation,
-               is_generated, generation_expression
-        FROM information_schema.columns WHERE table_schema = 'public'
-        ORDER BY table_name, ordinal_position""",
-    "constraints": """
-        SELECT conrelid::regclass::text, conname, contype, pg_get_constraintdef(oid)
-        FROM pg_constraint WHERE connamespace = 'public'::regnamespace
-        ORDER BY 1, 2""",
-    "indexes": """
-        SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'
-        ORDER BY 1, 2""",
-    "triggers": """
-        SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid) FROM pg_trigger
-        WHERE NOT tgisinternal ORDER BY 1, 2""",
-    "functions": """
-        SELECT proname, pg_get_functiondef(oid) FROM pg_proc
-        WHERE pronamespace = 'public'::regnamespace ORDER BY 1""",
-    # The shards are created with the schema, both ways.
-    "shards": """
-        SELECT 'oncely_relay_shards', shard, reading, after_seq, owner, epoch, lease_until
-        FROM oncely_relay_shards ORDER BY shard""",
-}
-
-
-def _catalog(url: str) -> dict[str, list[tuple[Any, ...]]]:
-    engine = sa.create_engine(url)
-    with engine.connect() as conn:
-        snapshot = {
-            name: [
-                tuple(row)
-                for row in conn.execute(sa.text(sql))
-                if "oncely_migrations" not in str(row[0])
-            ]
-            for name, sql in _CATALOG.items()
-        }
-    engine.dispose()
-    return snapshot
 
 
 def test_migrations_and_metadata_build_the_same_database(
@@ -79,7 +36,7 @@ def test_migrations_and_metadata_build_the_same_database(
     metadata.create_all(engine)
     engine.dispose()
 
-    migrated, created = _catalog(from_migrations), _catalog(from_metadata)
+    migrated, created = schema_catalog(from_migrations), schema_catalog(from_metadata)
     assert len(migrated["columns"]) > 40
     assert {row[1] for row in migrated["triggers"]} == {"oncely_outbox_wake", "oncely_tasks_notify"}
     assert {row[0] for row in migrated["functions"]} == {
@@ -87,7 +44,7 @@ def test_migrations_and_metadata_build_the_same_database(
         "oncely_tasks_notify",
     }
     assert [row[1] for row in migrated["shards"]] == list(range(DEFAULT_SHARDS))
-    for part in _CATALOG:
+    for part in migrated:
         assert migrated[part] == created[part], part
 
 

@@ -26,7 +26,15 @@ def _loaded_after(code: str) -> set[str]:
     return set(done.stdout.split())
 
 
-HEAVY = {"sqlalchemy", "confluent_kafka", "psycopg", "fastavro", "oncely.consumers", "fastapi"}
+HEAVY = {
+    "sqlalchemy",
+    "confluent_kafka",
+    "psycopg",
+    "fastavro",
+    "alembic",
+    "fastapi",
+    "oncely.consumers",
+}
 
 
 def test_import_oncely_and_the_root_help_load_no_service() -> None:

@@ -1,6 +1,7 @@
 """oncely's tables, migrations and named SQL statements (PostgreSQL).
 
-Import :data:`metadata` into your Alembic environment, or run ``oncely db upgrade``.
+Run ``oncely db upgrade``, or apply the same migrations from your Alembic revisions
+(:mod:`oncely.alembic`).
 """
 
 from oncely.storage.errors import (

@@ -2,7 +2,9 @@
 
 Migrations are the packaged ``migrations/NNNN_name.sql`` files, applied in order, each recorded
 in ``oncely_migrations``. The whole upgrade is one transaction holding an advisory lock, so
-concurrent upgrades serialise and a failed one leaves nothing half-applied.
+concurrent upgrades serialise and a failed one leaves nothing half-applied: the command's own
+transaction (:func:`upgrade`) or an Alembic revision's (:func:`upgrade_connection`, through
+:mod:`oncely.alembic`). ``migrations/drop.sql`` drops what any of them created.
 
 Migration 0003 (the relay as a log reader) fixes the number of key shards (``shards``,
 default 32) and refuses to run while relays of the earlier model hold row leases.
@@ -11,6 +13,8 @@ default 32) and refuses to run while relays of the earlier model hold row leases
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -78,30 +82,42 @@ def upgrade(
 ) -> list[Migration]:
     """Apply the migrations ``engine``'s database lacks; return those applied (empty: no-op).
 
-    With ``schema``, the tables live in that schema (created if missing). ``shards`` is the
-    number of key shards the relay reads by (default 32): it is fixed by the upgrade that
-    applies migration 0003 and cannot change later; given to a later upgrade it must equal the
-    database's count. ``to_version`` stops after that migration (tests of older schemas).
+    One transaction: :func:`upgrade_connection` on a connection of ``engine``, then commit.
+    Any error rolls the whole upgrade back.
+    """
+    with engine.begin() as conn:
+        return upgrade_connection(conn, schema=schema, shards=shards, to_version=to_version)
 
-    Raises :class:`~oncely.errors.ConfigurationError` for an invalid schema name or shard count
-    (or one that differs from the database's), :class:`UpgradeRefusedError` when a migration
-    refuses the database's state (e.g. rows leased by a running relay of the earlier model);
-    other database errors propagate. Any error rolls the whole upgrade back.
+
+def upgrade_connection(
+    conn: sa.Connection,
+    *,
+    schema: str | None = None,
+    shards: int | None = None,
+    to_version: int | None = None,
+) -> list[Migration]:
+    """Apply the migrations ``conn``'s database lacks, in ``conn``'s open transaction (the
+    caller commits); return those applied (empty: no-op).
+
+    Records each in ``oncely_migrations`` under an advisory lock held to the end of the
+    transaction, so concurrent upgrades serialise. With ``schema``, the tables live in that
+    schema (created if missing). ``shards`` is the number of key shards the relay reads by
+    (default 32): it is fixed by the upgrade that applies migration 0003 and cannot change
+    later; given to a later upgrade it must equal the database's count. ``to_version`` stops
+    after that migration (an Alembic revision pins it; tests of older schemas). The
+    transaction's ``search_path`` is as before when this returns.
+
+    Raises :class:`~oncely.errors.ConfigurationError` for an invalid schema name, shard count
+    (or one that differs from the database's) or version, :class:`UpgradeRefusedError` when a
+    migration refuses the database's state (e.g. rows leased by a running relay of the earlier
+    model); other database errors propagate, leaving the transaction to be rolled back.
     """
     if shards is not None:
         validate_shards(shards)
+    if to_version is not None:
+        validate_version(to_version)
     applied: list[Migration] = []
-    with engine.begin() as conn:
-        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _LOCK_KEY})
-        if schema is not None:
-            quoted = conn.dialect.identifier_preparer.quote_identifier(validate_schema_name(schema))
-            conn.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {quoted}")
-            conn.exec_driver_sql(f"SET LOCAL search_path TO {quoted}")
-        if shards is not None:
-            conn.execute(
-                sa.text("SELECT set_config('oncely.shards', :shards, true)"),
-                {"shards": str(shards)},
-            )
+    with _scoped(conn, schema, {} if shards is None else {"oncely.shards": str(shards)}):
         conn.exec_driver_sql(
             "CREATE TABLE IF NOT EXISTS oncely_migrations ("
             " version integer PRIMARY KEY,"
@@ -135,3 +151,59 @@ def upgrade(
             )
             applied.append(migration)
     return applied
+
+
+def drop_connection(conn: sa.Connection, *, schema: str | None = None) -> None:
+    """Drop every table and trigger function any oncely migration creates, and
+    ``oncely_migrations``, in ``conn``'s open transaction (the caller commits).
+
+    Whatever version the database is at; objects already gone are skipped. The schema itself
+    stays. Raises :class:`~oncely.errors.ConfigurationError` for an invalid schema name; a
+    database error (e.g. an object of yours depends on one of oncely's tables: nothing is
+    dropped with ``CASCADE``) propagates, leaving the transaction to be rolled back.
+    """
+    with _scoped(conn, schema, {}):
+        conn.exec_driver_sql(drop_sql())
+
+
+@cache
+def drop_sql() -> str:
+    """The packaged ``migrations/drop.sql``: what :func:`drop_connection` runs."""
+    return resources.files(__package__).joinpath("migrations", "drop.sql").read_text()
+
+
+def validate_version(version: int) -> int:
+    """Return ``version`` if this oncely ships that migration, else raise ConfigurationError."""
+    latest = migrations()[-1].version
+    if not 1 <= version <= latest:
+        raise ConfigurationError(
+            f"oncely migration version {version}: this oncely ships versions 1 to {latest}; "
+            "pin one of those, or install the oncely that ships it"
+        )
+    return version
+
+
+@contextmanager
+def _scoped(conn: sa.Connection, schema: str | None, settings: dict[str, str]) -> Iterator[None]:
+    """Take the upgrade lock and, for the body, set ``search_path`` to ``schema`` (created if
+    missing) and ``settings``, all local to the transaction; restore them after the body, so
+    statements a caller runs next in the same transaction (an Alembic revision) are unaffected.
+    """
+    conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _LOCK_KEY})
+    if schema is not None:
+        quoted = conn.dialect.identifier_preparer.quote_identifier(validate_schema_name(schema))
+        conn.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {quoted}")
+        settings = {**settings, "search_path": quoted}
+    before = {
+        name: conn.execute(sa.text("SELECT current_setting(:name, true)"), {"name": name}).scalar()
+        for name in settings
+    }
+    for name, value in settings.items():
+        _set_local(conn, name, value)
+    yield
+    for name, previous in before.items():
+        _set_local(conn, name, previous or "")
+
+
+def _set_local(conn: sa.Connection, name: str, value: str) -> None:
+    conn.execute(sa.text("SELECT set_config(:name, :value, true)"), {"name": name, "value": value})

@@ -1,10 +1,11 @@
 """oncely's tables as SQLAlchemy Core ``MetaData``: the canonical schema.
 
-Include :data:`metadata` (or :func:`build_metadata` for a named schema) in your own Alembic
-environment, or let ``oncely db upgrade`` apply the packaged migrations; a test proves both give
-the same database. Table, column and constraint names are part of the contract: errors are
-translated by constraint name (:mod:`oncely.storage.errors`) and Debezium's Outbox Event Router
-reads the outbox columns by name.
+The packaged migrations (applied by ``oncely db upgrade``, or from your Alembic revisions by
+:mod:`oncely.alembic`) build the same database as :data:`metadata` (or :func:`build_metadata`
+for a named schema); a test proves it. Table, column and constraint names are part of the
+contract: errors are translated by constraint name (:mod:`oncely.storage.errors`), Debezium's
+Outbox Event Router reads the outbox columns by name, and every table's name starts with
+``oncely_`` (:mod:`oncely.alembic`'s filters rely on it).
 """
 
 from __future__ import annotations

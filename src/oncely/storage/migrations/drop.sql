@@ -1,0 +1,23 @@
+-- Drops every table and trigger function that any oncely migration creates, whatever version
+-- the database is at, and oncely_migrations: what oncely.alembic's downgrade_oncely() runs.
+-- Runs inside one transaction with search_path set to oncely's schema. Indexes, constraints and
+-- triggers go with their tables. No CASCADE: an object of yours that depends on one of these
+-- tables (a view, a foreign key) stops the drop instead of being dropped with it.
+-- A new migration that creates a table or a function adds it here (a unit test checks).
+
+DROP TABLE IF EXISTS
+    oncely_outbox,
+    oncely_relay_shards,
+    oncely_relay_members,
+    oncely_relay_parked,
+    oncely_relay_held,
+    oncely_receipts,
+    oncely_tasks,
+    oncely_idempotency_keys;
+
+DROP FUNCTION IF EXISTS oncely_outbox_wake();
+DROP FUNCTION IF EXISTS oncely_tasks_notify();
+-- 0001's wake-up of every relay; 0003 replaced it with oncely_outbox_wake.
+DROP FUNCTION IF EXISTS oncely_outbox_notify();
+
+DROP TABLE IF EXISTS oncely_migrations;
