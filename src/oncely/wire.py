@@ -99,13 +99,16 @@ def record_headers(
 ) -> list[tuple[str, str | bytes | None]]:
     """A record's headers: the id, the event type, the row's own headers, the trace context,
     the CloudEvents headers."""
-    return [
+    result: list[tuple[str, str | bytes | None]] = [
         (ID_HEADER, event_id.encode()),
         (EVENT_TYPE_HEADER, event_type.encode()),
         *headers,
-        *trace,
-        *cloudevents,
     ]
+    if trace:
+        result += trace
+    if cloudevents:
+        result += cloudevents
+    return result
 
 
 def trace_context_text(fields: Mapping[str, str]) -> str | None:

@@ -291,6 +291,9 @@ class Applier:
                 headers=[r.envelope.headers for r in records],
             ):
                 self._finish(handler(pairs))
+        elif not self.tracing.enabled:
+            for event, context in pairs:
+                self._finish(handler(event, context))
         else:
             for (event, context), record in zip(pairs, records, strict=True):
                 message = record.envelope.message

@@ -119,7 +119,10 @@ class Publisher:
         Returns the error when the client refuses the record at once (larger than
         ``message.max.bytes``); ``report`` is then never called.
         """
-        staged = trace_context_fields(row.trace_context) if row.trace_context else {}
+        if row.trace_context is None:
+            headers = row.kafka_headers(trace=(), cloudevents_source=self._cloudevents_source)
+            return self._produce(row, headers, report)
+        staged = trace_context_fields(row.trace_context)
         sending = (
             self._tracing.send(
                 topic=row.topic, event_id=row.event_id, key=row.aggregateid, staged=staged
@@ -128,7 +131,7 @@ class Publisher:
             else None
         )
         fields = sending.fields if sending is not None else staged
-        trace = tuple((name, value.encode()) for name, value in fields.items()) if fields else ()
+        trace = tuple((name, value.encode()) for name, value in fields.items())
         headers = row.kafka_headers(trace=trace, cloudevents_source=self._cloudevents_source)
         if sending is None:
             return self._produce(row, headers, report)
