@@ -32,7 +32,15 @@ from oncely.schemas.errors import (
     SchemaNotRegisteredError,
 )
 
-__all__ = ["HEADER_SIZE", "MAGIC_BYTE", "ConfluentAvro", "schema_id", "schema_text", "subject_of"]
+__all__ = [
+    "HEADER_SIZE",
+    "MAGIC_BYTE",
+    "ConfluentAvro",
+    "new_client",
+    "schema_id",
+    "schema_text",
+    "subject_of",
+]
 
 MAGIC_BYTE = 0
 HEADER_SIZE = 5
@@ -60,6 +68,22 @@ def schema_id(value: bytes) -> int:
             f"value starts with 0x{value[0]:02x}, not the Confluent magic byte 0x00",
         )
     return int.from_bytes(value[1:HEADER_SIZE], "big")
+
+
+class _ClosingClient(SchemaRegistryClient):
+    """A client that closes its HTTP connections when it is garbage-collected: a codec built
+    from settings owns its client, and a dropped codec must not leave sockets open."""
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def new_client(config: dict[str, str]) -> SchemaRegistryClient:
+    """A schema registry client for ``config`` (``mock://`` URLs: confluent-kafka's in-memory
+    mock, for unit tests); it closes its connections when it is garbage-collected."""
+    if config["url"].startswith("mock://"):
+        return SchemaRegistryClient.new_client(config)
+    return _ClosingClient(config)
 
 
 def subject_of(event_type: EventType[Any]) -> str:

@@ -56,13 +56,13 @@ def schema_registry_client(settings: SchemaSettings | None = None) -> SchemaRegi
     settings = settings if settings is not None else SchemaSettings()
     config = settings.schema_registry_config()
     try:
-        from confluent_kafka.schema_registry import SchemaRegistryClient
+        from oncely.schemas.confluent import new_client
     except ImportError as exc:
         raise ConfigurationError(
             f"a schema registry needs the Confluent client's packages ({exc.name} is missing): "
             "pip install 'oncely[confluent]'"
         ) from None
-    return SchemaRegistryClient.new_client(config)
+    return new_client(config)
 
 
 def codec_for(registry: Registry, settings: SchemaSettings | None = None) -> Codec:

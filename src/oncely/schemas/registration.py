@@ -147,7 +147,7 @@ def check_registry(
 ) -> list[RegistryVerdict]:
     """Ask the registry's compatibility endpoint (``POST /compatibility/subjects/<subject>/
     versions/latest``) about the code's schema of each ``avro-confluent`` type of
-    ``event_types``.
+    ``event_types`` whose subject holds a version (the others get ``compatible=None``).
 
     Raises :class:`RegistryUnavailableError` when the registry could not be reached or failed.
     """
@@ -159,12 +159,14 @@ def check_registry(
         schema = Schema(schema_text(event_type.schema), "AVRO")
         compatible: bool | None
         with _registry_failures(f"subject {subject!r}"):
-            try:
-                compatible = client.test_compatibility(subject, schema)
+            try:  # asked first: registries answer differently for a subject they do not hold
+                client.get_versions(subject)
             except SchemaRegistryError as exc:
                 if exc.error_code not in NOT_REGISTERED_CODES:
                     raise
                 compatible = None
+            else:
+                compatible = client.test_compatibility(subject, schema)
         verdicts.append(RegistryVerdict(event_type.name, event_type.version, subject, compatible))
     return verdicts
 
