@@ -132,7 +132,7 @@ def register_catalog(
         with _registry_failures(f"subject {subject!r} v{version}"):
             found = _lookup(client, subject, schema)
         if found is not None or dry_run:
-            outcome = RegistrationOutcome.EXISTS if found else RegistrationOutcome.MISSING
+            outcome = RegistrationOutcome.MISSING if found is None else RegistrationOutcome.EXISTS
             yield Registration(event_type.name, version, subject, found, outcome)
             continue
         with _registry_failures(f"subject {subject!r} v{version}"):
