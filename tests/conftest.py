@@ -36,6 +36,11 @@ def kafka_admin(oncely_kafka_admin: AdminClient) -> AdminClient:
     return oncely_kafka_admin
 
 
+@pytest.fixture(scope="session")
+def schema_registry_url(oncely_schema_registry_url: str) -> str:
+    return oncely_schema_registry_url
+
+
 @pytest.fixture
 def new_topic(oncely_new_topic: Callable[..., str]) -> Callable[..., str]:
     return oncely_new_topic

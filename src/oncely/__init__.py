@@ -52,7 +52,12 @@ if TYPE_CHECKING:
     from oncely.schemas.catalog import SchemaCatalog
     from oncely.schemas.codec import Codec
     from oncely.schemas.compatibility import CompatibilityMode
-    from oncely.schemas.errors import DecodeError, DecodeFailure, EncodeError
+    from oncely.schemas.errors import (
+        DecodeError,
+        DecodeFailure,
+        EncodeError,
+        SchemaNotRegisteredError,
+    )
     from oncely.security import KafkaAuthenticationError
     from oncely.settings import StageLimits
     from oncely.storage import DuplicateEventError, DuplicateTaskKeyError
@@ -100,6 +105,7 @@ _EXPORTS = {
     "Registry": "oncely.events",
     "RegistryError": "oncely.events",
     "SchemaCatalog": "oncely.schemas.catalog",
+    "SchemaNotRegisteredError": "oncely.schemas.errors",
     "stage": "oncely.producer",
     "stage_many": "oncely.producer",
     "StagedEvent": "oncely.producer",
@@ -166,6 +172,7 @@ __all__ = [
     "Registry",
     "RegistryError",
     "SchemaCatalog",
+    "SchemaNotRegisteredError",
     "StageLimitError",
     "StageLimits",
     "StagedEvent",

@@ -16,9 +16,12 @@ import logging
 import re
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from oncely.errors import ConfigurationError
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
@@ -58,6 +61,12 @@ _TYPED_KEYS = {
     "ssl_ca_location": "ssl.ca.location",
 }
 _ALIASES = {"sasl.mechanisms": "sasl.mechanism"}
+# SchemaSettings field -> the SchemaRegistryClient configuration key it sets.
+_REGISTRY_TLS_KEYS = {
+    "schema_registry_ssl_ca_location": "ssl.ca.location",
+    "schema_registry_ssl_certificate_location": "ssl.certificate.location",
+    "schema_registry_ssl_key_location": "ssl.key.location",
+}
 
 #: A CloudEvents ``source``: a URI-reference, written here as visible ASCII without spaces.
 CLOUDEVENTS_SOURCE_PATTERN = r"^[!-~]+$"
@@ -284,14 +293,22 @@ class TopicSettings(BaseSettings):
 
 
 class SchemaSettings(BaseSettings):
-    """Where a process that decodes events finds the schemas of other versions (``ONCELY_*``).
+    """Where events' schemas are found: the committed catalog and the schema registry
+    (``ONCELY_*``).
 
     Read by ``oncely consume`` (its ``--schemas-dir`` and ``--schema-registry-url`` options
-    override them) and by ``run_consumers`` / ``build_consumers`` of
-    ``oncely.consumers.service`` when they are given no codec.
+    override them), ``oncely schemas register|check``, :func:`oncely.schemas.loader.codec_for`
+    and ``run_consumers`` / ``build_consumers`` of ``oncely.consumers.service`` when they are
+    given no codec. The registry's credentials are secrets: never in a ``repr``, a validation
+    error or a log line; only :meth:`schema_registry_config` reveals them, to the client.
+    Raises ``pydantic.ValidationError`` (without echoing any value) when the URL carries
+    credentials, the basic credentials are not ``user:password``, or a client certificate
+    comes without its key (or the reverse).
     """
 
-    model_config = SettingsConfigDict(env_prefix="ONCELY_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="ONCELY_", extra="ignore", hide_input_in_errors=True
+    )
 
     schemas_dir: Path | None = Field(
         default=None,
@@ -300,9 +317,74 @@ class SchemaSettings(BaseSettings):
     )
     schema_registry_url: str | None = Field(
         default=None,
-        description="Confluent schema registry URL, needed to decode avro-confluent event types "
-        "(writer schemas are fetched by id).",
+        description="Confluent-compatible schema registry URL, needed by avro-confluent event "
+        "types (stage() looks up their schema ids, consumers fetch writer schemas by id).",
     )
+    schema_registry_basic_auth_user_info: SecretStr | None = Field(
+        default=None,
+        description="HTTP basic credentials for the schema registry, as user:password "
+        "(basic.auth.user.info; never logged or printed).",
+    )
+    schema_registry_ssl_ca_location: Path | None = Field(
+        default=None,
+        description="PEM file of the CA that signed the schema registry's certificate "
+        "(default: the system's trust store).",
+    )
+    schema_registry_ssl_certificate_location: Path | None = Field(
+        default=None,
+        description="PEM client certificate for a schema registry that requires mutual TLS "
+        "(with ONCELY_SCHEMA_REGISTRY_SSL_KEY_LOCATION).",
+    )
+    schema_registry_ssl_key_location: Path | None = Field(
+        default=None, description="PEM private key (unencrypted) of the client certificate."
+    )
+    schema_registry_auto_register: bool = Field(
+        default=False,
+        description="Let stage() register an avro-confluent event type's schema on first use, "
+        "inside the caller's transaction. Off: schemas are registered by `oncely schemas "
+        "register` at deploy time and stage() only looks up their ids.",
+    )
+
+    @model_validator(mode="after")
+    def _check_registry(self) -> SchemaSettings:
+        if self.schema_registry_url and urlsplit(self.schema_registry_url).username is not None:
+            raise ValueError(
+                "ONCELY_SCHEMA_REGISTRY_URL carries credentials: move them to "
+                "ONCELY_SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO (user:password), which is never "
+                "logged or printed"
+            )
+        user_info = self.schema_registry_basic_auth_user_info
+        if user_info is not None and ":" not in user_info.get_secret_value():
+            raise ValueError("ONCELY_SCHEMA_REGISTRY_BASIC_AUTH_USER_INFO must be user:password")
+        if (self.schema_registry_ssl_certificate_location is None) != (
+            self.schema_registry_ssl_key_location is None
+        ):
+            raise ValueError(
+                "set both ONCELY_SCHEMA_REGISTRY_SSL_CERTIFICATE_LOCATION and "
+                "ONCELY_SCHEMA_REGISTRY_SSL_KEY_LOCATION, or neither"
+            )
+        return self
+
+    def schema_registry_config(self) -> dict[str, str]:
+        """The confluent-kafka ``SchemaRegistryClient`` configuration of these settings.
+
+        It holds the credentials in clear text: never log it. Raises
+        :class:`~oncely.errors.ConfigurationError` when no URL is set.
+        """
+        if not self.schema_registry_url:
+            raise ConfigurationError(
+                "no schema registry URL: set ONCELY_SCHEMA_REGISTRY_URL (or --schema-registry-url)"
+            )
+        config = {"url": self.schema_registry_url}
+        if self.schema_registry_basic_auth_user_info is not None:
+            config["basic.auth.user.info"] = (
+                self.schema_registry_basic_auth_user_info.get_secret_value()
+            )
+        for name, key in _REGISTRY_TLS_KEYS.items():
+            value = getattr(self, name)
+            if value is not None:
+                config[key] = str(value)
+        return config
 
 
 class ConsumerSettings(BaseSettings):

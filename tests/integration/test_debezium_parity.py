@@ -43,7 +43,8 @@ from oncely.events import Encoding, Registry
 from oncely.producer.staging import stage_many
 from oncely.runtime.metrics import ConsumerMetrics
 from oncely.schemas.codec import Codec
-from oncely.settings import ConsumerSettings, KafkaSettings
+from oncely.schemas.loader import schema_registry_client
+from oncely.settings import ConsumerSettings, KafkaSettings, SchemaSettings
 from oncely.wire import CLOUDEVENTS_HEADERS as CLOUDEVENTS
 from tests.helpers import (
     Record,
@@ -117,17 +118,20 @@ class Run:
     schema_registry: SchemaRegistryClient
 
     def codec(self, registry: Registry) -> Codec:
-        return Codec(registry=registry, schema_registry=self.schema_registry)
+        # Registration on first use: the comparison is about the relays, not the deploy step.
+        return Codec(registry=registry, schema_registry=self.schema_registry, auto_register=True)
 
 
 @pytest.fixture
-def run(kafka_admin: AdminClient) -> Iterator[Run]:
+def run(kafka_admin: AdminClient, schema_registry_url: str) -> Iterator[Run]:
     prefix = f"test-{uuid.uuid4().hex[:12]}"
     run = Run(
         prefix=prefix,
         registry_a=_registry(f"{prefix}.A."),
         registry_b=_registry(f"{prefix}.B."),
-        schema_registry=SchemaRegistryClient.new_client({"url": f"mock://{prefix}"}),
+        schema_registry=schema_registry_client(
+            SchemaSettings(schema_registry_url=schema_registry_url)
+        ),
     )
     topics = run.registry_a.topics() + run.registry_b.topics()
     futures = kafka_admin.create_topics([NewTopic(t, num_partitions=PARTITIONS) for t in topics])

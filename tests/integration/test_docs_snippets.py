@@ -17,6 +17,8 @@ Each page gets a fresh temporary directory (its working directory, first on ``sy
 a fresh, empty database (``new_database(empty=True)``, so ``oncely db upgrade`` really runs).
 Commands and snippets see ``ONCELY_DATABASE_URL`` and ``ONCELY_KAFKA_BOOTSTRAP_SERVERS`` in the
 environment; Python snippets also find ``DATABASE_URL`` and ``BOOTSTRAP`` in their namespace.
+A page whose snippets run ``oncely schemas register`` also gets a schema registry's URL in
+``ONCELY_SCHEMA_REGISTRY_URL`` (the registry starts for the first such page).
 Environment changes a snippet makes are undone after the page.
 
 ``test_roles_page_grants_are_enough`` runs the GRANTs of ``docs/how-to/roles.md`` and then every
@@ -276,6 +278,7 @@ def test_page_snippets_run(
     new_database: Callable[..., str],
     kafka_bootstrap: str,
     monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     database_url = new_database(empty=True)
     monkeypatch.setenv("ONCELY_DATABASE_URL", database_url)
@@ -283,9 +286,15 @@ def test_page_snippets_run(
     for name in list(os.environ):  # a developer's own Kafka security settings stay out
         if name.startswith("ONCELY_KAFKA_") and name != "ONCELY_KAFKA_BOOTSTRAP_SERVERS":
             monkeypatch.delenv(name)
+    snippets = parse_snippets(page)
+    for name in [n for n in os.environ if n.startswith("ONCELY_SCHEMA_REGISTRY_")]:
+        monkeypatch.delenv(name)  # and a developer's own registry
+    if any("schemas register" in snippet.code for snippet in snippets):
+        registry_url = request.getfixturevalue("schema_registry_url")
+        monkeypatch.setenv("ONCELY_SCHEMA_REGISTRY_URL", registry_url)
     runner = _Page(page, page_environment, database_url, kafka_bootstrap)
     try:
-        for snippet in parse_snippets(page):
+        for snippet in snippets:
             runner.run(snippet)
     finally:
         problems = runner.close()

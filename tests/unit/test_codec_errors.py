@@ -43,7 +43,7 @@ def codec_for(encoding: Encoding = "avro", **codec_args: Any) -> Codec:
     registry.register(Paid, name="payment.paid", key="payment_id", aggregate="p", encoding=encoding)
     registry.register(Refunded, name="payment.refunded", key="payment_id", aggregate="p")
     client = SchemaRegistryClient.new_client({"url": f"mock://errors-{encoding}"})
-    return Codec(registry=registry, schema_registry=client, **codec_args)
+    return Codec(registry=registry, schema_registry=client, auto_register=True, **codec_args)
 
 
 def decode_error(codec: Codec, value: bytes, headers: Any = None, **kwargs: Any) -> DecodeError:
@@ -232,7 +232,7 @@ def test_long_out_of_range_is_an_encode_error(encoding: Encoding) -> None:
         Refunded, name="payment.refunded", key="payment_id", aggregate="p", encoding=encoding
     )
     client = SchemaRegistryClient.new_client({"url": "mock://errors-range"})
-    codec = Codec(registry=registry, schema_registry=client)
+    codec = Codec(registry=registry, schema_registry=client, auto_register=True)
     with pytest.raises(EncodeError, match=r"'payment\.refunded'"):
         codec.encode(Refunded(payment_id=uuid4(), count=2**63))
 

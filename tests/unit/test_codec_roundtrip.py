@@ -112,7 +112,7 @@ def make_codec(encoding: Encoding) -> Codec:
         Everything, name="everything.happened", key="id", aggregate="everything", encoding=encoding
     )
     client = SchemaRegistryClient.new_client({"url": f"mock://roundtrip-{encoding}"})
-    return Codec(registry=registry, schema_registry=client)
+    return Codec(registry=registry, schema_registry=client, auto_register=True)
 
 
 CODECS = {encoding: make_codec(encoding) for encoding in ("avro", "avro-confluent", "json")}

@@ -67,7 +67,10 @@ def test_an_unknown_writer_names_the_type_the_fingerprint_and_the_folder(tmp_pat
 
 def test_avro_confluent_values_round_trip_through_the_registry_url() -> None:
     _, v2 = build("unit.", encoding="avro-confluent")
-    codec = codec_for(v2.registry, SchemaSettings(schema_registry_url="mock://consumer-codec"))
+    settings = SchemaSettings(
+        schema_registry_url="mock://consumer-codec", schema_registry_auto_register=True
+    )
+    codec = codec_for(v2.registry, settings)
     value, headers = codec.encode(v2.model(order_id="o-2", amount=5, currency="USD"))
     assert value[0] == 0, "Confluent framing: the schema id comes from the registry"
     assert codec.decode(value, headers, expected=v2.model).currency == "USD"

@@ -90,7 +90,7 @@ def test_new_reader_takes_the_models_defaults_for_fields_the_writer_lacked(
     v1, v2 = declare(OrderV1, 1, encoding), declare(OrderV2, 2, encoding)
     client = SchemaRegistryClient.new_client({"url": f"mock://evolution-{encoding}"})
     old = order_v1()
-    value, headers = Codec(registry=v1, schema_registry=client).encode(old)
+    value, headers = Codec(registry=v1, schema_registry=client, auto_register=True).encode(old)
     reader = Codec(registry=v2, catalog=entries(v1, v2), schema_registry=client)
     decoded = reader.decode(value, headers, expected=OrderV2)
     assert decoded == OrderV2(
@@ -110,7 +110,7 @@ def test_old_reader_skips_fields_it_does_not_know(encoding: Encoding) -> None:
     client = SchemaRegistryClient.new_client({"url": f"mock://evolution-fwd-{encoding}"})
     old = order_v1()
     new = OrderV2(**old.model_dump(exclude={"lines"}), lines=[LineV2(sku="a", price=Decimal(1))])
-    value, headers = Codec(registry=v2, schema_registry=client).encode(new)
+    value, headers = Codec(registry=v2, schema_registry=client, auto_register=True).encode(new)
     reader = Codec(registry=v1, catalog=entries(v1, v2), schema_registry=client)
     decoded = reader.decode(value, headers, expected=OrderV1)
     assert decoded == old.model_copy(update={"lines": [LineV1(sku="a")]})

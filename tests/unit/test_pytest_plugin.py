@@ -16,6 +16,7 @@ FIXTURES = [
     "oncely_new_topic",
     "oncely_new_database",
     "oncely_database_url",
+    "oncely_schema_registry_url",
 ]
 
 

@@ -125,7 +125,8 @@ def test_confluent_framing_is_magic_byte_then_big_endian_schema_id() -> None:
     registry = Registry()
     registry.register(Tiny, name="tiny.made", key="id", aggregate="tiny", encoding="avro-confluent")
     client = SchemaRegistryClient.new_client({"url": "mock://wire-format"})
-    value, headers = Codec(registry=registry, schema_registry=client).encode(Tiny(id=1))
+    codec = Codec(registry=registry, schema_registry=client, auto_register=True)
+    value, headers = codec.encode(Tiny(id=1))
     registered = client.get_latest_version("tiny.made-value")
     assert registered.schema_id is not None
     assert value[0] == 0

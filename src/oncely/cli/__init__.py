@@ -54,7 +54,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "relay": ("relay", "Publish staged outbox rows to Kafka."),
     "schemas": (
         "schemas",
-        "Export event schemas to the committed catalog and check changes against it.",
+        "Export event schemas to the committed catalog, check changes against it, and register "
+        "it in a schema registry.",
     ),
     "tasks": (
         "tasks",

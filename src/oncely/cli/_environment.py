@@ -42,6 +42,7 @@ OTHER_VARIABLES = frozenset(
         "ONCELY_FAILPOINTS",
         "ONCELY_TEST_DATABASE_URL",
         "ONCELY_TEST_KAFKA",
+        "ONCELY_TEST_SCHEMA_REGISTRY_URL",
     }
 )
 

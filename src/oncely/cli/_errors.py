@@ -86,6 +86,9 @@ def _settings_error(exc: ValidationError) -> str:
     problems = []
     for error in exc.errors():
         name = "_".join(str(part) for part in error["loc"]).upper()
+        if not name:  # a check across fields: its message names the variables
+            problems.append(str(error["msg"]).removeprefix("Value error, "))
+            continue
         given = error.get("input")
         value = f"={given!r}" if isinstance(given, str | int | float) else ""
         problems.append(f"{prefix}{name}{value}: {error['msg']}")

@@ -50,18 +50,24 @@ def check_java() -> str:
             f"`java` was not found on PATH: install a Java {_MIN_JAVA}+ runtime "
             f"(Debian: apt-get install openjdk-17-jre-headless). {_DOCKER_HINT}"
         )
+    major, reported = java_version(java)
+    if major < _MIN_JAVA:
+        raise ToolMissingError(
+            f"Kafka 4 needs Java {_MIN_JAVA}+, but {java} reports "
+            f"{reported}: install openjdk-17 or newer. {_DOCKER_HINT}"
+        )
+    return java
+
+
+def java_version(java: str) -> tuple[int, list[str]]:
+    """The major version of the ``java`` executable (0 when unknown) and the first line of
+    what its ``-version`` prints (as a one-item list, empty when it prints nothing)."""
     out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
     match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
     major = int(match.group(1)) if match else 0
     if major == 1 and match and match.group(2):
         major = int(match.group(2))
-    if major < _MIN_JAVA:
-        raise ToolMissingError(
-            f"Kafka 4 needs Java {_MIN_JAVA}+, but {java} reports "
-            f"{(out.stderr or out.stdout).strip().splitlines()[:1]}: install openjdk-17 or newer. "
-            f"{_DOCKER_HINT}"
-        )
-    return java
+    return major, (out.stderr or out.stdout).strip().splitlines()[:1]
 
 
 def jvm_command(

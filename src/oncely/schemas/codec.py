@@ -71,7 +71,17 @@ class Codec:
         catalog: the committed schemas (``SchemaCatalog.load("schemas")``), so that values
             written with older versions decode; without it only the code's schemas are known.
         schema_registry: a Confluent schema registry client, required if any event type uses
-            the ``avro-confluent`` encoding.
+            the ``avro-confluent`` encoding (``oncely.schemas.loader.schema_registry_client()``
+            builds it from ``ONCELY_SCHEMA_REGISTRY_*``).
+        auto_register: let the first encode of an ``avro-confluent`` type register its schema
+            (inside the caller's transaction, when that encode is a ``stage()``). Off by
+            default: ``oncely schemas register`` registers the committed catalog at deploy
+            time, and encoding only looks the schema's id up.
+
+    An ``avro-confluent`` type's schema id is found once per codec: the first encode of each
+    type makes one HTTP call to the registry (a lookup, or a registration with
+    ``auto_register``), later ones none. Call :meth:`warm` at start-up, outside any
+    transaction, so that no ``stage()`` makes that call.
 
     Raises:
         CatalogError: the code's schema of an event type differs from the committed file of the
@@ -85,6 +95,7 @@ class Codec:
         registry: Registry,
         catalog: SchemaCatalog | None = None,
         schema_registry: SchemaRegistryClient | None = None,
+        auto_register: bool = False,
     ) -> None:
         self._registry = registry
         self._catalog = catalog if catalog is not None else SchemaCatalog()
@@ -100,7 +111,7 @@ class Codec:
         if schema_registry is not None:
             from oncely.schemas.confluent import ConfluentAvro
 
-            self._confluent = ConfluentAvro(client=schema_registry)
+            self._confluent = ConfluentAvro(client=schema_registry, auto_register=auto_register)
         self._parsed_schemas: dict[bytes, Any] = {}
         self._writers: dict[bytes, SchemaEntry] = {}
 
@@ -108,6 +119,25 @@ class Codec:
     def registry(self) -> Registry:
         """The event types this codec encodes."""
         return self._registry
+
+    def warm(self) -> dict[str, int]:
+        """Find the schema id of every ``avro-confluent`` event type now, so that encoding
+        (``stage()``) never calls the schema registry; return ``{event type: schema id}``.
+
+        Call it at start-up, outside any transaction (with ``auto_register`` it registers the
+        schemas that are missing). Without ``avro-confluent`` types it does nothing.
+
+        Raises:
+            SchemaNotRegisteredError: a schema is not registered (run ``oncely schemas
+                register``); the message names the event type and subject.
+            SchemaRegistryError: the registry is unreachable or refuses a schema, as raised by
+                confluent-kafka.
+        """
+        return {
+            event_type.name: self._confluent_avro(event_type).schema_id(event_type)
+            for event_type in self._registry
+            if event_type.encoding == "avro-confluent"
+        }
 
     def encode(self, event: BaseModel) -> tuple[bytes, dict[str, str]]:
         """Return the Kafka value of ``event`` and the headers that describe it.
@@ -119,6 +149,8 @@ class Codec:
             UnknownEventTypeError: ``event``'s class is not registered.
             EncodeError: the event does not fit its schema (a naive datetime, a long out of
                 range, a decimal beyond its scale); the message names the event type.
+            SchemaNotRegisteredError: an ``avro-confluent`` type's schema is not registered
+                (see :meth:`warm`).
         """
         event_type = self._registry.for_model(type(event))
         headers = {

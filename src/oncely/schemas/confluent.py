@@ -2,8 +2,11 @@
 
 Values are written and read by confluent-kafka's ``AvroSerializer`` / ``AvroDeserializer``
 against a Confluent-compatible schema registry. The subject is ``<topic>-value``
-(``TopicNameStrategy``); the serializer registers the event type's schema on first use. The
-deserializer fetches the writer schema by id and resolves it to the code's (reader) schema.
+(``TopicNameStrategy``, :func:`subject_of`). By default the serializer never registers: it
+looks up the id of the event type's exact schema text (:func:`schema_text`), registered
+beforehand by ``oncely schemas register``, once per process; with ``auto_register`` it
+registers the schema on first use instead. The deserializer fetches the writer schema by id
+and resolves it to the code's (reader) schema.
 """
 
 from __future__ import annotations
@@ -11,20 +14,39 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from confluent_kafka.schema_registry import SchemaRegistryClient, topic_subject_name_strategy
+from confluent_kafka.schema_registry import (
+    Schema,
+    SchemaRegistryClient,
+    topic_subject_name_strategy,
+)
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
 from fastavro.read import SchemaResolutionError
 
 from oncely.events import EventType
-from oncely.schemas.errors import DecodeError, DecodeFailure, EncodeError
+from oncely.schemas.errors import (
+    DecodeError,
+    DecodeFailure,
+    EncodeError,
+    SchemaNotRegisteredError,
+)
 
-__all__ = ["HEADER_SIZE", "MAGIC_BYTE", "ConfluentAvro", "schema_id"]
+__all__ = [
+    "HEADER_SIZE",
+    "MAGIC_BYTE",
+    "ConfluentAvro",
+    "new_client",
+    "schema_id",
+    "schema_text",
+    "subject_of",
+]
 
 MAGIC_BYTE = 0
 HEADER_SIZE = 5
 _NOT_FOUND = 404
+#: The registry's error codes for "no such subject" and "no such schema under the subject".
+NOT_REGISTERED_CODES = frozenset({40401, 40403})
 # What fastavro raises on bytes that do not fit the writer schema (truncated, overlong, bad UTF-8).
 _BODY_ERRORS = (EOFError, StopIteration, IndexError, ValueError, OverflowError, UnicodeDecodeError)
 
@@ -48,29 +70,104 @@ def schema_id(value: bytes) -> int:
     return int.from_bytes(value[1:HEADER_SIZE], "big")
 
 
-class ConfluentAvro:
-    """Encode and decode Avro datums in Confluent framing, one serializer per event type."""
+class _ClosingClient(SchemaRegistryClient):
+    """A client that closes its HTTP connections when it is garbage-collected: a codec built
+    from settings owns its client, and a dropped codec must not leave sockets open."""
 
-    def __init__(self, *, client: SchemaRegistryClient) -> None:
+    def __del__(self) -> None:
+        self.close()
+
+
+def new_client(config: dict[str, str]) -> SchemaRegistryClient:
+    """A schema registry client for ``config`` (``mock://`` URLs: confluent-kafka's in-memory
+    mock, for unit tests); it closes its connections when it is garbage-collected."""
+    if config["url"].startswith("mock://"):
+        return SchemaRegistryClient.new_client(config)
+    return _ClosingClient(config)
+
+
+def subject_of(event_type: EventType[Any]) -> str:
+    """The subject of ``event_type``'s values: ``<topic>-value``, as the serializer's
+    ``topic_subject_name_strategy`` names it."""
+    return f"{event_type.topic}-{MessageField.VALUE}"
+
+
+def schema_text(schema: dict[str, Any]) -> str:
+    """The text a schema is registered and looked up as: registries compare schemas by text
+    (Apicurio by a hash of it), so registration and ``stage()`` must send the same one."""
+    return json.dumps(schema)
+
+
+class ConfluentAvro:
+    """Encode and decode Avro datums in Confluent framing, one serializer per event type.
+
+    ``auto_register`` lets the first encode of an event type register its schema; without it
+    the schema must be registered already (``oncely schemas register``). Either way the id is
+    found once per event type and process (one HTTP call, then none): :meth:`schema_id`
+    finds it ahead of time.
+    """
+
+    def __init__(self, *, client: SchemaRegistryClient, auto_register: bool = False) -> None:
         self._client = client
+        self._auto_register = auto_register
+        self._ids: dict[str, int] = {}
         self._serializers: dict[str, AvroSerializer] = {}
         self._deserializers: dict[str, AvroDeserializer] = {}
         self._writer_schemas: dict[int, dict[str, Any]] = {}
 
-    def encode(self, event_type: EventType[Any], datum: dict[str, Any]) -> bytes:
-        """Return the Confluent-framed value of ``datum``, registering the schema if needed.
+    def schema_id(self, event_type: EventType[Any]) -> int:
+        """The registry's id of ``event_type``'s schema under its subject: looked up (with
+        ``auto_register``: registered) on the first call, then known without any HTTP call.
 
         Raises:
-            EncodeError: the datum does not fit the schema (e.g. a long out of range).
+            SchemaNotRegisteredError: the schema is not registered under the subject (and
+                ``auto_register`` is off); the message says to run ``oncely schemas register``.
             SchemaRegistryError: the registry is unreachable or refuses the schema, as raised
                 by confluent-kafka: an operational failure, not a property of the event.
         """
+        known = self._ids.get(event_type.name)
+        if known is not None:
+            return known
+        subject = subject_of(event_type)
+        schema = Schema(schema_text(event_type.schema), "AVRO")
+        try:
+            if self._auto_register:  # the calls the serializer makes: its first use hits the cache
+                registered = self._client.register_schema_full_response(subject, schema)
+            else:
+                registered = self._client.lookup_schema(subject, schema)
+        except SchemaRegistryError as exc:
+            if self._auto_register or exc.error_code not in NOT_REGISTERED_CODES:
+                raise
+            raise SchemaNotRegisteredError(
+                f"event type {event_type.name!r} v{event_type.version}: its schema is not "
+                f"registered under subject {subject!r} in the schema registry; run `oncely "
+                "schemas register --app <module:app>` before deploying the code that stages it "
+                "(or set ONCELY_SCHEMA_REGISTRY_AUTO_REGISTER=true to register on first use)"
+            ) from None
+        if registered.schema_id is None:
+            raise TypeError(f"the schema registry returned no id for subject {subject!r}")
+        self._ids[event_type.name] = registered.schema_id
+        return registered.schema_id
+
+    def encode(self, event_type: EventType[Any], datum: dict[str, Any]) -> bytes:
+        """Return the Confluent-framed value of ``datum`` (see :meth:`schema_id` for when this
+        calls the registry).
+
+        Raises:
+            EncodeError: the datum does not fit the schema (e.g. a long out of range).
+            SchemaNotRegisteredError, SchemaRegistryError: as :meth:`schema_id`.
+        """
+        self.schema_id(event_type)
         serializer = self._serializers.get(event_type.name)
         if serializer is None:
             serializer = AvroSerializer(
                 self._client,
-                json.dumps(event_type.schema),
-                conf={"subject.name.strategy": topic_subject_name_strategy},
+                schema_text(event_type.schema),
+                conf={
+                    "subject.name.strategy": topic_subject_name_strategy,
+                    "auto.register.schemas": self._auto_register,
+                    "use.latest.version": False,
+                },
             )
             self._serializers[event_type.name] = serializer
         try:

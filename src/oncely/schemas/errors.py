@@ -1,7 +1,8 @@
 """The errors of the schema layer: the catalog, encoding and decoding events.
 
-Configuration problems (a catalog that disagrees with the code)
-are :class:`~oncely.errors.ConfigurationError`: they are found at start-up and fixed in code.
+Configuration problems (a catalog that disagrees with the code, a schema missing from the
+schema registry) are :class:`~oncely.errors.ConfigurationError`: they are found at start-up or
+at the first ``stage()``, and fixed in code or by a deploy step.
 A record that cannot be decoded is a :class:`DecodeError`, whatever the cause, so a consumer
 has one thing to catch to dead-letter a poison record.
 """
@@ -19,6 +20,11 @@ class CatalogError(ConfigurationError):
 
 class EncodeError(OncelyError):
     """An event could not be encoded."""
+
+
+class SchemaNotRegisteredError(ConfigurationError):
+    """The schema registry does not hold an event type's schema: register the committed
+    catalog with ``oncely schemas register`` before the code that stages it runs."""
 
 
 class DecodeFailure(StrEnum):

@@ -1,5 +1,5 @@
-"""The codec a consuming process decodes with: the code's schemas, the committed catalog and,
-for ``avro-confluent``, the schema registry.
+"""The codec a process builds from its settings: the code's schemas, the committed catalog and,
+for ``avro-confluent``, the schema registry (:func:`schema_registry_client`).
 
 A record is read with its writer schema, found by fingerprint in the catalog (``avro``) or by id
 in the registry (``avro-confluent``), and resolved to the code's version of its event type by
@@ -46,28 +46,35 @@ def find_catalog(directory: Path | None) -> SchemaCatalog:
     return SchemaCatalog.load(directory)
 
 
-def schema_registry_client(url: str) -> SchemaRegistryClient:
-    """A Confluent schema registry client for ``url``.
+def schema_registry_client(settings: SchemaSettings | None = None) -> SchemaRegistryClient:
+    """The Confluent schema registry client of ``settings`` (default: from ``ONCELY_*``): its
+    URL, basic credentials and TLS files (:meth:`SchemaSettings.schema_registry_config`).
 
-    Raises :class:`ConfigurationError` naming the extra to install when the client's packages
-    are missing (they come with ``oncely[confluent]``).
+    Raises :class:`ConfigurationError` when no URL is set, or naming the extra to install when
+    the client's packages are missing (they come with ``oncely[confluent]``).
     """
+    settings = settings if settings is not None else SchemaSettings()
+    config = settings.schema_registry_config()
     try:
-        from confluent_kafka.schema_registry import SchemaRegistryClient
+        from oncely.schemas.confluent import new_client
     except ImportError as exc:
         raise ConfigurationError(
             f"a schema registry needs the Confluent client's packages ({exc.name} is missing): "
             "pip install 'oncely[confluent]'"
         ) from None
-    return SchemaRegistryClient.new_client({"url": url})
+    return new_client(config)
 
 
 def codec_for(registry: Registry, settings: SchemaSettings | None = None) -> Codec:
     """A :class:`Codec` for ``registry`` that reads the versions the catalog and registry know.
 
+    The codec of a producing process as well: ``stage(session, event, codec=codec)``; call
+    :meth:`Codec.warm` at start-up so that no ``stage()`` looks a schema id up.
+
     Args:
         registry: the application's event types (the reader schemas).
-        settings: the catalog folder and schema registry URL (default: from ``ONCELY_*``).
+        settings: the catalog folder and schema registry (URL, credentials, TLS,
+            ``auto_register``); default: from ``ONCELY_*``.
 
     Raises:
         CatalogError: the catalog folder is missing or malformed, or one of its files holds
@@ -83,12 +90,13 @@ def codec_for(registry: Registry, settings: SchemaSettings | None = None) -> Cod
             "registry URL (--schema-registry-url or ONCELY_SCHEMA_REGISTRY_URL)"
         )
     catalog = find_catalog(settings.schemas_dir)
-    client = (
-        schema_registry_client(settings.schema_registry_url)
-        if settings.schema_registry_url
-        else None
+    client = schema_registry_client(settings) if settings.schema_registry_url else None
+    codec = Codec(
+        registry=registry,
+        catalog=catalog,
+        schema_registry=client,
+        auto_register=settings.schema_registry_auto_register,
     )
-    codec = Codec(registry=registry, catalog=catalog, schema_registry=client)
     if catalog.directory is None:
         log.info(
             "no schema catalog: records written with other schema versions cannot be decoded "

@@ -14,6 +14,10 @@ Fixtures (all named ``oncely_*``, so they never shadow a project's own):
   cloned from a session template (``oncely db upgrade`` applied once), dropped after the test.
 - ``oncely_new_database`` (function): ``oncely_new_database(empty=False) -> url`` for more
   databases.
+- ``oncely_schema_registry_url`` (session): the base URL of a Confluent-compatible schema
+  registry (``ONCELY_TEST_SCHEMA_REGISTRY_URL``, else Apicurio Registry from Maven Central,
+  started for the session only when a test asks for it). Tests share it: give each test its own
+  topics (``oncely_new_topic``, a random topic prefix), hence its own subjects.
 
 When no services can be had, every test that asks for them fails with the reason; it never
 skips.
@@ -32,10 +36,18 @@ from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from oncely.storage.migrations import upgrade
-from oncely.testing.services import Services, ServicesUnavailableError, libpq_dsn, provide_services
+from oncely.testing.services import (
+    SchemaRegistry,
+    Services,
+    ServicesUnavailableError,
+    libpq_dsn,
+    provide_schema_registry,
+    provide_services,
+)
 
 TEMPLATE_DATABASE = "oncely_test_template"
 _services_key = pytest.StashKey[Services]()
+_registry_key = pytest.StashKey[SchemaRegistry]()
 
 
 @pytest.fixture(scope="session")
@@ -75,6 +87,19 @@ def oncely_new_topic(oncely_kafka_admin: AdminClient) -> Iterator[Callable[..., 
     if created:
         for future in oncely_kafka_admin.delete_topics(created).values():
             future.result(30)
+
+
+@pytest.fixture(scope="session")
+def oncely_schema_registry_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A Confluent-compatible schema registry's URL (see :mod:`oncely.testing.services`)."""
+    try:
+        with provide_schema_registry(tmp_path_factory.mktemp("schema-registry")) as registry:
+            request.config.stash[_registry_key] = registry
+            yield registry.url
+    except ServicesUnavailableError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -140,6 +165,10 @@ def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:
     services = config.stash.get(_services_key, None)
-    if services is not None:
+    registry = config.stash.get(_registry_key, None)
+    if services is not None or registry is not None:
         terminalreporter.write_sep("-", "oncely test services")
+    if services is not None:
         terminalreporter.write_line(services.describe())
+    if registry is not None:
+        terminalreporter.write_line(registry.describe())

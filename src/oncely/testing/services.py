@@ -4,8 +4,13 @@
 2. testcontainers, when a Docker engine answers.
 3. :class:`oncely.devstack.DevStack`: a real broker from Maven Central and embedded PostgreSQL.
 
-:func:`provide_services` raises :class:`ServicesUnavailableError` with every source's reason when
-none works; the pytest plugin turns that into a failure, never a skip.
+A schema registry (for ``avro-confluent`` event types) is provided on its own, only to the tests
+that ask for it: ``ONCELY_TEST_SCHEMA_REGISTRY_URL`` (one you run yourself), else an Apicurio
+Registry from Maven Central (:class:`oncely.devstack.registry.SchemaRegistryNode`, Java 21+).
+
+:func:`provide_services` and :func:`provide_schema_registry` raise
+:class:`ServicesUnavailableError` with every source's reason when none works; the pytest plugin
+turns that into a failure, never a skip.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 from sqlalchemy.engine import make_url
 
 from oncely.devstack import DevStack
+from oncely.devstack.registry import DEFAULT_APICURIO_VERSION, SchemaRegistryNode
 from oncely.errors import DevstackError, OncelyError
 
 
@@ -152,3 +159,38 @@ def provide_services() -> Iterator[Services]:
         )
     finally:
         stack.stop()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchemaRegistry:
+    """A reachable Confluent-compatible schema registry: ``url`` is its API's base URL."""
+
+    url: str
+    origin: str
+
+    def describe(self) -> str:
+        return f"schema registry at {self.url} ({self.origin})"
+
+
+@contextlib.contextmanager
+def provide_schema_registry(data_dir: Path) -> Iterator[SchemaRegistry]:
+    """Yield ``ONCELY_TEST_SCHEMA_REGISTRY_URL``'s registry, else an Apicurio Registry started
+    with its data and log in ``data_dir`` (stopped afterwards)."""
+    url = os.environ.get("ONCELY_TEST_SCHEMA_REGISTRY_URL")
+    if url:
+        yield SchemaRegistry(url=url, origin="ONCELY_TEST_SCHEMA_REGISTRY_URL")
+        return
+    node = SchemaRegistryNode(data_dir=data_dir)
+    try:
+        node.start()
+    except DevstackError as exc:
+        raise ServicesUnavailableError(
+            "no schema registry for the tests: ONCELY_TEST_SCHEMA_REGISTRY_URL is not set and "
+            f"Apicurio Registry could not be started: {exc}"
+        ) from exc
+    try:
+        yield SchemaRegistry(
+            url=node.url, origin=f"Apicurio Registry {DEFAULT_APICURIO_VERSION}, oncely devstack"
+        )
+    finally:
+        node.stop()
