@@ -354,7 +354,7 @@ def test_records_of_every_encoding_match_the_document() -> None:
     document = _shop_document()
     messages = document["components"]["messages"]
     client = SchemaRegistryClient.new_client({"url": "mock://asyncapi"})
-    codec = Codec(registry=shop, schema_registry=client)
+    codec = Codec(registry=shop, schema_registry=client, auto_register=True)
 
     placed = OrderPlaced(order_id=uuid4(), lines=[Line(sku="x", size=Size.LARGE)], Note="hi")
     value, headers = _record(codec, placed)
