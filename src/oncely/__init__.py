@@ -56,6 +56,7 @@ if TYPE_CHECKING:
         DecodeError,
         DecodeFailure,
         EncodeError,
+        SchemaIdNotLoadedError,
         SchemaNotRegisteredError,
     )
     from oncely.security import KafkaAuthenticationError
@@ -105,6 +106,7 @@ _EXPORTS = {
     "Registry": "oncely.events",
     "RegistryError": "oncely.events",
     "SchemaCatalog": "oncely.schemas.catalog",
+    "SchemaIdNotLoadedError": "oncely.schemas.errors",
     "SchemaNotRegisteredError": "oncely.schemas.errors",
     "stage": "oncely.producer",
     "stage_many": "oncely.producer",
@@ -172,6 +174,7 @@ __all__ = [
     "Registry",
     "RegistryError",
     "SchemaCatalog",
+    "SchemaIdNotLoadedError",
     "SchemaNotRegisteredError",
     "StageLimitError",
     "StageLimits",

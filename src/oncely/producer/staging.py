@@ -226,11 +226,9 @@ def stage(
             business transaction. Nothing is committed or flushed here.
         event: an instance of a model declared with ``@registry.event(...)``.
         codec: how to encode it; by default a codec of the model's registry (pass one to use
-            a schema registry or a schema catalog). With an ``avro-confluent`` event type the
-            codec never registers its schema unless built with ``auto_register=True``: it
-            looks the schema id up once per process (one HTTP call, in this transaction, on
-            the first event of the type), or never here if :meth:`Codec.warm` ran at
-            start-up.
+            a schema registry or a schema catalog). With an ``avro-confluent`` event type
+            ``stage()`` never calls the schema registry unless the codec was built with
+            ``auto_register=True``: load the schema ids with :meth:`Codec.warm` at start-up.
         idempotency_key: the producer's stable key for this event (default: the new event
             id): staging it again, in any later transaction, raises
             :class:`~oncely.storage.DuplicateEventError` instead of a second event.
@@ -245,8 +243,8 @@ def stage(
     Raises:
         UnknownEventTypeError: the model is not a registered event type.
         EncodeError: the event does not fit its schema.
-        SchemaNotRegisteredError: an ``avro-confluent`` schema is not in the schema registry
-            (run ``oncely schemas register``); nothing was added.
+        SchemaIdNotLoadedError: an ``avro-confluent`` schema id was not loaded (call
+            ``codec.warm()`` at start-up); nothing was added.
         PayloadTooLargeError, KeyTooLongError, HeadersTooLargeError: the event exceeds
             ``limits`` (all are :class:`StageLimitError`); nothing was added.
         DuplicateInTransactionError: ``idempotency_key`` was already staged in this

@@ -24,6 +24,7 @@ continues the trace. Spans follow OpenTelemetry's messaging semantic conventions
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -240,7 +241,7 @@ class Tracing:
             except BaseException:
                 span.end()
                 raise
-        if isinstance(result, Awaitable):
+        if inspect.isawaitable(result):
             return _ending(span, result)
         _settle(span, result)
         return result

@@ -78,10 +78,9 @@ class Codec:
             default: ``oncely schemas register`` registers the committed catalog at deploy
             time, and encoding only looks the schema's id up.
 
-    An ``avro-confluent`` type's schema id is found once per codec: the first encode of each
-    type makes one HTTP call to the registry (a lookup, or a registration with
-    ``auto_register``), later ones none. Call :meth:`warm` at start-up, outside any
-    transaction, so that no ``stage()`` makes that call.
+    Encoding an ``avro-confluent`` type never calls the registry: call :meth:`warm` at
+    start-up, outside any transaction, to load the schema ids (with ``auto_register`` the
+    first encode of a type registers its schema instead, inside the caller's transaction).
 
     Raises:
         CatalogError: the code's schema of an event type differs from the committed file of the
@@ -149,8 +148,8 @@ class Codec:
             UnknownEventTypeError: ``event``'s class is not registered.
             EncodeError: the event does not fit its schema (a naive datetime, a long out of
                 range, a decimal beyond its scale); the message names the event type.
-            SchemaNotRegisteredError: an ``avro-confluent`` type's schema is not registered
-                (see :meth:`warm`).
+            SchemaIdNotLoadedError: an ``avro-confluent`` type's schema id was not loaded by
+                :meth:`warm` (and ``auto_register`` is off).
         """
         event_type = self._registry.for_model(type(event))
         headers = {

@@ -2,10 +2,11 @@
 
 Values are written and read by confluent-kafka's ``AvroSerializer`` / ``AvroDeserializer``
 against a Confluent-compatible schema registry. The subject is ``<topic>-value``
-(``TopicNameStrategy``, :func:`subject_of`). By default the serializer never registers: it
-looks up the id of the event type's exact schema text (:func:`schema_text`), registered
-beforehand by ``oncely schemas register``, once per process; with ``auto_register`` it
-registers the schema on first use instead. The deserializer fetches the writer schema by id
+(``TopicNameStrategy``, :func:`subject_of`). By default encoding never calls the registry: the
+id of the event type's exact schema text (:func:`schema_text`), registered beforehand by
+``oncely schemas register``, is looked up once per process by :meth:`ConfluentAvro.schema_id`
+(``Codec.warm()`` at start-up); with ``auto_register`` the first encode of a type registers its
+schema instead. The deserializer fetches the writer schema by id
 and resolves it to the code's (reader) schema.
 """
 
@@ -29,6 +30,7 @@ from oncely.schemas.errors import (
     DecodeError,
     DecodeFailure,
     EncodeError,
+    SchemaIdNotLoadedError,
     SchemaNotRegisteredError,
 )
 
@@ -102,9 +104,8 @@ class ConfluentAvro:
     """Encode and decode Avro datums in Confluent framing, one serializer per event type.
 
     ``auto_register`` lets the first encode of an event type register its schema; without it
-    the schema must be registered already (``oncely schemas register``). Either way the id is
-    found once per event type and process (one HTTP call, then none): :meth:`schema_id`
-    finds it ahead of time.
+    the schema must be registered already (``oncely schemas register``) and its id loaded by
+    :meth:`schema_id` before the first encode, which then makes no HTTP call.
     """
 
     def __init__(self, *, client: SchemaRegistryClient, auto_register: bool = False) -> None:
@@ -150,14 +151,25 @@ class ConfluentAvro:
         return registered.schema_id
 
     def encode(self, event_type: EventType[Any], datum: dict[str, Any]) -> bytes:
-        """Return the Confluent-framed value of ``datum`` (see :meth:`schema_id` for when this
-        calls the registry).
+        """Return the Confluent-framed value of ``datum``; no HTTP call unless ``auto_register``
+        (whose first encode of a type registers its schema).
 
         Raises:
             EncodeError: the datum does not fit the schema (e.g. a long out of range).
-            SchemaNotRegisteredError, SchemaRegistryError: as :meth:`schema_id`.
+            SchemaIdNotLoadedError: without ``auto_register``, :meth:`schema_id` has not loaded
+                the type's id yet.
+            SchemaIdNotLoadedError,
+    SchemaNotRegisteredError, SchemaRegistryError: with ``auto_register``, as
+                :meth:`schema_id`.
         """
-        self.schema_id(event_type)
+        if event_type.name not in self._ids:
+            if not self._auto_register:
+                raise SchemaIdNotLoadedError(
+                    f"event type {event_type.name!r}: its schema id is not loaded, and encoding "
+                    "never calls the schema registry (it would be inside the business "
+                    "transaction): call codec.warm() at start-up, outside any transaction"
+                )
+            self.schema_id(event_type)
         serializer = self._serializers.get(event_type.name)
         if serializer is None:
             serializer = AvroSerializer(

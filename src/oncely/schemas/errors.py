@@ -27,6 +27,12 @@ class SchemaNotRegisteredError(ConfigurationError):
     catalog with ``oncely schemas register`` before the code that stages it runs."""
 
 
+class SchemaIdNotLoadedError(ConfigurationError):
+    """Encoding an ``avro-confluent`` event needs its schema id, which the codec has not loaded:
+    ``stage()`` never calls the schema registry (unless ``auto_register``), so call
+    ``Codec.warm()`` at start-up, outside any transaction."""
+
+
 class DecodeFailure(StrEnum):
     """Why a record's value could not be decoded; :attr:`DecodeError.reason` holds one."""
 
