@@ -152,15 +152,15 @@ class ConfluentAvro:
 
     def encode(self, event_type: EventType[Any], datum: dict[str, Any]) -> bytes:
         """Return the Confluent-framed value of ``datum``; no HTTP call unless ``auto_register``
-        (whose first encode of a type registers its schema).
+            (whose first encode of a type registers its schema).
 
-        Raises:
-            EncodeError: the datum does not fit the schema (e.g. a long out of range).
-            SchemaIdNotLoadedError: without ``auto_register``, :meth:`schema_id` has not loaded
-                the type's id yet.
-            SchemaIdNotLoadedError,
-    SchemaNotRegisteredError, SchemaRegistryError: with ``auto_register``, as
-                :meth:`schema_id`.
+            Raises:
+                EncodeError: the datum does not fit the schema (e.g. a long out of range).
+                SchemaIdNotLoadedError: without ``auto_register``, :meth:`schema_id` has not loaded
+                    the type's id yet.
+                SchemaIdNotLoadedError,
+        SchemaNotRegisteredError, SchemaRegistryError: with ``auto_register``, as
+                    :meth:`schema_id`.
         """
         if event_type.name not in self._ids:
             if not self._auto_register:
