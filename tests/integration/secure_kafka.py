@@ -19,49 +19,69 @@ from oncely.devstack.kafka import KafkaNode, KafkaSecurity, KafkaTls
 USER = "oncely"
 
 
+def throwaway_ca() -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A CA key and its self-signed certificate, valid for a day."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "oncely test CA")])
+    certificate = (
+        _valid_for_a_day(x509.CertificateBuilder().subject_name(name).issuer_name(name), key)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return key, certificate
+
+
+def signed_leaf(
+    ca: tuple[ec.EllipticCurvePrivateKey, x509.Certificate],
+    common_name: str,
+    usage: x509.ObjectIdentifier,
+    names: list[x509.GeneralName],
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A key and a certificate for ``names``, signed by ``ca``, for ``usage``."""
+    ca_key, ca_certificate = ca
+    key = ec.generate_private_key(ec.SECP256R1())
+    builder = x509.CertificateBuilder().subject_name(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    )
+    certificate = (
+        _valid_for_a_day(builder.issuer_name(ca_certificate.subject), key)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return key, certificate
+
+
+def _valid_for_a_day(
+    builder: x509.CertificateBuilder, key: ec.EllipticCurvePrivateKey
+) -> x509.CertificateBuilder:
+    now = datetime.now(UTC)
+    return (
+        builder.public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=1))
+    )
+
+
 def make_tls(directory: Path, *, keystore_password: str) -> tuple[Path, Path]:
     """A self-signed CA (PEM, for clients) and a broker keystore (PKCS12) for 127.0.0.1."""
-    now = datetime.now(UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "oncely test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
+    ca = throwaway_ca()
+    key, cert = signed_leaf(
+        ca,
+        "localhost",
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
     )
     ca_pem = directory / "ca.pem"
-    ca_pem.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    ca_pem.write_bytes(ca[1].public_bytes(serialization.Encoding.PEM))
     keystore = directory / "broker.p12"
     keystore.write_bytes(
         pkcs12.serialize_key_and_certificates(
             b"broker",
             key,
             cert,
-            [ca],
+            [ca[1]],
             serialization.BestAvailableEncryption(keystore_password.encode()),
         )
     )

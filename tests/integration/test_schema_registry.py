@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +23,8 @@ import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import ExtendedKeyUsageOID
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
@@ -58,6 +56,7 @@ from tests.helpers import (
     scalar,
     wait_until,
 )
+from tests.integration.secure_kafka import signed_leaf, throwaway_ca
 
 pytestmark = pytest.mark.integration
 
@@ -327,41 +326,14 @@ class SecuredRegistry:
 
 def _issue(directory: Path) -> tuple[Path, RegistryTls, Path, Path]:
     """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate (PEM)."""
-    now = datetime.now(UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "oncely test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca = throwaway_ca()
 
     def leaf(name: str, usage: x509.ObjectIdentifier) -> tuple[Path, Path]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-            .issuer_name(ca_name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(minutes=5))
-            .not_valid_after(now + timedelta(days=1))
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            .add_extension(
-                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                critical=False,
-            )
+        key, certificate = signed_leaf(
+            ca, name, usage, [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
         )
-        certificate, key_file = directory / f"{name}.pem", directory / f"{name}.key"
-        certificate.write_bytes(
-            builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
-        )
+        certificate_file, key_file = directory / f"{name}.pem", directory / f"{name}.key"
+        certificate_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
         key_file.write_bytes(
             key.private_bytes(
                 serialization.Encoding.PEM,
@@ -369,10 +341,10 @@ def _issue(directory: Path) -> tuple[Path, RegistryTls, Path, Path]:
                 serialization.NoEncryption(),
             )
         )
-        return certificate, key_file
+        return certificate_file, key_file
 
     ca_pem = directory / "ca.pem"
-    ca_pem.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    ca_pem.write_bytes(ca[1].public_bytes(serialization.Encoding.PEM))
     server = leaf("registry", ExtendedKeyUsageOID.SERVER_AUTH)
     client = leaf("client", ExtendedKeyUsageOID.CLIENT_AUTH)
     return ca_pem, RegistryTls(certificate=server[0], key=server[1]), *client
