@@ -79,13 +79,19 @@ def fast_settings(**overrides: object) -> RelaySettings:
 
 @contextlib.contextmanager
 def running_relay(
-    engine: sa.Engine, bootstrap: str, settings: RelaySettings, *, tracing: Tracing | None = None
+    engine: sa.Engine,
+    bootstrap: str,
+    settings: RelaySettings,
+    *,
+    tracing: Tracing | None = None,
+    kafka: KafkaSettings | None = None,
 ) -> Iterator[Relay]:
-    """A relay on a thread for the duration of the block, stopped and drained afterwards."""
+    """A relay on a thread for the duration of the block, stopped and drained afterwards
+    (``kafka``: its client settings, instead of a PLAINTEXT ``bootstrap``)."""
     stop = threading.Event()
     relay = build_relay(
         engine=engine,
-        kafka=KafkaSettings(bootstrap_servers=bootstrap),
+        kafka=kafka or KafkaSettings(bootstrap_servers=bootstrap),
         settings=settings,
         stop=stop,
         metrics=RelayMetrics(),

@@ -137,8 +137,9 @@ class SecureKafka:
         return config
 
 
-def start_secure_kafka(directory: Path) -> SecureKafka:
-    """Start a broker with a PLAINTEXT, a SASL_PLAINTEXT and a SASL_SSL listener."""
+def start_secure_kafka(directory: Path, *, authorizer: bool = False) -> SecureKafka:
+    """Start a broker with a PLAINTEXT, a SASL_PLAINTEXT and a SASL_SSL listener (and ACLs
+    enforced, with ``authorizer``: see :class:`KafkaSecurity`)."""
     password = f"pw-{secrets.token_hex(12)}"
     keystore_password = f"ks-{secrets.token_hex(12)}"
     ca, keystore = make_tls(directory, keystore_password=keystore_password)
@@ -148,6 +149,7 @@ def start_secure_kafka(directory: Path) -> SecureKafka:
         security=KafkaSecurity(
             scram_users={USER: password},
             tls=KafkaTls(keystore=keystore, keystore_password=keystore_password),
+            authorizer=authorizer,
         ),
     )
     node.start(timeout=120)

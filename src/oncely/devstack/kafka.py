@@ -213,11 +213,15 @@ class KafkaSecurity:
     at format time (``StorageTool format --add-scram``), so they exist before the broker first
     starts. The broker gets a ``SASL_PLAINTEXT`` listener and, with ``tls``, a ``SASL_SSL``
     listener; the PLAINTEXT listener (``bootstrap_servers``) stays for inter-broker traffic
-    and tooling. There is no authorizer: any authenticated user may do anything.
+    and tooling. Without ``authorizer`` any authenticated user may do anything; with it the
+    broker runs KRaft's ``StandardAuthorizer``: the PLAINTEXT and controller principal
+    (``User:ANONYMOUS``) is a super user, and everyone may do what no ACL denies, so a test
+    denies one user one topic with a single ACL.
     """
 
     scram_users: Mapping[str, str] = field(repr=False)
     tls: KafkaTls | None = None
+    authorizer: bool = False
 
     def __post_init__(self) -> None:
         if not self.scram_users:
@@ -348,6 +352,13 @@ class KafkaNodeConfig:
                     f"ssl.keystore.location={tls.keystore}",
                     f"ssl.keystore.password={tls.keystore_password}",
                     "ssl.client.auth=none",
+                ]
+            if self.security.authorizer:
+                lines += [
+                    "authorizer.class.name="
+                    "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                    "super.users=User:ANONYMOUS",
+                    "allow.everyone.if.no.acl.found=true",
                 ]
         return "\n".join([*lines, ""])
 

@@ -25,6 +25,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
+from oncely.relay.topics import TopicState, topic_error_state
 from oncely.runtime.tracing import Tracing
 from oncely.security import KafkaAuthenticationError, is_authentication_failure
 from oncely.storage.stores.outbox.rows import OutboxRow
@@ -168,6 +169,23 @@ class Publisher:
         """A record was acknowledged: the brokers are reachable (clears :attr:`brokers_down`)."""
         self.brokers_down = False
 
+    def topic_state(self, topic: str, *, timeout: float = 2.0) -> TopicState:
+        """Whether the broker has ``topic`` and lets this client describe it, from its metadata
+        (waiting at most ``timeout`` seconds; no answer is :attr:`TopicState.UNKNOWN`).
+
+        Asking does not create the topic unless the broker creates topics on demand.
+        """
+        try:
+            metadata = self._producer.list_topics(topic=topic, timeout=timeout)
+        except KafkaException:
+            return TopicState.UNKNOWN
+        found = metadata.topics.get(topic)
+        if found is None:
+            return TopicState.UNKNOWN
+        if found.error is None or found.error.code() == KafkaError.LEADER_NOT_AVAILABLE:
+            return TopicState.EXISTS
+        return topic_error_state(found.error) or TopicState.UNKNOWN
+
     def max_message_bytes(self, topic: str) -> int | None:
         """The topic's ``max.message.bytes`` (cached for a minute), or ``None`` if unknown.
 
@@ -204,7 +222,9 @@ class Publisher:
     def recreate(self) -> None:
         """Fail every outstanding record (reported as purged) and start a new producer.
 
-        Records already sent may still land: the relay replays them, as duplicates in order.
+        Only for a producer that cannot go on (a fatal error, or every broker gone past the
+        delivery timeout). Records already sent may still land: the relay replays them, as
+        duplicates in order.
         """
         self._producer.purge()
         self._producer.flush(0)

@@ -10,12 +10,24 @@ Rules the loop keeps (each is tested against real PostgreSQL and Kafka):
   it may cause duplicates, never loss (counted in ``progress_refused``).
 - Per-key order = commit order: a key always maps to one shard, which one relay reads at a time;
   within a read rows go out in ``seq`` order, the same key goes to the same partition, and the
-  producer is idempotent. On any failed delivery or fatal producer error the relay recreates
-  the producer and every shard replays from its recorded progress: duplicates, in order.
-- A row that fails for good (too large, topic missing or refused after ``max_attempts``) is
-  dead-lettered and parks its key; a row whose ``available_at`` is ahead parks its key until
-  then. Rows of a parked key read later are held (recorded with the page) and published, in
-  order, when the key is released (``oncely dead requeue|skip``, or the delay passing).
+  producer is idempotent. A read becomes one page per shard, acknowledged on its own.
+- A failure costs only the rows it concerns: a failed (or overdue) delivery replays only the
+  shard that holds the row from its recorded progress (duplicates, in order); every other shard
+  keeps flowing with no pause and no replay. The producer is recreated only when it cannot go
+  on (a fatal error, or every broker gone past the delivery timeout), counted in
+  ``producer_recreations``; every replay is counted in ``shard_replays``.
+- A topic that does not exist (or that the relay may not describe) is *blocked*
+  (:mod:`oncely.relay.topics`): the first row of each of its keys is parked as ``blocked``
+  and the later ones held, nothing is produced to it, and the broker's metadata is asked again
+  with backoff; once the topic exists its keys are released and their rows published, in
+  order, with no operator action. A blocked topic never dead-letters: it is a deployment
+  mistake, not a bad row.
+- A row that fails for good (too large, or refused after ``max_attempts``) is dead-lettered and
+  parks its key; a row whose ``available_at`` is ahead parks its key until then. Rows of a
+  parked key read later are held (recorded with the page) and published, in order, when the key
+  is released (``oncely dead requeue|skip``, the delay passing, or the topic appearing). A row
+  the broker may refuse (it failed before, or is over its topic's size limit) is produced alone
+  once its shard has nothing in flight, so a refusal is its own; only its shard waits for it.
 - Shards are leased on the database clock and shared fairly among the live relays: a relay
   over its share hands shards off after recording them, one under it takes free or expired
   shards, bumping their epoch. Leases are renewed while the relay lives, so they can be short.
@@ -29,6 +41,7 @@ Rules the loop keeps (each is tested against real PostgreSQL and Kafka):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -44,6 +57,7 @@ from confluent_kafka import KafkaError, Message
 from oncely.failpoints import failpoint
 from oncely.relay import delivery
 from oncely.relay.publisher import Publisher
+from oncely.relay.topics import TopicState, TopicWatch, topic_error_state
 from oncely.runtime.metrics import RelayMetrics
 from oncely.runtime.process import Every
 from oncely.runtime.retry import Backoff
@@ -75,11 +89,21 @@ class _InFlight:
         self.count = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """A shard's first failed row of a page; ``own``: nothing else of its shard was in flight
+    (produced alone, or refused at once), so the error is the row's own."""
+
+    row: OutboxRow
+    error: KafkaError
+    own: bool
+
+
 @dataclass(eq=False)
 class _Page:
-    """Rows of one read, produced together; their shards' progress moves when all are acked."""
+    """One shard's rows of one read, produced together; its progress moves when all are acked."""
 
-    shards: tuple[int, ...]
+    shard: int
     ends: Progress
     in_flight: _InFlight
     rows: int = 0
@@ -88,13 +112,11 @@ class _Page:
     produced: list[OutboxRow] = field(default_factory=list)
     #: Failed delivery reports not yet looked at (see Relay._take_errors).
     errors: list[tuple[KafkaError, Message | None]] = field(default_factory=list)
-    failure: tuple[OutboxRow, KafkaError] | None = None
-    counted: bool = False
-    #: Produced with nothing else in flight: a refusal is the row's own fault.
+    failure: _Failure | None = None
+    #: One row the broker may refuse, produced alone (see Relay._extent).
     isolated: bool = False
-    #: When its reports are overdue (monotonic): the relay replays (delivery_timeout_ms).
+    #: When its reports are overdue (monotonic): the shard replays (delivery_timeout_ms).
     deadline: float = math.inf
-    topic: str = ""
     parked: list[Parking] = field(default_factory=list)
     held: list[Held] = field(default_factory=list)
 
@@ -116,7 +138,7 @@ class _Page:
             self.errors.append((error, message))
 
     def abandon(self) -> None:
-        """Stop counting the page's reports (its shards replay, or were lost)."""
+        """Stop counting the page's reports (its shard replays, or was lost)."""
         self.in_flight.count -= self.outstanding
         self.outstanding = 0
 
@@ -162,8 +184,8 @@ class Relay:
         self._suspects: set[UUID] = set()
         self._confirmed: dict[tuple[str, int], int] = {}
         self._latencies: list[float] = []
-        self._isolating: _Page | None = None
-        self._quiesce: Progress | None = None
+        self._topics = TopicWatch(probe=self._publisher.topic_state, backoff=self._backoff)
+        self._blocked_gauged: set[str] = set()
         self._in_flight = _InFlight()
         #: Progress of acknowledged pages, by shard, waiting for the next record.
         self._unrecorded: dict[int, ShardProgress] = {}
@@ -300,16 +322,11 @@ class Relay:
             log.info("took shards %s", sorted(lease.shard for lease in leases))
 
     def _forget(self, shard: _Shard) -> None:
-        """Drop a shard without recording anything (it was lost, or has been given back).
-
-        A page read together with other shards still held stays theirs: it must keep counting
-        its reports, or they would record it before the broker acknowledged it.
-        """
+        """Drop a shard without recording anything (it was lost, or has been given back)."""
         self._shards.pop(shard.shard, None)
         self._unrecorded.pop(shard.shard, None)
         for page in shard.pages:
-            if not any(other in self._shards for other in page.shards):
-                page.abandon()
+            page.abandon()
         shard.pages.clear()
         for key in [k for k, p in self._parked.items() if p.shard == shard.shard]:
             del self._parked[key]
@@ -334,6 +351,8 @@ class Relay:
             log.info("handed off shards %s", sorted(released))
 
     def _refresh_parked(self) -> None:
+        """Read the parked keys of the shards held again; keys parked by pages still in flight
+        (not recorded yet) stay parked."""
         if not self._shards:
             return
         try:
@@ -341,7 +360,8 @@ class Relay:
         except sa.exc.DBAPIError as exc:
             self._database_failed("parked keys", exc)
             return
-        self._parked = {p.key: p for p in parked}
+        pending = {p.key: p for s in self._shards.values() for page in s.pages for p in page.parked}
+        self._parked = {**pending, **{p.key: p for p in parked}}
         for shard in self._shards:
             self.metrics.held_keys.labels(str(shard)).set(
                 sum(1 for p in parked if p.shard == shard)
@@ -351,27 +371,28 @@ class Relay:
 
     def _readable(self, now: float) -> list[_Shard]:
         margin = self.settings.lease_seconds / 3
+        releasing = {p.shard for p in self._parked.values() if self._due(p)}
         return [
             s
             for s in self._shards.values()
             if not s.handing_off
             and s.retry_at <= now
             and now < s.lease_deadline - margin
-            and not self._releasing(s)
+            and s.shard not in releasing
+            and not (s.pages and s.pages[-1].isolated)
         ]
 
-    def _releasing(self, shard: _Shard) -> bool:
-        return any(
-            p.shard == shard.shard and (p.request is not None or p.due)
-            for p in self._parked.values()
-        )
+    def _due(self, parking: Parking) -> bool:
+        """Whether a parked key is to be released now: an operator asked, its delay passed, or
+        its blocked topic exists (asked of the broker with backoff)."""
+        if parking.request is not None or parking.due:
+            return True
+        return parking.reason == "blocked" and not self._topics.is_blocked(parking.topic)
 
     def _read(self) -> int:
         """Read one page per group of shards at the same position; return the rows read."""
         room = self.settings.max_in_flight - self._in_flight.count
-        if room <= 0 or self._isolating is not None:
-            return 0
-        if self._quiesce is not None and self._in_flight.count:
+        if room <= 0:
             return 0
         fresh: Snapshot | None = None
         total = 0
@@ -384,33 +405,27 @@ class Relay:
                     return total
             reading = cursor.reading or fresh
             assert reading is not None
-            read = self._read_page(cursor, members, reading, room)
-            if read is None:
+            rows = self._read_page(cursor, members, reading, room)
+            if rows is None:
                 break
-            rows, isolated = read
             total += rows
             room -= rows
-            if room <= 0 or isolated:
+            if room <= 0:
                 break
         return total
 
     def _groups(self) -> dict[Progress, list[_Shard]]:
-        """The readable shards grouped by position, the one a quiesce waited for first."""
+        """The readable shards grouped by position (each group is read by one statement)."""
         groups: dict[Progress, list[_Shard]] = {}
         for shard in self._readable(time.monotonic()):
             groups.setdefault(shard.cursor, []).append(shard)
-        if self._quiesce is not None and groups:
-            first = groups.pop(self._quiesce, None)
-            if first is not None:
-                groups = {self._quiesce: first, **groups}
-            self._quiesce = None
         return groups
 
     def _read_page(
         self, cursor: Progress, members: list[_Shard], reading: Snapshot, room: int
-    ) -> tuple[int, bool] | None:
-        """Read and produce one page of ``members`` from ``cursor``; return how many rows and
-        whether the page is an isolated one, or ``None`` to read nothing more this turn."""
+    ) -> int | None:
+        """Read ``members`` from ``cursor`` and produce what was read, a page per shard; return
+        how many rows, or ``None`` to read nothing more this turn (the database failed)."""
         # Each page of a read scans what is left of the snapshot difference: while pages
         # come back full (a large backlog), ask for twice as many, up to half the
         # in-flight bound, so a backlog costs a few scans rather than one per 1,000 rows.
@@ -428,59 +443,76 @@ class Relay:
             self._database_failed("read", exc)
             return None
         self.database_ok = True
-        extent = self._extent(cursor, reading, rows, page_size)
+        blocked = self._blocked_topics(rows)
+        extent = self._extent(cursor, reading, rows, page_size, members, blocked)
         if extent is None:
-            return None
+            return 0
         rows, ends, isolated = extent
         cap = max(self.settings.batch_size, self.settings.max_in_flight // 2)
         for shard in members:
             shard.page_size = min(cap, grown * 2) if len(rows) == page_size else 0
-        page = _Page(
-            tuple(s.shard for s in members),
-            ends,
-            self._in_flight,
-            isolated=isolated,
-            deadline=time.monotonic() + self.settings.delivery_timeout_ms / 1000,
-            topic=rows[0].topic if rows else "",
-        )
-        if isolated:
-            self._isolating = page
         if rows:
             failpoint("relay.after_read")
-        self._produce_page(page, rows)
+        deadline = time.monotonic() + self.settings.delivery_timeout_ms / 1000
+        pages = {
+            s.shard: _Page(s.shard, ends, self._in_flight, isolated=isolated, deadline=deadline)
+            for s in members
+        }
+        self._produce_pages(pages, rows, blocked)
         for shard in members:
+            page = pages[shard.shard]
             shard.cursor = ends
             if page.has_writes or shard.pages:
                 shard.pages.append(page)
-        return len(rows), isolated
+        return len(rows)
+
+    def _blocked_topics(self, rows: list[OutboxRow]) -> frozenset[str]:
+        """The topics of ``rows`` that are blocked (missing or not authorised)."""
+        if not rows:
+            return frozenset()
+        is_blocked = self._topics.is_blocked
+        return frozenset(t for t in {row.topic for row in rows} if is_blocked(t))
 
     def _extent(
-        self, cursor: Progress, reading: Snapshot, rows: list[OutboxRow], page_size: int
+        self,
+        cursor: Progress,
+        reading: Snapshot,
+        rows: list[OutboxRow],
+        page_size: int,
+        members: list[_Shard],
+        blocked: frozenset[str],
     ) -> tuple[list[OutboxRow], Progress, bool] | None:
-        """The rows of the page, where it ends and whether it is isolated; ``None`` (and a
-        quiesce) when a suspect row comes first while records are in flight."""
-        suspect = self._first_suspect(rows)
+        """The rows to produce, where the read ends and whether it is one isolated row; ``None``
+        when a suspect row comes first while its shard has records in flight (the group waits
+        for them; other groups go on)."""
+        suspect = self._first_suspect(rows, blocked)
         if suspect is None:
             if len(rows) < page_size:
                 return rows, Progress(reading), False
             return rows, Progress(cursor.done, reading, rows[-1].seq), False
-        # A row that may be refused goes out alone, after everything before it is
-        # acknowledged, so no later row of its key (nor a batch-mate) can pass it.
-        isolated = False
-        if suspect == 0:
-            if self._in_flight.count:
-                self._quiesce = cursor  # read nothing until all is acknowledged
-                return None
-            isolated = True
-        rows = rows[: max(1, suspect)]
-        return rows, Progress(cursor.done, reading, rows[-1].seq), isolated
+        # A row that may be refused goes out alone, after everything its shard has in flight
+        # is acknowledged, so no later row of its key (nor a batch-mate) can pass it; the
+        # other shards of the group move past it and go on.
+        if suspect > 0:
+            rows = rows[:suspect]
+            return rows, Progress(cursor.done, reading, rows[-1].seq), False
+        row = rows[0]
+        ends = Progress(cursor.done, reading, row.seq)
+        alone = next(s for s in members if s.shard == row.shard)
+        if alone.pages:
+            return None
+        for shard in members:
+            if shard is not alone:
+                shard.cursor = ends
+        members[:] = [alone]
+        return [row], ends, True
 
-    def _first_suspect(self, rows: list[OutboxRow]) -> int | None:
+    def _first_suspect(self, rows: list[OutboxRow], blocked: frozenset[str]) -> int | None:
         """The first row the broker may refuse: it failed before, or is over its topic's limit."""
         parked, suspects = self._parked, self._suspects
         limits: dict[str, int | None] = {}
         for index, row in enumerate(rows):
-            if row.delayed or (parked and row.parking_key in parked):
+            if row.delayed or (parked and row.parking_key in parked) or row.topic in blocked:
                 continue
             if suspects and row.id in suspects:
                 return index
@@ -492,23 +524,26 @@ class Relay:
                 return index
         return None
 
-    def _produce_page(self, page: _Page, rows: list[OutboxRow]) -> None:
+    def _produce_pages(
+        self, pages: dict[int, _Page], rows: list[OutboxRow], blocked: frozenset[str]
+    ) -> None:
+        """Produce ``rows`` (parking or holding those that must wait), each on its shard's page.
+
+        A row the client refuses at once fails its shard's page: the shard's later rows are not
+        produced (it replays); the other shards' rows are.
+        """
         parked = self._parked
         for index, row in enumerate(rows):
+            page = pages[row.shard]
+            if page.failure is not None:
+                continue
             parking = parked.get(row.parking_key) if parked else None
             if parking is not None:
                 if parking.event_id != row.id:
                     page.held.append(Held(row.id, row.topic, row.aggregateid, row.shard))
                 continue
-            if row.delayed:
-                parking = Parking(
-                    row.topic,
-                    row.aggregateid,
-                    row.shard,
-                    row.id,
-                    "delayed",
-                    until=row.available_at,
-                )
+            if row.delayed or (blocked and row.topic in blocked):
+                parking = self._parking_of(row)
                 self._parked[parking.key] = parking
                 page.parked.append(parking)
                 continue
@@ -516,19 +551,37 @@ class Relay:
             refused = self._publisher.produce(row, page.report)
             if refused is not None:
                 self._count_error(row, refused)
-                page.failure = (row, refused)
-                page.isolated = True  # refused at once, the row's own fault: nothing after it
-                break
+                page.failure = _Failure(row, refused, own=True)
+                continue
             page.outstanding += 1
             self._in_flight.count += 1
             page.produced.append(row)
             if index == len(rows) // 2:
                 failpoint("relay.mid_page")
-        if page.rows:
+        if rows:
             failpoint("relay.after_produce_before_ack")
 
+    def _parking_of(self, row: OutboxRow) -> Parking:
+        """The parking of a row that cannot go out now: delayed, or its topic blocked."""
+        if row.delayed:
+            return Parking(
+                row.topic, row.aggregateid, row.shard, row.id, "delayed", until=row.available_at
+            )
+        state = (
+            "not authorised" if self._topics.state(row.topic) is TopicState.DENIED else "missing"
+        )
+        return Parking(
+            row.topic,
+            row.aggregateid,
+            row.shard,
+            row.id,
+            "blocked",
+            error=f"topic {row.topic} is {state}",
+        )
+
     def _take_errors(self) -> None:
-        """Look at the failed reports of every page: metrics, and each page's first failure."""
+        """Look at the failed reports of every page: metrics, blocked topics, and each page's
+        first failure."""
         for shard in self._shards.values():
             for page in shard.pages:
                 if not page.errors:
@@ -541,8 +594,11 @@ class Relay:
                         page.produced[-1]
                     )
                     self._count_error(row, error)
+                    state = topic_error_state(error)
+                    if state is not None:
+                        self._topics.block(row.topic, state)
                     if page.failure is None:
-                        page.failure = (row, error)
+                        page.failure = _Failure(row, error, own=page.isolated)
                 page.errors.clear()
 
     def _count_error(self, row: OutboxRow, error: KafkaError) -> None:
@@ -550,10 +606,7 @@ class Relay:
         self.metrics.shard_produce_errors.labels(str(row.shard)).inc()
 
     def _count_published(self, page: _Page) -> None:
-        """Count an acknowledged page's rows as published (once, however many shards it has)."""
-        if page.counted:
-            return
-        page.counted = True
+        """Count an acknowledged page's rows as published."""
         if page.produced:
             self._publisher.reachable()
         now = time.time()
@@ -582,35 +635,36 @@ class Relay:
             self._latencies.clear()
 
     def _settle(self) -> None:
-        """Record acknowledged pages; on a failed delivery, replay every shard."""
+        """Record acknowledged pages; replay the shards whose delivery failed or is overdue."""
         self._take_errors()
         if self._publisher.fatal is not None:
-            self._replay(None)
-            return
-        if self._overdue():
+            log.warning("fatal producer error, recreating the producer and replaying")
+            self._recreate("fatal")
             return
         parked: dict[tuple[str, str], tuple[Parking, int]] = {}
         held: list[Held] = []
-        failed: _Page | None = None
-        if self._isolating is not None and self._isolating.outstanding == 0:
-            self._isolating = None
+        failed: dict[int, _Failure | None] = {}
+        now = time.monotonic()
         for shard in self._shards.values():
+            pages = shard.pages
             last: _Page | None = None
-            while shard.pages and shard.pages[0].acknowledged:
-                last = shard.pages.popleft()
+            while pages and pages[0].acknowledged:
+                last = pages.popleft()
                 self._count_published(last)
-                parked.update(
-                    {p.key: (p, shard.epoch) for p in last.parked if p.shard == shard.shard}
-                )
-                held.extend(h for h in last.held if h.shard == shard.shard)
+                parked.update({p.key: (p, shard.epoch) for p in last.parked})
+                held.extend(last.held)
             if last is not None:
                 self._unrecorded[shard.shard] = ShardProgress(shard.shard, shard.epoch, last.ends)
-            if shard.pages and shard.pages[0].failure is not None and failed is None:
-                failed = shard.pages[0]
+            if pages:
+                first = pages[0]
+                if first.failure is not None:
+                    failed[shard.shard] = first.failure
+                elif first.outstanding and now >= first.deadline:
+                    failed[shard.shard] = None
         self._count_confirmed()
         if self._unrecorded and (parked or held or time.monotonic() >= self._record_after):
             self._record_acknowledged(list(parked.values()), held)
-        if failed is not None:
+        if failed:
             self._replay(failed)
         self._hand_off()
 
@@ -624,39 +678,6 @@ class Relay:
         self._unrecorded.clear()
         self._record(progress, parked or [], held or [])
         self._record_after = time.monotonic() + _RECORD_INTERVAL
-
-    def _overdue(self) -> bool:
-        """A page unconfirmed past ``delivery_timeout_ms``: purge, recreate, replay (transient).
-
-        librdkafka never times records out itself (``message.timeout.ms`` 0): it would drop one
-        and still deliver the later records of its partition. A purge drops only records not yet
-        sent; of those in flight the broker keeps at most a gap-less prefix (idempotence), so
-        the replay puts every first copy of a key in order.
-        """
-        now = time.monotonic()
-        late = next(
-            (
-                page
-                for shard in self._shards.values()
-                for page in shard.pages
-                if page.outstanding and now >= page.deadline
-            ),
-            None,
-        )
-        if late is None:
-            return False
-        self.metrics.produce_errors.labels(late.topic, "_MSG_TIMED_OUT").inc()
-        log.warning(
-            "delivery timed out after %d ms, replaying from the recorded progress",
-            self.settings.delivery_timeout_ms,
-            extra={"topic": late.topic, "code": "_MSG_TIMED_OUT"},
-        )
-        if self._unrecorded:
-            self._record_acknowledged()
-        self._isolating = None
-        self._publisher.recreate()
-        self._reset_all(backoff=True)
-        return True
 
     def _epoch_of(self, shard: int) -> int:
         return self._shards[shard].epoch if shard in self._shards else -1
@@ -682,7 +703,7 @@ class Relay:
                 self.store.record(progress, parked=parked, held=held)
         except sa.exc.DBAPIError as exc:
             self._database_failed("progress", exc)
-            self._reset_all(backoff=True)
+            self._reset(list(self._shards.values()), backoff=True)
             return
         self.database_ok = True
         for item in progress:
@@ -702,49 +723,102 @@ class Relay:
         if quiet:
             self._record([ShardProgress(s.shard, s.epoch, s.cursor) for s in quiet], [], [])
 
-    def _replay(self, failed: _Page | None) -> None:
-        """A delivery failed (or the producer died): recreate it, replay from the records.
+    def _replay(self, failed: dict[int, _Failure | None]) -> None:
+        """Replay the failed shards from their recorded progress; no other shard is touched.
 
-        A permanent error counts against the row only when it was produced alone; otherwise
-        it may belong to a batch-mate, so the row is retried alone first.
+        ``None``: the shard's oldest page is overdue (``delivery_timeout_ms``). With every
+        broker down past that, the producer cannot go on: it is recreated and every shard
+        replays. A topic missing or not authorised blocks the topic (its rows are parked on the
+        replay, at once). A permanent error counts against the row only when it was its own;
+        otherwise the row is retried alone first.
         """
-        transient = True
-        if failed is not None and failed.failure is not None:
-            row, error = failed.failure
-            transient = delivery.is_transient(error)
+        overdue = [shard for shard, failure in failed.items() if failure is None]
+        for shard in overdue:
+            self._count_overdue(shard)
+        if overdue and self._publisher.brokers_down:
             log.warning(
-                "delivery failed, replaying from the recorded progress: %s",
-                error.str(),
-                extra={"id": str(row.id), "topic": row.topic, "code": error.name()},
+                "delivery timed out after %d ms with every broker down, recreating the producer",
+                self.settings.delivery_timeout_ms,
             )
-            if not transient:
-                self._publisher.forget_limits(row.topic)
-                if not failed.isolated:
-                    self._suspects.add(row.id)
-                else:
-                    attempts = self._attempts[row.id] = self._attempts.get(row.id, 0) + 1
-                    if delivery.goes_dead(error, attempts, max_attempts=self.settings.max_attempts):
-                        self._dead_letter(row, delivery.error_text(error))
-        else:
-            log.warning("fatal producer error, recreating the producer and replaying")
+            self._recreate("brokers_down")
+            return
+        backoff: dict[int, bool] = {}
+        for shard, failure in failed.items():
+            backoff[shard] = self._judge(shard, failure)
         if self._unrecorded:
             self._record_acknowledged()  # replay only what was not acknowledged
-        self._isolating = None
-        self._publisher.recreate()
-        self._reset_all(backoff=transient or (failed is not None and failed.isolated))
+        for number, delayed in backoff.items():
+            held = self._shards.get(number)
+            if held is not None:
+                self._reset([held], backoff=delayed)
 
-    def _reset_all(self, *, backoff: bool) -> None:
+    def _judge(self, shard: int, failure: _Failure | None) -> bool:
+        """Count and log a shard's failure; whether its replay waits (backoff)."""
+        self.metrics.shard_replays.labels(str(shard)).inc()
+        if failure is None:
+            log.warning(
+                "delivery timed out after %d ms, replaying shard %d from its recorded progress",
+                self.settings.delivery_timeout_ms,
+                shard,
+                extra={"shard": shard, "code": "_MSG_TIMED_OUT"},
+            )
+            return True
+        row, error = failure.row, failure.error
+        if topic_error_state(error) is not None:
+            return False  # the topic is blocked now: the replay parks its rows
+        transient = delivery.is_transient(error)
+        log.warning(
+            "delivery failed, replaying shard %d from its recorded progress: %s",
+            shard,
+            error.str(),
+            extra={"id": str(row.id), "topic": row.topic, "shard": shard, "code": error.name()},
+        )
+        if transient:
+            return True
+        self._publisher.forget_limits(row.topic)
+        if not failure.own:
+            self._suspects.add(row.id)
+            return False
+        attempts = self._attempts[row.id] = self._attempts.get(row.id, 0) + 1
+        if delivery.goes_dead(error, attempts, max_attempts=self.settings.max_attempts):
+            self._dead_letter(row, delivery.error_text(error))
+        return True
+
+    def _count_overdue(self, shard: int) -> None:
+        """Count a shard's overdue page as a timed-out delivery; its topics are asked about
+        again (one may have been deleted)."""
+        late = self._shards[shard].pages[0].produced
+        self._topics.forget({row.topic for row in late})
+        topic = late[0].topic if late else ""
+        self.metrics.produce_errors.labels(topic, "_MSG_TIMED_OUT").inc()
+        self.metrics.shard_produce_errors.labels(str(shard)).inc()
+
+    def _recreate(self, reason: str) -> None:
+        """The producer cannot go on: record what is acknowledged, start a new producer (every
+        outstanding record fails) and replay every shard from its recorded progress."""
+        self.metrics.producer_recreations.labels(reason).inc()
+        if self._unrecorded:
+            self._record_acknowledged()
+        self._publisher.recreate()
+        self._reset(list(self._shards.values()), backoff=True)
+
+    def _reset(self, shards: list[_Shard], *, backoff: bool) -> None:
+        """Drop what ``shards`` have in flight and read them again from their recorded progress
+        (after a backoff); keys their dropped pages parked are not parked any more."""
         now = time.monotonic()
-        self._unrecorded.clear()
-        for shard in self._shards.values():
+        parked = self._parked
+        for shard in shards:
+            self._unrecorded.pop(shard.shard, None)
             for page in shard.pages:
                 page.abandon()
+                for parking in page.parked:
+                    if parked.get(parking.key) is parking:
+                        del parked[parking.key]
             shard.pages.clear()
             shard.cursor = shard.recorded
             if backoff:
                 shard.attempts += 1
                 shard.retry_at = now + self._backoff.delay(shard.attempts)
-        self._refresh_parked()
 
     def _dead_letter(self, row: OutboxRow, error: str) -> None:
         parking = Parking(row.topic, row.aggregateid, row.shard, row.id, "dead", error=error)
@@ -753,6 +827,7 @@ class Relay:
         except sa.exc.DBAPIError as exc:
             self._database_failed("dead letter", exc)
             return
+        self._parked[parking.key] = parking
         self._attempts.pop(row.id, None)
         self._suspects.discard(row.id)
         self.metrics.dead.labels(row.topic).inc()
@@ -765,54 +840,71 @@ class Relay:
     # -- parked keys ---------------------------------------------------------------------------
 
     def _release_parked(self) -> None:
-        """Publish the rows of keys an operator released or whose delay passed, in order."""
+        """Publish the rows of keys an operator released, whose delay passed or whose topic
+        exists again, in order: the due keys of a shard together, once it has nothing in
+        flight."""
+        if not self._parked:
+            return
         now = time.monotonic()
-        for parking in [p for p in self._parked.values() if p.request is not None or p.due]:
-            shard = self._shards.get(parking.shard)
+        due: dict[int, list[Parking]] = {}
+        for parking in self._parked.values():
+            if self._due(parking):
+                due.setdefault(parking.shard, []).append(parking)
+        for number, parkings in due.items():
+            shard = self._shards.get(number)
             if shard is None or shard.pages or shard.retry_at > now:
                 continue  # wait until everything read from the shard is acknowledged
             if shard.shard in self._unrecorded:
                 self._record_acknowledged()  # and recorded: release on the next turn
                 continue
-            self._release(shard, parking)
+            self._release(shard, parkings)
 
-    def _release(self, shard: _Shard, parking: Parking) -> None:
-        """Publish a parked key's rows (its dead or delayed row first, unless skipped), then
-        unpark it; on any failure, replay from recorded progress (and park it again if its own
-        row failed for good)."""
+    def _release(self, shard: _Shard, parkings: list[Parking]) -> None:
+        """Publish parked keys' rows (each key's dead, delayed or blocked row first, unless
+        skipped), then unpark each key whose rows all went out. A key whose rows failed stays
+        parked: blocked again if its topic is missing, dead if its own row failed for good;
+        the shard then waits (backoff) before the next try."""
+        batch: list[tuple[Parking, list[tuple[int, UUID]], list[OutboxRow]]] = []
         try:
-            held = self.store.held_of(parking.key)
-            ids = [event_id for _, event_id in held]
-            if parking.request != "skip":
-                ids.insert(0, parking.event_id)
-            rows = self.store.rows(ids)
+            for parking in parkings:
+                held = self.store.held_of(parking.key)
+                ids = [event_id for _, event_id in held]
+                if parking.request != "skip":
+                    ids.insert(0, parking.event_id)
+                found = self.store.rows(ids)
+                batch.append((parking, held, [found[i] for i in ids if i in found]))
         except sa.exc.DBAPIError as exc:
             self._database_failed("release", exc)
             return
-        results, complete = self._publish_alone([rows[i] for i in ids if i in rows])
-        if not complete or any(error is not None for _, error in results):
-            self._publisher.recreate()
-            self._reset_all(backoff=True)
-            self._park_again(parking, results)
-            return
-        for row, _ in results:
-            self.metrics.published.labels(row.topic).inc()
-            self.metrics.shard_published.labels(str(row.shard)).inc()
-        try:
-            released = self.store.unpark(
-                parking, epoch=shard.epoch, published_to=held[-1][0] if held else None
-            )
-        except sa.exc.DBAPIError as exc:
-            self._database_failed("release", exc)
-            return
-        if released:
-            self._parked.pop(parking.key, None)
-            log.info(
-                "key released (%s): %d row(s) published",
-                parking.request or parking.reason,
-                len(results),
-                extra={"topic": parking.topic, "key": parking.aggregateid},
-            )
+        results, complete = self._publish_alone([row for _, _, rows in batch for row in rows])
+        errors = {row.id: error for row, error in results if error is not None}
+        acked = {row.id for row, error in results if error is None}
+        failed = not complete or bool(errors)
+        for parking, held, rows in batch:
+            if any(row.id not in acked for row in rows):
+                self._park_again(parking, [(row, errors.get(row.id)) for row in rows])
+                continue
+            for row in rows:
+                self.metrics.published.labels(row.topic).inc()
+                self.metrics.shard_published.labels(str(row.shard)).inc()
+            try:
+                released = self.store.unpark(
+                    parking, epoch=shard.epoch, published_to=held[-1][0] if held else None
+                )
+            except sa.exc.DBAPIError as exc:
+                self._database_failed("release", exc)
+                return
+            if released:
+                self._parked.pop(parking.key, None)
+                log.info(
+                    "key released (%s): %d row(s) published",
+                    parking.request or parking.reason,
+                    len(rows),
+                    extra={"topic": parking.topic, "key": parking.aggregateid},
+                )
+        if failed:
+            self.metrics.shard_replays.labels(str(shard.shard)).inc()
+            self._reset([shard], backoff=True)
 
     def _publish_alone(
         self, rows: list[OutboxRow]
@@ -831,20 +923,29 @@ class Relay:
     def _park_again(
         self, parking: Parking, results: list[tuple[OutboxRow, KafkaError | None]]
     ) -> None:
-        """Record a permanent failure of the parked row itself, which keeps its key parked."""
+        """A released key's rows did not all go out: it stays parked. Its topic missing blocks
+        the topic (the key stays blocked); a permanent failure of its own row makes it dead."""
         failures = [(row, error) for row, error in results if error is not None]
-        if not failures or failures[0][0].id != parking.event_id:
+        if not failures:
             return
-        error = failures[0][1]
+        row, error = failures[0]
         assert error is not None
-        if delivery.is_transient(error):
+        state = topic_error_state(error)
+        if state is not None:
+            self._topics.block(row.topic, state)
+            if parking.reason == "blocked":
+                return
+        if row.id != parking.event_id or delivery.is_transient(error):
             return
+        text = delivery.error_text(error)
         try:
-            self.store.park_failed(parking, error=delivery.error_text(error))
+            self.store.park_failed(parking, error=text)
         except sa.exc.DBAPIError as exc:
             self._database_failed("dead letter", exc)
             return
-        self._parked.pop(parking.key, None)
+        self._parked[parking.key] = dataclasses.replace(
+            parking, reason="dead", error=text, until=None, request=None, due=False
+        )
 
     @staticmethod
     def _collect(
@@ -873,6 +974,25 @@ class Relay:
         for shard in self._shards:
             self.metrics.unpublished.labels(str(shard)).set(rows.get(shard, 0))
             self.metrics.lag.labels(str(shard)).set(lag.get(shard, 0.0))
+        self._update_blocked()
+
+    def _update_blocked(self) -> None:
+        """Rows held per blocked topic (read only while this relay knows of blocked keys)."""
+        if not self._blocked_gauged and not any(
+            p.reason == "blocked" for p in self._parked.values()
+        ):
+            return
+        try:
+            blocked = self.store.blocked_rows()
+        except sa.exc.DBAPIError as exc:
+            self._database_failed("blocked topics", exc)
+            return
+        for topic in self._blocked_gauged - blocked.keys():
+            with contextlib.suppress(KeyError):
+                self.metrics.blocked_rows.remove(topic)
+        for topic, count in blocked.items():
+            self.metrics.blocked_rows.labels(topic).set(count)
+        self._blocked_gauged = set(blocked)
 
     def _purge(self) -> None:
         try:

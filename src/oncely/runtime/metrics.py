@@ -69,8 +69,27 @@ class RelayMetrics:
         )
         self.held_keys = Gauge(
             "oncely_relay_held_keys",
-            "Parked keys (a dead or delayed row holds their later rows), per shard.",
+            "Parked keys (a dead, delayed or blocked row holds their later rows), per shard.",
             ["shard"],
+            registry=r,
+        )
+        self.blocked_rows = Gauge(
+            "oncely_relay_blocked_rows",
+            "Rows held because their topic is missing or not authorised, per topic (published "
+            "by themselves once it exists).",
+            ["topic"],
+            registry=r,
+        )
+        self.shard_replays = Counter(
+            "oncely_relay_shard_replays",
+            "Times a shard replayed from its recorded progress (a failed or overdue delivery).",
+            ["shard"],
+            registry=r,
+        )
+        self.producer_recreations = Counter(
+            "oncely_relay_producer_recreations",
+            "Producers recreated because they could not go on (fatal error, every broker down).",
+            ["reason"],
             registry=r,
         )
 

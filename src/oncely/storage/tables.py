@@ -22,8 +22,9 @@ from oncely.errors import ConfigurationError
 DEFAULT_SHARDS = 32
 #: The most shards an installation can have.
 MAX_SHARDS = 1024
-#: Why a key is parked: its next row failed for good, or is not due yet.
-PARK_REASONS = ("dead", "delayed")
+#: Why a key is parked: its next row failed for good, is not due yet, or its topic is missing
+#: (or not authorised) and the relay waits for it to exist.
+PARK_REASONS = ("dead", "delayed", "blocked")
 #: What an operator asked for a parked key: publish its dead row again, or give up on it.
 PARK_REQUESTS = ("requeue", "skip")
 TASK_STATUSES = ("queued", "leased", "completed", "dead", "failed", "stale", "expired")

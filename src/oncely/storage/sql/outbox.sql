@@ -49,7 +49,7 @@ WHERE s.shard = p.shard AND s.owner = :owner AND s.epoch = p.epoch
 RETURNING s.shard
 
 -- name: relay_park
--- Park keys (dead or delayed rows), fenced like progress; a key parked already stays as is.
+-- Park keys (dead, delayed or blocked rows), fenced like progress; a key parked already stays as is.
 INSERT INTO oncely_relay_parked (topic, aggregateid, shard, event_id, reason, error, until)
 SELECT p.topic, p.aggregateid, p.shard, p.event_id, p.reason, p.error, p.until
 FROM unnest(CAST(:topics AS text[]), CAST(:keys AS text[]), CAST(:shards AS smallint[]),
@@ -98,7 +98,7 @@ WHERE p.topic = :topic AND p.aggregateid = :aggregateid
 RETURNING p.event_id
 
 -- name: relay_park_failed
--- A release whose own row failed again: it stays parked (dead) with the new error.
+-- A release whose own row failed again for good: it stays parked (dead) with the new error.
 UPDATE oncely_relay_parked
 SET reason = 'dead', error = :error, until = NULL, request = NULL
 WHERE topic = :topic AND aggregateid = :aggregateid
@@ -230,14 +230,20 @@ RETURNING event_id AS id, topic, aggregateid
 -- them writes; the callers run them in READ ONLY transactions.
 
 -- name: ops_parked_by_topic
--- Per topic: keys parked by a dead row and by a delayed row, rows held behind parked keys, and
--- dead rows an operator asked to requeue or skip that no relay has carried out yet.
+-- Per topic: keys parked by a dead row and by a delayed row, rows held behind parked keys, dead
+-- rows an operator asked to requeue or skip that no relay has carried out yet, and keys parked
+-- because the topic is missing: how many rows wait for it (their own and those held behind
+-- them) and since when.
 SELECT p.topic,
        count(*) FILTER (WHERE p.reason = 'dead') AS dead,
        count(*) FILTER (WHERE p.reason = 'delayed') AS delayed,
        count(*) AS held_keys,
        COALESCE(sum(h.held), 0) AS held_rows,
-       count(*) FILTER (WHERE p.request IS NOT NULL) AS requested
+       count(*) FILTER (WHERE p.request IS NOT NULL) AS requested,
+       count(*) FILTER (WHERE p.reason = 'blocked') AS blocked,
+       COALESCE(sum(1 + COALESCE(h.held, 0)) FILTER (WHERE p.reason = 'blocked'), 0)
+           AS blocked_rows,
+       min(p.parked_at) FILTER (WHERE p.reason = 'blocked') AS blocked_since
 FROM oncely_relay_parked AS p
 LEFT JOIN (SELECT topic, aggregateid, count(*) AS held
            FROM oncely_relay_held

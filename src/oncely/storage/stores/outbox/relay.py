@@ -20,6 +20,7 @@ import sqlalchemy as sa
 
 from oncely.failpoints import failpoint
 from oncely.storage.queries import purge_in_batches, query
+from oncely.storage.stores.outbox.reports import parked_by_topic
 from oncely.storage.stores.outbox.rows import OutboxRow, TopicPurge
 from oncely.storage.stores.outbox.snapshots import Difference, Snapshot
 
@@ -52,7 +53,8 @@ class ShardProgress:
 
 @dataclass(frozen=True, slots=True)
 class Parking:
-    """A key parked by ``event_id``: dead (with ``error``) or delayed (``until``)."""
+    """A key parked by ``event_id``: dead (with ``error``), delayed (``until``), or blocked
+    (its topic is missing or not authorised; ``error`` says which)."""
 
     topic: str
     aggregateid: str
@@ -459,6 +461,11 @@ class RelayStore:
     def shards(self) -> list[ShardState]:
         with self.engine.connect() as conn:
             return shards(conn)
+
+    def blocked_rows(self) -> dict[str, int]:
+        """Per topic with blocked keys (missing or not authorised): the rows waiting for it."""
+        with self.engine.connect() as conn:
+            return {p.topic: p.blocked_rows for p in parked_by_topic(conn) if p.blocked}
 
     def purge(self, *, older_than_seconds: float, batch_size: int = 5000) -> int:
         """Delete rows older than the horizon that every read has passed, in batches."""

@@ -24,8 +24,11 @@ _CURSOR_ROWS = 1000
 
 @dataclass(frozen=True, slots=True)
 class ParkedOfTopic:
-    """A topic's parked keys (``dead``, ``delayed``; ``held_keys`` in all), the rows held behind
-    them, and dead rows an operator asked to requeue or skip that no relay carried out yet."""
+    """A topic's parked keys (``dead``, ``delayed``, ``blocked``; ``held_keys`` in all), the rows
+    held behind them, dead rows an operator asked to requeue or skip that no relay carried out
+    yet, and while the topic is missing (or not authorised) the rows that wait for it
+    (``blocked_rows``: the blocked keys' own rows and the rows held behind them) and since when
+    (``blocked_since``: the first key blocked)."""
 
     topic: str
     dead: int
@@ -33,13 +36,24 @@ class ParkedOfTopic:
     held_keys: int
     held_rows: int
     requested: int
+    blocked: int = 0
+    blocked_rows: int = 0
+    blocked_since: datetime | None = None
 
 
 def parked_by_topic(conn: sa.Connection) -> list[ParkedOfTopic]:
     """Every topic with a parked key, by name."""
     return [
         ParkedOfTopic(
-            r.topic, int(r.dead), int(r.delayed), int(r.held_keys), int(r.held_rows), r.requested
+            r.topic,
+            int(r.dead),
+            int(r.delayed),
+            int(r.held_keys),
+            int(r.held_rows),
+            r.requested,
+            int(r.blocked),
+            int(r.blocked_rows),
+            r.blocked_since,
         )
         for r in conn.execute(query("ops_parked_by_topic"))
     ]
