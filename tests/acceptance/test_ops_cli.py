@@ -122,6 +122,9 @@ def test_status_json_of_a_small_deployment(
                 "held_keys": 1,
                 "held_rows": 0,
                 "requested": 0,
+                "blocked_rows": 0,
+                "blocked_since": None,
+                "blocked_error": None,
             }
         ],
         "backlog": [

@@ -29,6 +29,7 @@ from confluent_kafka.admin import (
 )
 from pydantic import SecretStr
 
+from oncely.ops.status import collect_status
 from oncely.relay import Relay
 from oncely.settings import KafkaSettings
 from oncely.storage.tables import DEFAULT_SHARDS, shard_of
@@ -127,6 +128,18 @@ def test_a_missing_topic_holds_only_its_rows_and_resumes_once_created(
             "no shard replays: the missing topic's rows are parked, never produced"
         )
         assert _recreations(relay) == 0
+        report = collect_status(engine, effects=None, kafka_config=None)
+        [topic] = [t for t in report.topics if t.topic == missing_topic]
+        assert (topic.blocked_rows, topic.blocked_error) == (
+            60,
+            f"topic {missing_topic} is missing",
+        )
+        assert any(
+            note.startswith(
+                f"topic {missing_topic} is missing since {topic.blocked_since}: 60 rows"
+            )
+            for note in report.notes
+        ), report.notes
 
         _create(kafka_admin, missing_topic)
         wait_until(lambda: _parked(engine) == [], timeout=60)

@@ -241,6 +241,9 @@ def test_status_reports_backlog_progress_and_tasks_of_a_known_setup(
                 "held_keys": 1,
                 "held_rows": 2,
                 "requested": 1,
+                "blocked_rows": 0,
+                "blocked_since": None,
+                "blocked_error": None,
             },
             {
                 "topic": deployment,
@@ -251,6 +254,9 @@ def test_status_reports_backlog_progress_and_tasks_of_a_known_setup(
                 "held_keys": 1,
                 "held_rows": 1,
                 "requested": 0,
+                "blocked_rows": 0,
+                "blocked_since": None,
+                "blocked_error": None,
             },
         ],
         "effects": [

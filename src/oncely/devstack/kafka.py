@@ -355,8 +355,7 @@ class KafkaNodeConfig:
                 ]
             if self.security.authorizer:
                 lines += [
-                    "authorizer.class.name="
-                    "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                    "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
                     "super.users=User:ANONYMOUS",
                     "allow.everyone.if.no.acl.found=true",
                 ]

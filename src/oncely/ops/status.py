@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -57,7 +58,9 @@ class TopicStatus:
     oldest (``None`` when there is none). ``dead`` and ``delayed``: keys parked by a dead or a
     delayed row; ``held_keys``: all its parked keys; ``held_rows``: rows read behind them,
     waiting; ``requested``: dead rows asked to be requeued or skipped that no relay has carried
-    out yet (no relay running, or it does not hold the shard).
+    out yet (no relay running, or it does not hold the shard). While the topic is missing or
+    not authorised: ``blocked_rows`` wait for it (they are published by themselves once it
+    exists) since ``blocked_since``, and ``blocked_error`` says which.
     """
 
     topic: str
@@ -68,6 +71,9 @@ class TopicStatus:
     held_keys: int
     held_rows: int
     requested: int
+    blocked_rows: int = 0
+    blocked_since: str | None = None
+    blocked_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +168,12 @@ def collect_status(
         receipt_rows = applied_by_effect(conn, recent_seconds=RECENT_SECONDS)
         task_counts = count_by_status(conn)
     by_topic = _topics(backlog, parked_rows)
+    notes += [
+        f"{t.blocked_error} since {t.blocked_since}: {t.blocked_rows} rows "
+        "held, published by the relay once it exists (`oncely topics ensure`)"
+        for t in by_topic.values()
+        if t.blocked_rows and t.blocked_since is not None
+    ]
     shards = _shards(shard_rows, backlog)
     idle = [s.shard for s in shards if not s.leased and s.unpublished]
     if idle:
@@ -238,6 +250,13 @@ def _app_effects(
     return listed
 
 
+def _utc(moment: datetime | None) -> str | None:
+    """ISO-8601 in UTC, to the second, with ``Z``."""
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _topics(
     backlog: Sequence[ShardBacklog], parked: Sequence[ParkedOfTopic]
 ) -> dict[str, TopicStatus]:
@@ -260,6 +279,9 @@ def _topics(
             held_keys=row.held_keys if row else 0,
             held_rows=row.held_rows if row else 0,
             requested=row.requested if row else 0,
+            blocked_rows=row.blocked_rows if row else 0,
+            blocked_since=_utc(row.blocked_since) if row else None,
+            blocked_error=row.blocked_error if row else None,
         )
     return topics
 

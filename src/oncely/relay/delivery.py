@@ -3,9 +3,10 @@ row goes dead.
 
 A delivery error is *transient* when the broker could not take the record right now (it is
 unreachable, has no leader, lacks in-sync replicas, timed out): the row backs off and retries
-without ever going dead, so a broker outage delays events but never dead-letters them. Any
-other error (record too large, unknown topic, authorisation) is *permanent*: after
-``max_attempts`` the row goes ``dead`` with the error, and its key waits for an operator.
+without ever going dead, so a broker outage delays events but never dead-letters them. A topic
+missing or not authorised is neither: it blocks the topic (:mod:`oncely.relay.topics`). Any
+other error (record too large, invalid) is *permanent*: after ``max_attempts`` the row goes
+``dead`` with the error, and its key waits for an operator.
 """
 
 from __future__ import annotations

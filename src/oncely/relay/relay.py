@@ -754,7 +754,6 @@ class Relay:
 
     def _judge(self, shard: int, failure: _Failure | None) -> bool:
         """Count and log a shard's failure; whether its replay waits (backoff)."""
-        self.metrics.shard_replays.labels(str(shard)).inc()
         if failure is None:
             log.warning(
                 "delivery timed out after %d ms, replaying shard %d from its recorded progress",
@@ -808,6 +807,7 @@ class Relay:
         now = time.monotonic()
         parked = self._parked
         for shard in shards:
+            self.metrics.shard_replays.labels(str(shard.shard)).inc()
             self._unrecorded.pop(shard.shard, None)
             for page in shard.pages:
                 page.abandon()
@@ -903,7 +903,6 @@ class Relay:
                     extra={"topic": parking.topic, "key": parking.aggregateid},
                 )
         if failed:
-            self.metrics.shard_replays.labels(str(shard.shard)).inc()
             self._reset([shard], backoff=True)
 
     def _publish_alone(

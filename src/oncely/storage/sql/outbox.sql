@@ -243,7 +243,8 @@ SELECT p.topic,
        count(*) FILTER (WHERE p.reason = 'blocked') AS blocked,
        COALESCE(sum(1 + COALESCE(h.held, 0)) FILTER (WHERE p.reason = 'blocked'), 0)
            AS blocked_rows,
-       min(p.parked_at) FILTER (WHERE p.reason = 'blocked') AS blocked_since
+       min(p.parked_at) FILTER (WHERE p.reason = 'blocked') AS blocked_since,
+       min(p.error) FILTER (WHERE p.reason = 'blocked') AS blocked_error
 FROM oncely_relay_parked AS p
 LEFT JOIN (SELECT topic, aggregateid, count(*) AS held
            FROM oncely_relay_held

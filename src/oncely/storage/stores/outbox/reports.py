@@ -28,7 +28,8 @@ class ParkedOfTopic:
     held behind them, dead rows an operator asked to requeue or skip that no relay carried out
     yet, and while the topic is missing (or not authorised) the rows that wait for it
     (``blocked_rows``: the blocked keys' own rows and the rows held behind them) and since when
-    (``blocked_since``: the first key blocked)."""
+    (``blocked_since``: the first key blocked; ``blocked_error``: "topic T is missing" or
+    "... not authorised")."""
 
     topic: str
     dead: int
@@ -39,6 +40,7 @@ class ParkedOfTopic:
     blocked: int = 0
     blocked_rows: int = 0
     blocked_since: datetime | None = None
+    blocked_error: str | None = None
 
 
 def parked_by_topic(conn: sa.Connection) -> list[ParkedOfTopic]:
@@ -54,6 +56,7 @@ def parked_by_topic(conn: sa.Connection) -> list[ParkedOfTopic]:
             int(r.blocked),
             int(r.blocked_rows),
             r.blocked_since,
+            r.blocked_error,
         )
         for r in conn.execute(query("ops_parked_by_topic"))
     ]
