@@ -62,9 +62,12 @@ def _services() -> Iterator[tuple[str, str]]:
     if url and kafka:
         yield url, kafka
         return
-    with DevStack() as stack:
-        info = stack.start()
+    stack = DevStack()
+    info = stack.start()
+    try:
         yield info.database_url, info.kafka_bootstrap
+    finally:
+        stack.stop()
 
 
 def _new_database(admin_url: str) -> str:

@@ -19,7 +19,7 @@ Rules the loop keeps (each is tested against real PostgreSQL and Kafka):
 - A topic that does not exist (or that the relay may not describe) is *blocked*
   (:mod:`oncely.relay.topics`): the first row of each of its keys is parked as ``blocked``
   and the later ones held, nothing is produced to it, and the broker's metadata is asked again
-  with backoff; once the topic exists its keys are released and their rows published, in
+  with backoff (at most every 5 s); once the topic exists its keys are released and their rows published, in
   order, with no operator action. A blocked topic never dead-letters: it is a deployment
   mistake, not a bad row.
 - A row that fails for good (too large, or refused after ``max_attempts``) is dead-lettered and
@@ -78,6 +78,9 @@ _SLEEP_AFTER = 1.0
 #: Progress is recorded at most this often (seconds): a crash replays what was acknowledged
 #: since (duplicates), and a quiet service does not write progress after every few rows.
 _RECORD_INTERVAL = 0.02
+#: A blocked topic is asked about at least this often (seconds): one metadata request, so its
+#: rows go out within seconds of the topic being created.
+_TOPIC_CHECK_MAX = 5.0
 
 
 class _InFlight:
@@ -184,7 +187,14 @@ class Relay:
         self._suspects: set[UUID] = set()
         self._confirmed: dict[tuple[str, int], int] = {}
         self._latencies: list[float] = []
-        self._topics = TopicWatch(probe=self._publisher.topic_state, backoff=self._backoff)
+        self._topics = TopicWatch(
+            probe=self._publisher.topic_state,
+            backoff=Backoff(
+                first=settings.backoff_base_seconds,
+                maximum=min(settings.backoff_max_seconds, _TOPIC_CHECK_MAX),
+                jitter=0.5,
+            ),
+        )
         self._blocked_gauged: set[str] = set()
         self._in_flight = _InFlight()
         #: Progress of acknowledged pages, by shard, waiting for the next record.
