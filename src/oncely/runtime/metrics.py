@@ -137,8 +137,9 @@ class ConsumerMetrics:
             registry=r,
         )
         self.lag = Gauge(
-            "oncely_consumer_lag",
-            "High watermark minus committed position.",
+            "oncely_consumer_lag_records",
+            "Records the consumer has yet to read: the partition's high watermark minus the"
+            " consumer's position.",
             ["effect", "topic", "partition"],
             registry=r,
         )
