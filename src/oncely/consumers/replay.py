@@ -82,9 +82,12 @@ class GroupMember:
     host: str
 
 
-def group_members(config: ClientConfig, group: str, *, timeout: float = 30) -> list[GroupMember]:
-    """The active members of ``group`` (none for a group that does not exist)."""
-    admin = AdminClient(config)
+def group_members(
+    client: ClientConfig | AdminClient, group: str, *, timeout: float = 30
+) -> list[GroupMember]:
+    """The active members of ``group`` (none for a group that does not exist), asked with
+    ``client`` (an ``AdminClient``, or the configuration of a new one)."""
+    admin = client if isinstance(client, AdminClient) else AdminClient(client)
     description = admin.describe_consumer_groups([group])[group].result(timeout)
     return [GroupMember(m.member_id, m.client_id, m.host) for m in description.members]
 
@@ -164,9 +167,10 @@ def execute_reset(
     timeout: float = 30,
 ) -> None:
     """Commit the planned offsets for ``group``; refused while the group has members."""
-    members = group_members(config, group, timeout=timeout)
+    admin = AdminClient(config)
+    members = group_members(admin, group, timeout=timeout)
     if members:
         raise ReplayError(members_note(group, members))
     partitions = [TopicPartition(m.topic, m.partition, m.target) for m in moves]
     request = [ConsumerGroupTopicPartitions(group, partitions)]
-    AdminClient(config).alter_consumer_group_offsets(request)[group].result(timeout)
+    admin.alter_consumer_group_offsets(request)[group].result(timeout)
