@@ -1,5 +1,8 @@
 # The developer loop. `make demo` and `make test` work on a fresh clone: they create .venv,
 # install oncely with its test and dev extras, and start real Kafka and PostgreSQL themselves.
+# They need Python 3.11+, Maven and Java: Java 17+ runs the Kafka broker (java on PATH), and
+# make test also needs Java 21+ for the Apicurio schema registry of its schema-registry tests
+# (JAVA_HOME, java on PATH or a JDK in /usr/lib/jvm).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin

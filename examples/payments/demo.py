@@ -417,7 +417,9 @@ class Demo:
             c.metrics().get("oncely_consumer_duplicates_suppressed_total", 0.0)
             for c in self.consumers.values()
         )
-        lag = sum(c.metrics().get("oncely_consumer_lag", 0.0) for c in self.consumers.values())
+        lag = sum(
+            c.metrics().get("oncely_consumer_lag_records", 0.0) for c in self.consumers.values()
+        )
         return {
             "staged": row.staged,
             "published": row.published,

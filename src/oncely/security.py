@@ -50,15 +50,19 @@ class AuthWatch:
 
     Pass it as ``{"error_cb": watch}``; callbacks run inside the client's ``poll()`` (or
     ``consume()``). :meth:`check` raises once a failure was seen; other errors are ignored
-    here (the client retries them).
+    here (the client retries them), except that :attr:`brokers_down` remembers librdkafka's
+    ``_ALL_BROKERS_DOWN`` (every known broker refused or dropped the connection).
     """
 
     def __init__(self) -> None:
         self.failure: KafkaError | None = None
+        self.brokers_down = False
 
     def __call__(self, error: KafkaError) -> None:
         if self.failure is None and is_authentication_failure(error):
             self.failure = error
+        elif error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self.brokers_down = True
 
     def check(self) -> None:
         """Raise :class:`KafkaAuthenticationError` if an authentication failure was seen."""
@@ -66,11 +70,16 @@ class AuthWatch:
             raise KafkaAuthenticationError.of(self.failure)
 
 
-def wait_for_metadata(client: Any, watch: AuthWatch, *, timeout: float) -> Any:
+def wait_for_metadata(
+    client: Any, watch: AuthWatch, *, timeout: float, until_brokers_down: bool = False
+) -> Any:
     """``client.list_topics()``, failing within about a second when credentials are refused.
 
     ``client`` is an ``AdminClient`` or a ``Producer`` configured with ``error_cb=watch`` (not
-    a ``Consumer``: its ``poll()`` would consume). Returns the cluster metadata.
+    a ``Consumer``: its ``poll()`` would consume). Returns the cluster metadata. With
+    ``until_brokers_down`` it also gives up, within about a second, once every broker refused
+    the connection (a one-shot reader that need not wait out ``timeout`` for a broker that is
+    not there).
 
     Raises:
         KafkaAuthenticationError: the broker refused the credentials.
@@ -84,5 +93,5 @@ def wait_for_metadata(client: Any, watch: AuthWatch, *, timeout: float) -> Any:
         except KafkaException:
             client.poll(0)  # serves error_cb
             watch.check()
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or (until_brokers_down and watch.brokers_down):
                 raise

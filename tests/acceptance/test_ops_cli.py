@@ -156,6 +156,7 @@ def test_status_json_of_a_small_deployment(
             f"1 shard(s) with unpublished rows are held by no relay ({shard}): "
             "is `oncely relay run` running?",
         ],
+        "kafka_error": None,
     }
 
 

@@ -1,6 +1,7 @@
 """The shipped Prometheus rules and Grafana dashboard, checked by Prometheus itself: promtool
 validates and unit-tests the rules, and a real Prometheus server scraping a running relay,
-consumer and task worker sees every metric the rules and the dashboard read."""
+consumer and task worker sees every metric the rules and the dashboard read, and each process's
+standard ``process_*`` and ``python_*`` metrics."""
 
 from __future__ import annotations
 
@@ -217,3 +218,6 @@ def test_a_real_prometheus_scrapes_every_metric_the_rules_and_dashboard_use(
         and not any(name.removesuffix(suffix) in scraped for suffix in _SERIES_SUFFIXES)
     )
     assert not missing, f"used by the rules or the dashboard, never scraped: {missing}"
+    for standard in ("process_resident_memory_bytes", "python_info"):  # on every process
+        series = _get(web, f"/api/v1/series?match[]={standard}")
+        assert {s["job"] for s in series} == set(ports), standard

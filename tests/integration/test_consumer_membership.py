@@ -4,13 +4,15 @@ and one left out of its group rejoins: against a real broker (issue 17, item 7).
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +20,21 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from oncely.consumers.replay import group_members
 from oncely.consumers.runner import EffectConsumer
 from oncely.devstack import KafkaNode
 from oncely.runtime.http import HealthServer
 from oncely.schemas.codec import Codec
+from oncely.settings import KafkaSettings
 from tests.apps.ledger import App, build
-from tests.helpers import publish_events, running_consumers, scalar, wait_until
+from tests.helpers import (
+    CliResult,
+    oncely_cli,
+    publish_events,
+    running_consumers,
+    scalar,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ledger_tables")]
 
@@ -153,3 +164,45 @@ def test_a_consumer_out_of_its_group_past_the_bound_rejoins_and_applies(
                 print(f"rejoined and applied {time.monotonic() - returned:.1f} s after SIGCONT")
     finally:
         broker.stop()
+
+
+def test_the_replay_dry_run_warns_while_the_group_has_members_and_says_when_a_killed_one_expires(
+    new_ledger: Callable[..., App],
+    engine: sa.Engine,
+    kafka_bootstrap: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = new_ledger(1, ways=True)  # as tests.apps.ledger:effects, imported afresh
+    monkeypatch.setenv("ONCELY_TEST_TOPIC_PREFIX", app.registry.topic_prefix)
+    monkeypatch.setenv("ONCELY_TEST_GROUP_PREFIX", app.effects.group_prefix)
+    monkeypatch.delitem(sys.modules, "tests.apps.ledger", raising=False)
+    group = app.effects.group_id("ledger")
+    replay = ["replay", "--app", "tests.apps.ledger:effects", "--effect", "ledger"]
+    replay += ["--to-earliest", "--bootstrap-servers", kafka_bootstrap]
+
+    def warnings(result: CliResult) -> list[str]:
+        return [line for line in result.stderr.splitlines() if "active member" in line]
+
+    idle = oncely_cli(*replay)
+    config = KafkaSettings(bootstrap_servers=kafka_bootstrap).client_config()
+    with running_consumers(app.effects, ["ledger"], engine, kafka_bootstrap):
+        wait_until(lambda: len(group_members(config, group)) == 1, timeout=60)
+        busy, busy_json = oncely_cli(*replay), oncely_cli(*replay, "--json")
+        refused = oncely_cli(*replay, "--execute")
+
+    assert idle.exit_code == 0 and warnings(idle) == []
+    assert busy.exit_code == 0, busy.output
+    assert "dry run: 0 record(s) would be re-read" in busy.stdout
+    (warning,) = warnings(busy)
+    assert warning.startswith(f"warning: group '{group}' has 1 active member(s) (rdkafka@")
+    assert warning.endswith(
+        "stop its consumers, then replay (a consumer killed without leaving stays a member "
+        "until its session expires: within the consumers' session timeout, "
+        "ONCELY_CONSUMER_SESSION_TIMEOUT_MS, 45 s by default)"
+    )
+    document = json.loads(busy_json.stdout)
+    assert document["executed"] is False
+    assert [m["client_id"] for m in document["active_members"]] == ["rdkafka"]
+    assert warnings(busy_json) == [warning]
+    assert refused.exit_code == 2
+    assert refused.stderr.splitlines()[-1] == warning.replace("warning:", "error:", 1)

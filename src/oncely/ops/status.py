@@ -15,6 +15,10 @@ application's :class:`~oncely.consumers.effects.Effects` the effect names come f
 receipts table and their consumer groups and topics are unknown, so lag and DLQ depth are
 ``None``; without Kafka settings they are ``None`` too. :attr:`Status.notes` says why.
 
+Kafka is read last, within one time budget: when it does not answer (down, unreachable,
+refusing the credentials, timing out on a partition), everything the database knows is still
+reported, lag and DLQ depth are ``None`` and :attr:`Status.kafka_error` says why in one line.
+
 Duplicates suppressed are not stored anywhere in the database (a receipt is the evidence of the
 one application, the repeats leave no row): they exist only as each consumer's
 ``oncely_consumer_duplicates_suppressed_total`` metric, so the status reports them as unknown
@@ -23,17 +27,19 @@ instead of guessing.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import ClusterMetadata
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, ClusterMetadata
 
 from oncely.consumers.effects import Effects
 from oncely.consumers.offsets import committed_offsets
+from oncely.security import AuthWatch, KafkaAuthenticationError, wait_for_metadata
 from oncely.settings import ClientConfig
 from oncely.storage.stores.outbox import relay as outbox
 from oncely.storage.stores.outbox.relay import ShardBacklog, ShardState
@@ -41,9 +47,11 @@ from oncely.storage.stores.outbox.reports import ParkedOfTopic, parked_by_topic
 from oncely.storage.stores.receipts import EffectReceipts, applied_by_effect
 from oncely.tasks.store import count_by_status
 
-#: Answers while a group's coordinator moves or loads (a new group on a fresh broker): retried.
 #: "Recently" in the status: the last minute.
 RECENT_SECONDS = 60.0
+#: The longest the status waits for Kafka, all its questions together (it gives up at once
+#: when every broker refuses the connection).
+KAFKA_SECONDS = 10.0
 DUPLICATES_NOTE = (
     "duplicates suppressed are not recorded in the database: see each consumer's /metrics "
     "(oncely_consumer_duplicates_suppressed_total)"
@@ -111,7 +119,11 @@ class EffectStatus:
 
 @dataclass(frozen=True, slots=True)
 class Status:
-    """One screen of state; :meth:`to_json` is the ``oncely status --json`` document."""
+    """One screen of state; :meth:`to_json` is the ``oncely status --json`` document.
+
+    ``kafka_error``: why Kafka's columns (each effect's lag and DLQ) are unknown although Kafka
+    was asked, in one line; ``None`` when it answered or was not asked (see ``notes``).
+    """
 
     database: str
     topics: list[TopicStatus]
@@ -120,6 +132,7 @@ class Status:
     effects: list[EffectStatus]
     tasks: dict[str, int]
     notes: list[str] = field(default_factory=list)
+    kafka_error: str | None = None
 
     @property
     def relays(self) -> dict[str, list[int]]:
@@ -140,6 +153,7 @@ class Status:
             "effects": [{**asdict(e), "duplicates_suppressed": None} for e in self.effects],
             "tasks": self.tasks,
             "notes": self.notes,
+            "kafka_error": self.kafka_error,
         }
 
 
@@ -148,13 +162,15 @@ def collect_status(
     *,
     effects: Effects | None,
     kafka_config: ClientConfig | None,
-    timeout: float = 10.0,
+    timeout: float = KAFKA_SECONDS,
 ) -> Status:
     """Read the status of the deployment behind ``engine`` (and Kafka, when configured).
 
     ``effects`` names the effects, their groups and topics; every effect found in the receipts
-    is listed too. Raises SQLAlchemy's errors for the database and ``KafkaException`` when the
-    broker does not answer within ``timeout`` seconds.
+    is listed too. Raises SQLAlchemy's errors for the database. Kafka gets ``timeout`` seconds
+    for all its answers; when it fails, the status is returned without them, with
+    :attr:`Status.kafka_error` saying why (``KafkaException`` still escapes for a client
+    configuration librdkafka refuses: a mistake to fix, not an outage).
     """
     notes = [DUPLICATES_NOTE]
     # One REPEATABLE READ snapshot: the backlog, parked keys and leases agree with each other.
@@ -182,13 +198,14 @@ def collect_status(
             f"({', '.join(map(str, idle))}): is `oncely relay run` running?"
         )
     receipts = {row.effect: row for row in receipt_rows}
+    kafka_error = None
     if effects is None:
         notes.append("no --app: effects are the names found in the receipts; lag and DLQ unknown")
         listed: list[EffectStatus] = []
     else:
         for name in effects.registry.topics():
             by_topic.setdefault(name, TopicStatus(name, 0, None, 0, 0, 0, 0, 0))
-        listed = _app_effects(effects, receipts, kafka_config, notes, timeout)
+        listed, kafka_error = _app_effects(effects, receipts, kafka_config, notes, timeout)
     listed.extend(
         EffectStatus(name, None, [], seen.applied, seen.applied_recently, None, None)
         for name, seen in receipts.items()
@@ -201,6 +218,7 @@ def collect_status(
         effects=sorted(listed, key=lambda e: e.effect),
         tasks=task_counts,
         notes=notes,
+        kafka_error=kafka_error,
     )
 
 
@@ -229,13 +247,18 @@ def _app_effects(
     kafka_config: ClientConfig | None,
     notes: list[str],
     timeout: float,
-) -> list[EffectStatus]:
-    """The app's effects with their receipts (taken out of ``receipts``), lag and DLQ."""
+) -> tuple[list[EffectStatus], str | None]:
+    """The app's effects with their receipts (taken out of ``receipts``), lag and DLQ; and why
+    Kafka did not answer (``None`` when it did or was not asked)."""
     kafka: dict[str, tuple[int, int]] = {}
+    kafka_error = None
     if kafka_config is None:
         notes.append("no Kafka bootstrap servers: lag and DLQ unknown")
     else:
-        kafka = _kafka_progress(kafka_config, effects, notes, timeout)
+        try:
+            kafka = _kafka_progress(kafka_config, effects, notes, timeout)
+        except _KafkaUnavailableError as exc:
+            kafka_error = str(exc)
     listed = []
     for effect in effects:
         seen = receipts.pop(effect.name, EffectReceipts(effect.name, 0, 0))
@@ -247,7 +270,7 @@ def _app_effects(
             )
         )
     notes.extend(f"effect {name!r} has receipts but is not in the app" for name in receipts)
-    return listed
+    return listed, kafka_error
 
 
 def _utc(moment: datetime | None) -> str | None:
@@ -286,39 +309,65 @@ def _topics(
     return topics
 
 
+class _KafkaUnavailableError(Exception):
+    """Kafka did not answer the status's questions; the message says why, in one line."""
+
+
 def _kafka_progress(
     config: ClientConfig,
     effects: Effects,
     notes: list[str],
     timeout: float,
 ) -> dict[str, tuple[int, int]]:
-    """Effect name -> (lag, DLQ records), from watermarks and the groups' committed offsets."""
-    # Consumers that never subscribe join no group: one reads metadata and watermarks, one per
-    # effect reads its group's committed offsets. (Not AdminClient.list_consumer_group_offsets:
-    # librdkafka crashes on a NOT_COORDINATOR answer to it, librdkafka issue #5040.)
+    """Effect name -> (lag, DLQ records), from watermarks and the groups' committed offsets,
+    all within ``timeout`` seconds. Raises :class:`_KafkaUnavailableError` when Kafka does not
+    answer in time (or refuses the credentials)."""
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Local: Timed out"))
+        return remaining
+
+    # Clients are created before the first question: librdkafka refusing the configuration is
+    # a mistake to fix, not an outage, and escapes.
+    watch = AuthWatch()
+    admin_config: ClientConfig = {**config, "error_cb": watch}
+    admin = AdminClient(admin_config)
+    # Consumers that never subscribe join no group: one reads watermarks, one per effect reads
+    # its group's committed offsets. (Not AdminClient.list_consumer_group_offsets: librdkafka
+    # crashes on a NOT_COORDINATOR answer to it, librdkafka issue #5040.)
     reader = Consumer({**config, "group.id": "oncely-status", "enable.auto.commit": False})
     try:
-        metadata = reader.list_topics(timeout=timeout)
+        metadata = wait_for_metadata(admin, watch, timeout=left(), until_brokers_down=True)
         missing = sorted({t for e in effects for t in e.topics if t not in metadata.topics})
         if missing:
             notes.append(f"topic(s) missing in Kafka: {', '.join(missing)}")
         progress: dict[str, tuple[int, int]] = {}
         for effect in effects:
             partitions = _partitions(metadata, effect.topics)
-            committed = committed_offsets(
-                config, effects.group_id(effect.name), partitions, timeout
-            )
+            committed = committed_offsets(config, effects.group_id(effect.name), partitions, left())
             lag = 0
             for tp in partitions:
-                low, high = reader.get_watermark_offsets(tp, timeout=timeout)
+                low, high = reader.get_watermark_offsets(tp, timeout=left())
                 position = committed.get((tp.topic, tp.partition), -1)
                 lag += max(0, high - (position if position >= 0 else low))
             dlq = 0
             for tp in _partitions(metadata, [effect.dlq_topic(t) for t in effect.topics]):
-                low, high = reader.get_watermark_offsets(tp, timeout=timeout)
+                low, high = reader.get_watermark_offsets(tp, timeout=left())
                 dlq += high - low
             progress[effect.name] = (lag, dlq)
         return progress
+    except KafkaAuthenticationError as exc:
+        raise _KafkaUnavailableError(str(exc)) from None
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        cause = error.str() if isinstance(error, KafkaError) else str(exc)
+        waited = "" if watch.brokers_down else f" within {timeout:g} s"
+        raise _KafkaUnavailableError(
+            f"no broker answered at {config.get('bootstrap.servers')}{waited} ({cause})"
+        ) from None
     finally:
         reader.close()
 

@@ -1,10 +1,12 @@
 """Structured logs: one JSON object per line on stderr, with the ``extra`` fields of each call,
-the ids of the active OpenTelemetry span, and librdkafka's own lines among them."""
+the ids of the active OpenTelemetry span, and librdkafka's own lines among them. Each line's
+``time`` is ISO-8601 in UTC to the millisecond (``2026-11-29T09:00:00.123Z``)."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 from enum import StrEnum
 
 from pythonjsonlogger.json import JsonFormatter
@@ -48,6 +50,14 @@ class _SpanIds(logging.Filter):
         return True
 
 
+class _UtcJsonFormatter(JsonFormatter):
+    """JSON lines whose ``time`` is ISO-8601 UTC with ``Z``, whatever the host's time zone."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 (logging's name)
+        seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        return f"{seconds}.{int(record.msecs):03d}Z"
+
+
 def configure_logging(
     *, level: LogLevel | str = LogLevel.INFO, log_format: LogFormat = LogFormat.JSON
 ) -> None:
@@ -57,7 +67,7 @@ def configure_logging(
     handler.addFilter(_SpanIds())
     if log_format is LogFormat.JSON:
         handler.setFormatter(
-            JsonFormatter(
+            _UtcJsonFormatter(
                 "%(asctime)s %(levelname)s %(name)s %(message)s",
                 rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
             )

@@ -1,15 +1,36 @@
-"""Prometheus metrics of oncely's processes (one registry each, served by :mod:`.http`)."""
+"""Prometheus metrics of oncely's processes (one registry each, served by :mod:`.http`).
+
+Each process's registry also holds prometheus-client's standard collectors
+(:func:`process_registry`): ``process_*`` (CPU seconds, resident and virtual memory, open file
+descriptors, start time; Linux only) and ``python_*`` (``python_info``, ``python_gc_*``).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+)
+
+
+def process_registry() -> CollectorRegistry:
+    """A new registry with the standard ``process_*`` and ``python_*`` collectors."""
+    registry = CollectorRegistry()
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)
+    return registry
 
 
 class RelayMetrics:
     """Counters, gauges and the publish-latency histogram of one relay process."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or process_registry()
         r = self.registry
         self.published = Counter(
             "oncely_relay_published", "Records the broker confirmed.", ["topic"], registry=r
@@ -98,7 +119,7 @@ class ConsumerMetrics:
     """Counters, gauges and the handler-latency histogram of one consumer process."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or process_registry()
         r = self.registry
         self.consumed = Counter(
             "oncely_consumer_consumed", "Records received.", ["effect"], registry=r
@@ -135,8 +156,9 @@ class ConsumerMetrics:
             registry=r,
         )
         self.lag = Gauge(
-            "oncely_consumer_lag",
-            "High watermark minus committed position.",
+            "oncely_consumer_lag_records",
+            "Records the consumer has yet to read: the partition's high watermark minus the"
+            " consumer's position.",
             ["effect", "topic", "partition"],
             registry=r,
         )
@@ -153,7 +175,7 @@ class TaskMetrics:
     """Counters of one task worker process."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or process_registry()
         r = self.registry
         self.attempts = Counter(
             "oncely_tasks_attempts",
