@@ -19,9 +19,9 @@ Rules the loop keeps (each is tested against real PostgreSQL and Kafka):
 - A topic that does not exist (or that the relay may not describe) is *blocked*
   (:mod:`oncely.relay.topics`): the first row of each of its keys is parked as ``blocked``
   and the later ones held, nothing is produced to it, and the broker's metadata is asked again
-  with backoff (at most every 5 s); once the topic exists its keys are released and their rows published, in
-  order, with no operator action. A blocked topic never dead-letters: it is a deployment
-  mistake, not a bad row.
+  with backoff (at most every 5 s); once the topic exists its keys are released and their rows
+  published, in order, with no operator action. A blocked topic never dead-letters: it is a
+  deployment mistake, not a bad row.
 - A row that fails for good (too large, or refused after ``max_attempts``) is dead-lettered and
   parks its key; a row whose ``available_at`` is ahead parks its key until then. Rows of a
   parked key read later are held (recorded with the page) and published, in order, when the key
