@@ -196,6 +196,8 @@ class Relay:
             ),
         )
         self._blocked_gauged: set[str] = set()
+        #: Shards with parked keys due for release (not read until released): _release_parked.
+        self._releasing: frozenset[int] = frozenset()
         self._in_flight = _InFlight()
         #: Progress of acknowledged pages, by shard, waiting for the next record.
         self._unrecorded: dict[int, ShardProgress] = {}
@@ -381,7 +383,7 @@ class Relay:
 
     def _readable(self, now: float) -> list[_Shard]:
         margin = self.settings.lease_seconds / 3
-        releasing = {p.shard for p in self._parked.values() if self._due(p)}
+        releasing = self._releasing
         return [
             s
             for s in self._shards.values()
@@ -392,12 +394,22 @@ class Relay:
             and not (s.pages and s.pages[-1].isolated)
         ]
 
-    def _due(self, parking: Parking) -> bool:
-        """Whether a parked key is to be released now: an operator asked, its delay passed, or
-        its blocked topic exists (asked of the broker with backoff)."""
-        if parking.request is not None or parking.due:
-            return True
-        return parking.reason == "blocked" and not self._topics.is_blocked(parking.topic)
+    def _due(self) -> dict[int, list[Parking]]:
+        """The parked keys to release now, by shard: an operator asked, their delay passed, or
+        their blocked topic exists (asked of the broker with backoff, once per topic)."""
+        due: dict[int, list[Parking]] = {}
+        blocked: dict[str, bool] = {}
+        for parking in self._parked.values():
+            if parking.request is None and not parking.due:
+                if parking.reason != "blocked":
+                    continue
+                topic = parking.topic
+                if topic not in blocked:
+                    blocked[topic] = self._topics.is_blocked(topic)
+                if blocked[topic]:
+                    continue
+            due.setdefault(parking.shard, []).append(parking)
+        return due
 
     def _read(self) -> int:
         """Read one page per group of shards at the same position; return the rows read."""
@@ -464,16 +476,21 @@ class Relay:
         if rows:
             failpoint("relay.after_read")
         deadline = time.monotonic() + self.settings.delivery_timeout_ms / 1000
-        pages = {
-            s.shard: _Page(s.shard, ends, self._in_flight, isolated=isolated, deadline=deadline)
-            for s in members
-        }
-        self._produce_pages(pages, rows, blocked)
+        pages: dict[int, _Page] = {}
+        if rows:
+            for row in rows:
+                if row.shard not in pages:
+                    pages[row.shard] = _Page(
+                        row.shard, ends, self._in_flight, isolated=isolated, deadline=deadline
+                    )
+            self._produce_pages(pages, rows, blocked)
         for shard in members:
-            page = pages[shard.shard]
             shard.cursor = ends
-            if page.has_writes or shard.pages:
+            page = pages.get(shard.shard)
+            if page is not None and page.has_writes:
                 shard.pages.append(page)
+            elif shard.pages:  # its progress is recorded after the pages in flight
+                shard.pages.append(_Page(shard.shard, ends, self._in_flight))
         return len(rows)
 
     def _blocked_topics(self, rows: list[OutboxRow]) -> frozenset[str]:
@@ -854,12 +871,11 @@ class Relay:
         exists again, in order: the due keys of a shard together, once it has nothing in
         flight."""
         if not self._parked:
+            self._releasing = frozenset()
             return
         now = time.monotonic()
-        due: dict[int, list[Parking]] = {}
-        for parking in self._parked.values():
-            if self._due(parking):
-                due.setdefault(parking.shard, []).append(parking)
+        due = self._due()
+        self._releasing = frozenset(due)
         for number, parkings in due.items():
             shard = self._shards.get(number)
             if shard is None or shard.pages or shard.retry_at > now:
