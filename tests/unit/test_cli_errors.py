@@ -84,6 +84,27 @@ def test_a_bad_url_is_named_with_the_form_to_use(
     assert lines[0].endswith("; see oncely dead list --help")
 
 
+def test_dev_connect_checks_its_url_before_anything_else(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, lines = _run(
+        [
+            "dev",
+            "connect",
+            "--database-url",
+            "mysql://user:secret@db/app",
+            "--bootstrap-servers",
+            "127.0.0.1:1",
+        ],
+        capsys,
+    )
+    assert status == 2
+    assert lines == [
+        "error: Invalid value for --database-url: a mysql URL: oncely supports PostgreSQL; use "
+        "postgresql+psycopg://user:password@host:5432/database; see oncely dev connect --help"
+    ]
+
+
 ANY_ID = "0190c3f0-0000-7000-8000-000000000000"
 #: Every one-shot command that reaches PostgreSQL, as it can be run on its own.
 ONE_SHOT_DATABASE = {
