@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test-tools lint format test chaos demo bench clean
+.PHONY: install test-tools lint format test test-floors chaos demo bench clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -43,8 +43,20 @@ test-tools:
 	  $(APT) install -y -qq --no-install-recommends prometheus >/dev/null || \
 	  { $(APT) update -qq && $(APT) install -y -qq --no-install-recommends prometheus >/dev/null; }; }
 
-test: lint test-tools
+test: lint test-tools test-floors
 	$(BIN)/pytest
+
+# The declared floors hold: the unit tests run against the lowest version of every direct
+# dependency that pyproject.toml allows (uv's lowest-direct resolution), in a venv of their own.
+FLOORS := .venv-floors
+test-floors: install
+	$(BIN)/pip install --quiet uv
+	$(BIN)/uv venv --quiet --allow-existing --python $(BIN)/python $(FLOORS)
+	$(BIN)/uv pip compile --quiet --resolution lowest-direct --extra dev \
+	  --python $(FLOORS)/bin/python pyproject.toml -o $(FLOORS)/floors.txt
+	$(BIN)/uv pip sync --quiet --python $(FLOORS)/bin/python $(FLOORS)/floors.txt
+	$(BIN)/uv pip install --quiet --no-deps --python $(FLOORS)/bin/python -e .
+	$(FLOORS)/bin/pytest -q tests/unit
 
 chaos: install
 	$(BIN)/pytest -m "chaos or not chaos" tests/chaos
@@ -53,7 +65,7 @@ demo: install
 	$(BIN)/oncely demo
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(FLOORS) .mypy_cache .ruff_cache
 
 # Every benchmark cell of docs/performance.md, about 40 minutes on 2 cores; BENCH_SCALE=0.05 for
 # a smoke run. Writes bench/results/<date>.json, .md (the table) and .png.

@@ -1,18 +1,65 @@
-"""Fixtures shared by the suites. The real-service ones come from the ``oncely.testing`` plugin
-(enabled in pyproject.toml's addopts, as a project using oncely enables it); the suites use them
-under their short names."""
+"""Fixtures shared by the suites, and the suite's own environment.
+
+The real-service fixtures come from the ``oncely.testing`` plugin (enabled in pyproject.toml's
+addopts, as a project using oncely enables it); the suites use them under their short names.
+
+The suite is hermetic: before any test runs, every ``ONCELY_*`` variable of the developer's
+shell is removed (but those in :data:`INHERITED`), and the devstack folder and the caches point
+at folders the suite owns, so a stack that ``oncely dev up`` runs in its default folder, or a
+developer's own settings, change no test. Subprocesses inherit this environment.
+"""
 
 from __future__ import annotations
 
+import importlib
 import logging
+import os
+import shutil
+import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient, NewTopic
 
+import oncely.failpoints
 from tests.apps import ledger
+
+#: The ``ONCELY_*`` variables taken from the developer's shell: the services the
+#: ``oncely.testing`` plugin documents, and the long fuzz tests' example count.
+INHERITED = frozenset(
+    {
+        "ONCELY_TEST_KAFKA",
+        "ONCELY_TEST_DATABASE_URL",
+        "ONCELY_TEST_SCHEMA_REGISTRY_URL",
+        "ONCELY_FUZZ_EXAMPLES",
+    }
+)
+#: oncely's cache for the tests (Kafka's classpath, which Maven takes a minute to resolve): kept
+#: between runs, in the work tree (git ignores ``.oncely/``), never ``~/.cache/oncely``.
+TEST_CACHE = Path(__file__).resolve().parent.parent / ".oncely" / "test-cache"
+
+
+def hermetic_environment(environ: MutableMapping[str, str], scratch: Path) -> None:
+    """Make ``environ`` the suite's: no ``ONCELY_*`` variable but :data:`INHERITED`, the
+    devstack folder and the XDG cache under ``scratch``, oncely's cache :data:`TEST_CACHE`."""
+    for name in [n for n in environ if n.startswith("ONCELY_") and n not in INHERITED]:
+        del environ[name]
+    environ["ONCELY_CACHE_DIR"] = str(TEST_CACHE)
+    environ["ONCELY_DEVSTACK_DIR"] = str(scratch / "devstack")
+    environ["XDG_CACHE_HOME"] = str(scratch / "xdg-cache")
+
+
+SCRATCH = Path(tempfile.mkdtemp(prefix="oncely-tests-"))
+hermetic_environment(os.environ, SCRATCH)
+# The plugin imported oncely before this file ran: failpoints read ONCELY_FAILPOINTS then.
+importlib.reload(oncely.failpoints)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(SCRATCH, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

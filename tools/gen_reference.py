@@ -52,6 +52,16 @@ _TYPE_NAMES: dict[object, str] = {
     bool: "flag",
     Path: "path",
 }
+#: The same labels from click's param type names (typer before 0.29 has no type descriptor;
+#: its click names them ``str``, ``int``, ``int range``, ...).
+_CLICK_TYPE_NAMES = {
+    "str": "text",
+    "int": "integer",
+    "int range": "integer",
+    "float": "number",
+    "float range": "number",
+    "boolean": "flag",
+}
 
 
 # -- Markdown helpers -------------------------------------------------------------------------
@@ -144,15 +154,18 @@ def _param_type(param: Any) -> str:
     else:  # click-based typer
         click_type = param.type
         choices = getattr(click_type, "choices", None)
-        label = "|".join(map(str, choices)) if choices else str(click_type.name).lower()
+        name = str(click_type.name).lower()
+        label = "|".join(map(str, choices)) if choices else _CLICK_TYPE_NAMES.get(name, name)
         if getattr(param, "is_flag", False):
             label = "flag"
         repeatable = bool(getattr(param, "multiple", False)) or param.nargs == -1
     bounds = []
-    if getattr(param, "min", None) is not None:
-        bounds.append(f">= {param.min}")
-    if getattr(param, "max", None) is not None:
-        bounds.append(f"<= {param.max}")
+    for bound, sign in (("min", ">="), ("max", "<=")):
+        # On the parameter (typer 0.29+), or on click's IntRange / FloatRange type.
+        value = getattr(param, bound, None)
+        value = getattr(getattr(param, "type", None), bound, None) if value is None else value
+        if value is not None:
+            bounds.append(f"{sign} {value}")
     if bounds:
         label += ", " + ", ".join(bounds)
     if repeatable:

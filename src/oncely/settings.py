@@ -212,7 +212,10 @@ class RelaySettings(BaseSettings):
         default=600.0, gt=0, description="How often the relay purges published rows."
     )
     metrics_port: int | None = Field(
-        default=None, description="Serve /metrics, /healthz and /readyz on this port."
+        default=None,
+        ge=0,
+        le=65535,
+        description="Serve /metrics, /healthz and /readyz on this port.",
     )
     shutdown_timeout_seconds: float = Field(
         default=30.0, gt=0, description="Bound on the graceful drain after SIGTERM."
@@ -406,7 +409,10 @@ class ConsumerSettings(BaseSettings):
         ),
     )
     metrics_port: int | None = Field(
-        default=None, description="Serve /metrics, /healthz and /readyz on this port."
+        default=None,
+        ge=0,
+        le=65535,
+        description="Serve /metrics, /healthz and /readyz on this port.",
     )
     session_timeout_ms: int = Field(default=45_000, description="librdkafka session.timeout.ms.")
     assignment_timeout_seconds: float = Field(
@@ -476,7 +482,10 @@ class TaskSettings(BaseSettings):
         default=None, description="Lease owner name (default: hostname-pid-random)."
     )
     metrics_port: int | None = Field(
-        default=None, description="Serve /metrics, /healthz and /readyz on this port."
+        default=None,
+        ge=0,
+        le=65535,
+        description="Serve /metrics, /healthz and /readyz on this port.",
     )
 
 

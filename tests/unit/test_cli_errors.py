@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -82,6 +83,27 @@ def test_a_bad_url_is_named_with_the_form_to_use(
     assert len(lines) == 1
     assert lines[0].startswith(f"error: Invalid value for --database-url: {says}")
     assert lines[0].endswith("; see oncely dead list --help")
+
+
+def test_dev_connect_checks_its_url_before_anything_else(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, lines = _run(
+        [
+            "dev",
+            "connect",
+            "--database-url",
+            "mysql://user:secret@db/app",
+            "--bootstrap-servers",
+            "127.0.0.1:1",
+        ],
+        capsys,
+    )
+    assert status == 2
+    assert lines == [
+        "error: Invalid value for --database-url: a mysql URL: oncely supports PostgreSQL; use "
+        "postgresql+psycopg://user:password@host:5432/database; see oncely dev connect --help"
+    ]
 
 
 ANY_ID = "0190c3f0-0000-7000-8000-000000000000"
@@ -246,3 +268,124 @@ def test_an_unreachable_broker_is_reported_within_10_s(
     )
     assert time.monotonic() - started < 10
     assert status == 1 and len(lines) == 1 and "no Kafka broker answered" in lines[0]
+
+
+RELAY_RUN = ["relay", "run", *UNREACHABLE_DATABASE_URL, *UNREACHABLE_BROKER]
+CONSUME = ["consume", "tests.apps.ledger:effects", "--effect", "ledger"]
+CONSUME += [*UNREACHABLE_DATABASE_URL, *UNREACHABLE_BROKER]
+ENSURE = ["topics", "ensure", "--registry", "examples.payments.events:registry"]
+ENSURE += UNREACHABLE_BROKER
+NOT_JSON = "is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2"
+NO_SUCH_KEY = (
+    'error: the Kafka client refused its configuration: No such configuration property: "no.such'
+    '.key"; fix or remove the key in ONCELY_KAFKA_EXTRA (raw librdkafka settings), or the '
+    "ONCELY_KAFKA_* setting that sets it"
+)
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "line"),
+    [
+        pytest.param(
+            RELAY_RUN,
+            {"ONCELY_KAFKA_EXTRA": "{bad"},
+            f"error: ONCELY_KAFKA_EXTRA {NOT_JSON} (char 1)); set it to a JSON object, or unset it",
+            id="extra-not-json",
+        ),
+        pytest.param(
+            ENSURE,
+            {"ONCELY_TOPICS_OVERRIDES": "{bad"},
+            f"error: ONCELY_TOPICS_OVERRIDES {NOT_JSON} (char 1)); set it to a JSON object, or "
+            "unset it",
+            id="overrides-not-json",
+        ),
+        pytest.param(
+            ENSURE, {"ONCELY_KAFKA_EXTRA": '{"no.such.key": 1}'}, NO_SUCH_KEY, id="extra-key-ensure"
+        ),
+        pytest.param(
+            RELAY_RUN,
+            {"ONCELY_KAFKA_EXTRA": '{"no.such.key": 1}'},
+            NO_SUCH_KEY,
+            id="extra-key-relay",
+        ),
+        pytest.param(
+            RELAY_RUN,
+            {"ONCELY_KAFKA_EXTRA": '{"linger.ms": [5]}'},
+            "error: ONCELY_KAFKA_EXTRA at 'linger.ms': Input should be a valid string; fix or "
+            "unset the variable (the command's --help lists them)",
+            id="extra-value-not-scalar",
+        ),
+        pytest.param(
+            CONSUME,
+            {"ONCELY_CONSUMER_LANES": "100"},
+            "error: ONCELY_CONSUMER_LANES='100': Input should be less than or equal to 64; fix or "
+            "unset the variable (the command's --help lists them)",
+            id="lanes-variable",
+        ),
+        pytest.param(
+            [*CONSUME, "--lanes", "100"],
+            {},
+            "error: Invalid value for --lanes: Input should be less than or equal to 64 (given: "
+            "100); see oncely consume --help",
+            id="lanes-option",
+        ),
+        pytest.param(
+            [*RELAY_RUN, "--metrics-port", "70000"],
+            {},
+            "error: Invalid value for --metrics-port: Input should be less than or equal to 65535 "
+            "(given: 70000); see oncely relay run --help",
+            id="port-option-out-of-range",
+        ),
+        pytest.param(
+            RELAY_RUN,
+            {"ONCELY_RELAY_METRICS_PORT": "-1"},
+            "error: ONCELY_RELAY_METRICS_PORT='-1': Input should be greater than or equal to 0; "
+            "fix or unset the variable (the command's --help lists them)",
+            id="port-variable-out-of-range",
+        ),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_it_and_status_2(
+    argv: list[str],
+    environ: dict[str, str],
+    line: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    status, lines = _run(argv, capsys)
+    assert status == 2, lines
+    assert [x for x in lines if "schema catalog" not in x] == [line]
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port something else listens on."""
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+def test_a_taken_metrics_port_is_one_line_and_status_2(
+    taken_port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["tasks", "run", "examples.payments.tasks:tasks", *UNREACHABLE_DATABASE_URL]
+    status, lines = _run([*argv, "--metrics-port", str(taken_port)], capsys)
+    assert status == 2
+    assert lines == [
+        f"error: cannot serve /metrics, /healthz and /readyz on port {taken_port} (Address "
+        "already in use); choose a free port with --metrics-port, or stop the process that "
+        "listens on it"
+    ]
+    status, lines = _run(
+        [*RELAY_RUN, "--log-format", "text", "--metrics-port", str(taken_port)], capsys
+    )
+    assert status == 2
+    assert "Traceback" not in "\n".join(lines)
+    assert [x for x in lines if x.startswith("error:")] == [
+        f"error: cannot serve /metrics, /healthz and /readyz on port {taken_port} (Address "
+        "already in use); choose a free port with --metrics-port, or stop the process that "
+        "listens on it"
+    ]

@@ -85,15 +85,14 @@ def test_the_assignment_timeout_must_exceed_the_session_timeout() -> None:
 
 
 def test_consume_refuses_an_assignment_timeout_within_the_session_in_one_line(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from typer.testing import CliRunner
-
     from oncely.cli import app as cli
+    from oncely.cli._errors import run
 
     monkeypatch.setenv("ONCELY_CONSUMER_ASSIGNMENT_TIMEOUT_SECONDS", "5")
     monkeypatch.setenv("ONCELY_CONSUMER_SESSION_TIMEOUT_MS", "6000")
-    result = CliRunner().invoke(
+    status = run(  # as `oncely` runs it: main() is this boundary
         cli,
         [
             "consume",
@@ -106,7 +105,7 @@ def test_consume_refuses_an_assignment_timeout_within_the_session_in_one_line(
             "127.0.0.1:1",
         ],
     )
-    assert result.exit_code == 2
-    [line] = result.output.strip().splitlines()
+    assert status == 2
+    [line] = [x for x in capsys.readouterr().err.splitlines() if "schema catalog" not in x]
     assert "ONCELY_CONSUMER_ASSIGNMENT_TIMEOUT_SECONDS (5) must exceed the session timeout" in line
     assert "ONCELY_CONSUMER_SESSION_TIMEOUT_MS" in line

@@ -9,12 +9,13 @@ operation that failed (the database or the broker unreachable, a refused change)
 from __future__ import annotations
 
 import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import typer
 from pydantic import ValidationError
-from pydantic_settings import BaseSettings
+from pydantic_settings import BaseSettings, SettingsError
 
 from oncely import settings
 from oncely.cli._environment import known_variables, unknown_variables
@@ -59,10 +60,12 @@ def describe(exc: BaseException) -> tuple[str, int] | None:
     """The one line (without ``error:``) and the exit status for ``exc``; ``None`` for an error
     no input or environment explains (a bug)."""
     import sqlalchemy as sa  # imported here: a command that never reached them starts faster
-    from confluent_kafka import KafkaException
+    from confluent_kafka import KafkaError, KafkaException
 
     if isinstance(exc, ValidationError):
         return _settings_error(exc), BAD_INPUT
+    if isinstance(exc, SettingsError):
+        return _unparsable_setting(exc), BAD_INPUT
     if isinstance(exc, ConfigurationError):
         return _one_line(str(exc)), BAD_INPUT
     if isinstance(exc, OncelyError):
@@ -74,9 +77,17 @@ def describe(exc: BaseException) -> tuple[str, int] | None:
             "PostgreSQL runs and accepts the connection"
         ), FAILED
     if isinstance(exc, KafkaException):
+        error = exc.args[0] if exc.args else None
+        cause = _one_line(error.str() if isinstance(error, KafkaError) else str(exc))
+        if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG:
+            return (
+                f"the Kafka client refused its configuration: {cause}; fix or remove the key "
+                "in ONCELY_KAFKA_EXTRA (raw librdkafka settings), or the ONCELY_KAFKA_* "
+                "setting that sets it"
+            ), BAD_INPUT
         return (
-            f"Kafka failure: {_one_line(str(exc.args[0] if exc.args else exc))}; check "
-            "--bootstrap-servers (ONCELY_KAFKA_BOOTSTRAP_SERVERS) and that the broker runs"
+            f"Kafka failure: {cause}; check --bootstrap-servers "
+            "(ONCELY_KAFKA_BOOTSTRAP_SERVERS) and that the broker runs"
         ), FAILED
     return None
 
@@ -84,15 +95,40 @@ def describe(exc: BaseException) -> tuple[str, int] | None:
 def _settings_error(exc: ValidationError) -> str:
     prefix = _env_prefix(exc.title)
     problems = []
+    seen = set()
     for error in exc.errors():
-        name = "_".join(str(part) for part in error["loc"]).upper()
-        if not name:  # a check across fields: its message names the variables
+        loc = error["loc"]
+        if not loc:  # a check across fields: its message names the variables
             problems.append(str(error["msg"]).removeprefix("Value error, "))
+            continue
+        name = f"{prefix}{loc[0]}".upper()
+        if len(loc) > 1:  # inside a JSON value: the key it is wrong at (once per key)
+            if loc[:2] in seen:
+                continue
+            seen.add(loc[:2])
+            problems.append(f"{name} at {loc[1]!r}: {error['msg']}")
             continue
         given = error.get("input")
         value = f"={given!r}" if isinstance(given, str | int | float) else ""
-        problems.append(f"{prefix}{name}{value}: {error['msg']}")
+        problems.append(f"{name}{value}: {error['msg']}")
     return "; ".join(problems) + "; fix or unset the variable (the command's --help lists them)"
+
+
+def _unparsable_setting(exc: SettingsError) -> str:
+    """A JSON-valued ``ONCELY_*`` variable (``ONCELY_KAFKA_EXTRA``, ...) that does not parse."""
+    field = re.search(r'field "([^"]+)"', str(exc))
+    names = sorted(_variables_of(field.group(1))) if field else []
+    variable = " or ".join(names) or "an ONCELY_* variable"
+    cause = f" ({_one_line(str(exc.__cause__))})" if exc.__cause__ is not None else ""
+    return f"{variable} is not valid JSON{cause}; set it to a JSON object, or unset it"
+
+
+def _variables_of(field: str) -> Iterator[str]:
+    """The ``ONCELY_*`` names of the settings fields called ``field``."""
+    for model in vars(settings).values():
+        is_settings = isinstance(model, type) and issubclass(model, BaseSettings)
+        if is_settings and field in model.model_fields:
+            yield f"{model.model_config.get('env_prefix', '')}{field}".upper()
 
 
 def _env_prefix(title: str) -> str:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 import typer
+from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 from oncely.runtime.logs import LogFormat, LogLevel
@@ -156,3 +158,33 @@ def settings_epilog(settings: type[BaseSettings], what: str) -> str:
     for name, field in settings.model_fields.items():
         lines.append(f"  {prefix}{name.upper()}: {field.description} (default {field.default})")
     return "\n\n".join(lines)
+
+
+SettingsT = TypeVar("SettingsT", bound=BaseSettings)
+
+
+def settings_with(
+    model: type[SettingsT],
+    options: Mapping[str, Any],
+    *,
+    names: Mapping[str, str] | None = None,
+) -> SettingsT:
+    """``model`` read from its ``ONCELY_*`` variables, with the command-line options given
+    (``options`` by field; ``None`` is not given) over them.
+
+    An option the model refuses is a usage error naming the option (``names`` maps a field to
+    its option when that is not ``--field-name``); a variable it refuses raises the
+    ``ValidationError``, which the boundary reports naming the variable.
+    """
+    given = {field: value for field, value in options.items() if value is not None}
+    try:
+        return model(**given)
+    except ValidationError as exc:
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else ""
+            if field in given:
+                option = (names or {}).get(field, "--" + field.replace("_", "-"))
+                raise typer.BadParameter(
+                    f"{error['msg']} (given: {given[field]})", param_hint=option
+                ) from None
+        raise

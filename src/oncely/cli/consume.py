@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.markup import escape
 
 from oncely.cli._imports import load_effects
@@ -19,6 +18,7 @@ from oncely.cli._options import (
     LogLevelOption,
     app_target,
     settings_epilog,
+    settings_with,
 )
 from oncely.cli._output import err
 from oncely.errors import ConfigurationError
@@ -101,12 +101,7 @@ def consume(
     for name in effect:
         loaded.get(name)  # ConfigurationError naming the effects it has
     flags: dict[str, Any] = {"batch_size": batch_size, "lanes": lanes, "metrics_port": metrics_port}
-    try:
-        settings = ConsumerSettings(**{k: v for k, v in flags.items() if v is not None})
-    except ValidationError as exc:
-        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
-        err.print(f"[red]error:[/] {escape(problems)}", highlight=False)
-        raise typer.Exit(2) from None
+    settings = settings_with(ConsumerSettings, flags)
     try:
         codec = codec_for(
             loaded.registry,

@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 
 from oncely import debezium
-from oncely.cli._options import DatabaseUrl, Execute, parse_duration
+from oncely.cli._options import DatabaseUrl, Execute, check_database_url, parse_duration
 from oncely.cli._output import JsonFlag, err, out, print_dry_run, print_json
 from oncely.devstack import default_stack_dir
 from oncely.devstack.connect import DEFAULT_DEBEZIUM_VERSION, ConnectNode
@@ -310,6 +310,7 @@ def connect(
             envvar="ONCELY_DATABASE_URL",
             help="Database holding oncely_outbox (default: the running `oncely dev up` stack's).",
             show_default=False,
+            callback=check_database_url,
         ),
     ] = None,
     bootstrap_servers: Annotated[

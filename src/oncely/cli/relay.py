@@ -15,6 +15,7 @@ from oncely.cli._options import (
     LogLevelOption,
     parse_duration,
     settings_epilog,
+    settings_with,
 )
 from oncely.cli._output import JsonFlag, err, out, print_dry_run, print_json
 from oncely.runtime.logs import LogFormat, LogLevel, configure_logging
@@ -57,7 +58,7 @@ def run(
         "max_attempts": max_attempts,
         "metrics_port": metrics_port,
     }
-    settings = RelaySettings(**{k: v for k, v in flags.items() if v is not None})
+    settings = settings_with(RelaySettings, flags)
     kafka = KafkaSettings(bootstrap_servers=bootstrap_servers)
     try:
         run_relay(database_url=database_url, kafka=kafka, settings=settings)

@@ -29,6 +29,7 @@ from oncely.cli._options import (
     app_target,
     parse_duration,
     settings_epilog,
+    settings_with,
 )
 from oncely.cli._output import JsonFlag, err, out, print_dry_run, print_json
 from oncely.runtime.logs import LogFormat, LogLevel, configure_logging
@@ -111,7 +112,7 @@ def run(
         "worker_id": worker_id,
         "metrics_port": metrics_port,
     }
-    settings = TaskSettings(**{k: v for k, v in flags.items() if v is not None})
+    settings = settings_with(TaskSettings, flags, names={"retention_seconds": "--retention"})
     configure_logging(level=log_level, log_format=log_format)
     try:
         run_worker(tasks, database_url=database_url, settings=settings)

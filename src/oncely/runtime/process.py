@@ -24,9 +24,14 @@ from typing import Any
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
+from oncely.errors import ConfigurationError
 from oncely.runtime.http import HealthServer
 
 log = logging.getLogger(__name__)
+
+
+class MetricsPortError(ConfigurationError):
+    """The port of ``/metrics``, ``/healthz`` and ``/readyz`` cannot be bound."""
 
 
 def process_id() -> str:
@@ -75,11 +80,19 @@ def serving(
     ready: Callable[[], bool],
 ) -> Iterator[HealthServer | None]:
     """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``port`` until exit (nothing when
-    ``port`` is ``None``); yields the server, whose ``port`` is the bound one (``0`` picks)."""
+    ``port`` is ``None``); yields the server, whose ``port`` is the bound one (``0`` picks).
+    Raises :class:`MetricsPortError` when the port cannot be bound (taken, for one)."""
     if port is None:
         yield None
         return
-    server = HealthServer(registry=registry, healthy=healthy, ready=ready, port=port)
+    try:
+        server = HealthServer(registry=registry, healthy=healthy, ready=ready, port=port)
+    except (OSError, OverflowError) as exc:  # taken, not allowed, or not a port
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise MetricsPortError(
+            f"cannot serve /metrics, /healthz and /readyz on port {port} ({reason}); choose "
+            "a free port with --metrics-port, or stop the process that listens on it"
+        ) from exc
     server.start()
     try:
         yield server
