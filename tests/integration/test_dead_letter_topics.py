@@ -31,7 +31,7 @@ from oncely.consumers.service import build_consumers
 from oncely.events import Registry
 from oncely.runtime.metrics import ConsumerMetrics
 from oncely.settings import ConsumerSettings, KafkaSettings, TopicSettings
-from tests.helpers import CliResult, oncely_cli
+from tests.helpers import CliResult, oncely_cli, wait_until
 from tests.integration.test_topics_ensure import create_topic, delete_topics
 
 pytestmark = pytest.mark.integration
@@ -87,6 +87,12 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
 def _partitions(admin: AdminClient) -> dict[str, int]:
     topics = admin.list_topics(timeout=10).topics
     return {name: len(topics[name].partitions) for name in ALL if name in topics}
+
+
+def _listed(admin: AdminClient, *topics: str) -> None:
+    """Wait until the broker lists ``topics``: a creation is acknowledged before every client
+    sees it (on a loaded machine, the next listing may still miss it)."""
+    wait_until(lambda: set(topics) <= set(admin.list_topics(timeout=10).topics), timeout=30)
 
 
 def _base(bootstrap: str) -> list[str]:
@@ -172,6 +178,7 @@ def test_a_starting_consumer_creates_dead_letter_topics_as_declared(
     monkeypatch.setenv("ONCELY_TOPICS_PARTITIONS", "5")
     monkeypatch.setenv("ONCELY_TOPICS_OVERRIDES", OVERRIDES["ONCELY_TOPICS_OVERRIDES"])
     _start(kafka_bootstrap, database_url)
+    _listed(kafka_admin, PAID_DLQ, REFUNDED_DLQ)
     partitions = _partitions(kafka_admin)
     assert {name: partitions.get(name) for name in (PAID_DLQ, REFUNDED_DLQ)} == {
         PAID_DLQ: 3,
@@ -189,6 +196,7 @@ def test_a_starting_consumer_warns_of_a_weaker_dead_letter_topic(
     create_topic(kafka_admin, PAID_DLQ, partitions=1)
     with caplog.at_level(logging.WARNING, logger="oncely.consumers.dlq"):
         _start(kafka_bootstrap, database_url, topics=TopicSettings(partitions=4))
+    _listed(kafka_admin, REFUNDED_DLQ)
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         f"dead-letter topic weaker than declared: {PAID_DLQ}: 1 partitions, 4 declared"
     ]
