@@ -61,6 +61,8 @@ ALL = [
     *DBZ_CELLS,
     *RELAY_CELLS,
     "R5",
+    "S-CPU",
+    "S-MANY",
     "R-QUIET",
     *CONSUMER_CELLS,
     "R-LANES",
@@ -262,6 +264,11 @@ def main() -> None:
         if "R5" in args.cells:
             made = stage.measure(url, transactions=transactions, repetitions=args.repetitions)
             results += [c.to_json() for c in made]
+        if {"S-CPU", "S-MANY"} & set(args.cells):
+            made = stage.measure_client(
+                url, events=int(scaled(5000, minimum=500)), repetitions=args.repetitions
+            )
+            results += [c.to_json() for c in made if c.name in args.cells]
         if "R-QUIET" in args.cells:
             made, runs = quiet_cells(bench, repetitions=args.repetitions, seconds=quiet_seconds)
             results += [c.to_json() for c in made]
