@@ -291,7 +291,7 @@ def measure_client(
     per_transaction = 100  # S-CPU: events per transaction (the commit is not counted)
 
     def stage_cpu() -> float:
-        _reset(engine, tables='oncely_outbox')
+        _reset(engine, tables="oncely_outbox")
         batch_events, spent = _events(events), 0.0
         with Session(engine) as session:
             for start in range(0, events, per_transaction):
@@ -303,7 +303,7 @@ def measure_client(
         return spent / events * 1e6
 
     def raw_cpu() -> float:
-        _reset(engine, tables='oncely_outbox')
+        _reset(engine, tables="oncely_outbox")
         rows, spent = _raw_rows(_events(events)), 0.0
         sql = _raw_insert(1)
         with psycopg.connect(raw_url) as conn:
@@ -316,7 +316,7 @@ def measure_client(
         return spent / events * 1e6
 
     def stage_many_rate() -> float:
-        _reset(engine, tables='oncely_outbox')
+        _reset(engine, tables="oncely_outbox")
         chunks = [_events(batch) for _ in range(max(1, events // batch))]
         with Session(engine) as session, cpu_window():
             started = time.perf_counter()
@@ -327,7 +327,7 @@ def measure_client(
         return len(chunks) * batch / elapsed
 
     def raw_many_rate() -> float:
-        _reset(engine, tables='oncely_outbox')
+        _reset(engine, tables="oncely_outbox")
         chunks = [_raw_rows(_events(batch)) for _ in range(max(1, events // batch))]
         sql = _raw_insert(batch)
         with psycopg.connect(raw_url) as conn, cpu_window():
@@ -347,7 +347,7 @@ def measure_client(
     try:
         run = interleave(sides, repetitions=repetitions)
     finally:
-        _reset(engine, tables='oncely_outbox')
+        _reset(engine, tables="oncely_outbox")
         engine.dispose()
     note = f"{events} events per block"
     cpu = Cell(
