@@ -18,6 +18,7 @@ headers) before anything is added: an event the relay could never publish fails 
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from functools import cache
@@ -186,7 +187,7 @@ def stage_many(
     before = _transaction_of(target)
     seen = _keys_in_transaction.get(before, set()) if before is not None else set()
     new_keys = [row["event_key"] for row in rows]
-    repeated = sorted({k for k in new_keys if k in seen or new_keys.count(k) > 1})
+    repeated = sorted({k for k, n in Counter(new_keys).items() if n > 1 or k in seen})
     if repeated:
         raise DuplicateInTransactionError(
             f"idempotency key {repeated[0]!r} is staged twice in one transaction; give each "
