@@ -187,7 +187,10 @@ def stage_many(
     before = _transaction_of(target)
     seen = _keys_in_transaction.get(before, set()) if before is not None else set()
     new_keys = [row["event_key"] for row in rows]
-    repeated = sorted({k for k, n in Counter(new_keys).items() if n > 1 or k in seen})
+    if len(new_keys) == 1:  # stage(): one key
+        repeated = [new_keys[0]] if new_keys[0] in seen else []
+    else:
+        repeated = sorted({k for k, n in Counter(new_keys).items() if n > 1 or k in seen})
     if repeated:
         raise DuplicateInTransactionError(
             f"idempotency key {repeated[0]!r} is staged twice in one transaction; give each "

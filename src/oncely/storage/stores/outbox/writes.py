@@ -57,6 +57,21 @@ def _stage_sql(rows: int) -> str:
     return head + ", ".join([row] * rows)
 
 
+_HEADERS_JSON: dict[tuple[tuple[str, str], ...], str] = {}
+
+
+def _headers_json(headers: Mapping[str, str]) -> str:
+    """``headers`` as JSON text; remembered, as most events of a type carry the same headers
+    (the codec's content type and schema version)."""
+    key = tuple(headers.items())
+    text = _HEADERS_JSON.get(key)
+    if text is None:
+        if len(_HEADERS_JSON) >= 256:
+            _HEADERS_JSON.clear()
+        text = _HEADERS_JSON[key] = json.dumps(dict(headers), separators=(",", ":"))
+    return text
+
+
 @dataclass(frozen=True, kw_only=True)
 class StagedEvent:
     """What was added to the outbox (it becomes durable when the caller commits)."""
@@ -103,9 +118,7 @@ def add_rows(
     for start in range(0, len(rows), _MAX_ROWS):
         chunk = rows[start : start + _MAX_ROWS]
         params = [
-            json.dumps(row["headers"], separators=(",", ":"))
-            if name == "headers"
-            else row.get(name)
+            _headers_json(row["headers"]) if name == "headers" else row.get(name)
             for row in chunk
             for name in names
         ]
