@@ -8,6 +8,8 @@ cores):
 - R1, R2, R2-xmin, R-HOT, R7: relay drain vs a raw producer, vs its own SQL alone, with a
   REPEATABLE READ transaction held open, on one key, two relay processes vs one;
 - R5: the cost of ``stage()`` in a business transaction (one statement, five, 8 writers);
+- S-CPU, S-MANY: ``stage()``'s client CPU per event against a raw psycopg INSERT of the same
+  row, and ``stage_many()`` of 100 events against one raw 100-row INSERT;
 - R-QUIET: commit → Kafka p50/p99 at 200 events/s, relay vs a raw producer after each commit;
 - R3, R3-fair, R3-dup: the consumer with receipts vs a raw consumer with an empty transaction
   per batch, vs one writing the same rows with plain psycopg; a replay of applied records vs
