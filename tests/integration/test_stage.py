@@ -127,6 +127,91 @@ def test_stage_many_writes_a_batch_in_order(engine: sa.Engine) -> None:
     assert [row.id for row in rows] == [s.id for s in staged]
 
 
+def _count_insert_statements(engine: sa.Engine) -> None:
+    """Count the INSERT statements on the outbox (a statement-level trigger of the test's own)."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE outbox_statements (n integer)"))
+        conn.execute(
+            sa.text(
+                "CREATE FUNCTION count_outbox_statement() RETURNS trigger LANGUAGE plpgsql AS"
+                " $$ BEGIN INSERT INTO outbox_statements VALUES (1); RETURN NULL; END $$"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "CREATE TRIGGER count_outbox_statement AFTER INSERT ON oncely_outbox"
+                " FOR EACH STATEMENT EXECUTE FUNCTION count_outbox_statement()"
+            )
+        )
+
+
+def _insert_statements(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        count = conn.execute(sa.text("SELECT count(*) FROM outbox_statements")).scalar_one()
+    return int(count)
+
+
+def test_stage_many_is_one_insert_statement(engine: sa.Engine) -> None:
+    """A batch is one statement: the wake-up trigger fires once for it, not once per row."""
+    _count_insert_statements(engine)
+    with Session(engine) as session, session.begin():
+        stage_many(session, [_event() for _ in range(7)])
+    with engine.connect() as conn, conn.begin():
+        stage_many(conn, [_event() for _ in range(3)], available_at=datetime.now(UTC))
+    assert _insert_statements(engine) == 2
+    assert len(_outbox(engine)) == 10
+
+
+def test_savepoints_keep_or_drop_staged_rows(engine: sa.Engine) -> None:
+    with Session(engine) as session, session.begin():
+        stage(session, _event(), idempotency_key="outer")
+        with session.begin_nested() as savepoint:
+            stage(session, _event(), idempotency_key="rolled-back")
+            savepoint.rollback()
+        with session.begin_nested():
+            stage(session, _event(), idempotency_key="released")
+    with engine.connect() as conn, conn.begin():
+        savepoint = conn.begin_nested()
+        stage(conn, _event(), idempotency_key="conn-rolled-back")
+        savepoint.rollback()
+        stage(conn, _event(), idempotency_key="conn-kept")
+    keys = [row.event_key for row in _outbox(engine)]
+    assert keys == ["outer", "released", "conn-kept"]
+
+
+def test_other_database_errors_arrive_as_sqlalchemy_errors(engine: sa.Engine) -> None:
+    """stage() writes on the DBAPI connection, and wraps its errors as SQLAlchemy would."""
+    with Session(engine) as session, session.begin():
+        with pytest.raises(sa.exc.DBAPIError):
+            session.execute(sa.text("SELECT 1 / 0"))
+        with pytest.raises(sa.exc.InternalError, match="InFailedSqlTransaction"):
+            stage(session, _event())  # the transaction is aborted
+        session.rollback()
+    assert _outbox(engine) == []
+
+
+def test_an_async_session_flush_reads_nothing_back(database_url: str, engine: sa.Engine) -> None:
+    """The rows an AsyncSession flushes carry no RETURNING: nothing reads the defaults."""
+    statements: list[str] = []
+
+    async def run() -> None:
+        async_engine = create_async_engine(database_url)
+        sa.event.listen(
+            async_engine.sync_engine,
+            "before_cursor_execute",
+            lambda conn, cursor, statement, *args: statements.append(statement),
+        )
+        async with AsyncSession(async_engine) as session, session.begin():
+            stage_many(session, [_event(), _event()])
+        await async_engine.dispose()
+
+    asyncio.run(run())
+    inserts = [s for s in statements if "INSERT INTO oncely_outbox" in s]
+    assert inserts
+    assert not [s for s in inserts if "RETURNING" in s.upper()]
+    assert len(_outbox(engine)) == 2
+
+
 def test_the_active_span_s_context_is_recorded_as_debezium_reads_it(engine: sa.Engine) -> None:
     tracer = TracerProvider().get_tracer("test")
     with tracer.start_as_current_span("transfer") as span:

@@ -287,6 +287,7 @@ def _statements_named_in(paths: list[Path], *, only: set[str] | None = None) -> 
 #: The modules that run named statements: each table's store (and Debezium's slot queries).
 STORES = [
     "storage/stores/outbox/relay.py",
+    "storage/stores/outbox/writes.py",
     "storage/stores/outbox/dead.py",
     "storage/stores/outbox/reports.py",
     "storage/stores/outbox/debezium.py",
@@ -313,7 +314,7 @@ def test_each_component_lists_exactly_the_statements_its_code_runs() -> None:
         [SRC / "storage/stores/outbox/relay.py"]
     )
     assert set(COMPONENTS["writer"].statements) == _statements_named_in(
-        [SRC / "producer/idempotency.py"]
+        [SRC / "producer/idempotency.py", SRC / "storage/stores/outbox/writes.py"]
     )
     consumer = _statements_named_in(
         [SRC / "storage/stores/receipts.py"], only={"insert_receipts", "insert_receipt"}

@@ -1,12 +1,14 @@
 """``stage()``: add events to the outbox inside the caller's own transaction.
 
-The outbox row is written by the caller's ``Session``, ``AsyncSession`` or ``Connection`` and
-commits or rolls back with the business rows: nothing here commits. With a ``Session`` or a
-``Connection`` the INSERT runs at once (one statement for a batch), so a duplicate event key
-fails right at ``stage()``; with an ``AsyncSession`` the row joins the unit of work and is
-inserted at the next flush, so ``stage()`` stays a plain call without I/O.
+The outbox row is written in the transaction of the caller's ``Session``, ``AsyncSession`` or
+``Connection`` and commits or rolls back with the business rows: nothing here commits. With a
+``Session`` or a ``Connection`` the INSERT runs at once (one statement for a batch, compiled
+once and sent on the DBAPI connection of the caller's transaction or savepoint), so a
+duplicate event key fails right at ``stage()``; with an ``AsyncSession`` the row joins the unit
+of work and is inserted at the next flush, so ``stage()`` stays a plain call without I/O.
 
-An insert trigger notifies ``oncely_outbox`` at commit, so an idle relay wakes immediately.
+An insert trigger notifies ``oncely_outbox`` at commit while a relay sleeps, so it wakes at
+once.
 
 Each event is checked against :class:`~oncely.settings.StageLimits` (payload size, key length,
 headers) before anything is added: an event the relay could never publish fails at
@@ -16,6 +18,7 @@ headers) before anything is added: an event the relay could never publish fails 
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from functools import cache
@@ -184,13 +187,17 @@ def stage_many(
     before = _transaction_of(target)
     seen = _keys_in_transaction.get(before, set()) if before is not None else set()
     new_keys = [row["event_key"] for row in rows]
-    repeated = sorted({k for k in new_keys if k in seen or new_keys.count(k) > 1})
+    if len(new_keys) == 1:  # stage(): one key
+        repeated = [new_keys[0]] if new_keys[0] in seen else []
+    else:
+        repeated = sorted({k for k, n in Counter(new_keys).items() if n > 1 or k in seen})
     if repeated:
         raise DuplicateInTransactionError(
             f"idempotency key {repeated[0]!r} is staged twice in one transaction; give each "
             "event its own idempotency_key (or leave it None to use the event id)"
         )
-    translate_errors_of(target)  # a key staged before: DuplicateEventError, even at commit
+    if isinstance(target, AsyncSession):
+        translate_errors_of(target)  # a key staged before: DuplicateEventError at flush/commit
     add_rows(target, rows)
     # Adding or executing begins the transaction if none had begun: remember the keys there.
     _keys_in_transaction.setdefault(_transaction_of(target), set()).update(new_keys)

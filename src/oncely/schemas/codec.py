@@ -112,6 +112,9 @@ class Codec:
 
             self._confluent = ConfluentAvro(client=schema_registry, auto_register=auto_register)
         self._parsed_schemas: dict[bytes, Any] = {}
+        self._encoders: dict[
+            type[BaseModel], tuple[EventType[Any], dict[str, str], Any, bytes]
+        ] = {}
         self._writers: dict[bytes, SchemaEntry] = {}
 
     @property
@@ -151,11 +154,11 @@ class Codec:
             SchemaIdNotLoadedError: an ``avro-confluent`` type's schema id was not loaded by
                 :meth:`warm` (and ``auto_register`` is off).
         """
-        event_type = self._registry.for_model(type(event))
-        headers = {
-            CONTENT_TYPE_HEADER: CONTENT_TYPES[event_type.encoding],
-            SCHEMA_VERSION_HEADER: str(event_type.version),
-        }
+        encoder = self._encoders.get(type(event))
+        if encoder is None:
+            encoder = self._encoders[type(event)] = self._encoder(type(event))
+        event_type, described_by, parsed, prefix = encoder
+        headers = dict(described_by)
         if event_type.encoding == "json":
             try:
                 return event.model_dump_json(by_alias=False).encode(), headers
@@ -165,13 +168,27 @@ class Codec:
         if event_type.encoding == "avro-confluent":
             return self._confluent_avro(event_type).encode(event_type, datum), headers
         buffer = io.BytesIO()
+        buffer.write(prefix)
         try:
-            schemaless_writer(buffer, self._parsed(SchemaEntry.of(event_type)), datum)
+            schemaless_writer(buffer, parsed, datum)
         except (ValueError, TypeError, OverflowError, AttributeError) as exc:
             raise EncodeError(
                 f"event type {event_type.name!r}: {type(exc).__name__}: {exc}"
             ) from exc
-        return single_object.frame(event_type.fingerprint, buffer.getvalue()), headers
+        return buffer.getvalue(), headers
+
+    def _encoder(self, model: type[BaseModel]) -> tuple[EventType[Any], dict[str, str], Any, bytes]:
+        """What :meth:`encode` needs of ``model``, worked out once per model: its event type,
+        the headers that describe it, its parsed schema and its single-object prefix (Avro)."""
+        event_type = self._registry.for_model(model)
+        headers = {
+            CONTENT_TYPE_HEADER: CONTENT_TYPES[event_type.encoding],
+            SCHEMA_VERSION_HEADER: str(event_type.version),
+        }
+        if event_type.encoding != "avro":
+            return event_type, headers, None, b""
+        parsed = self._parsed(SchemaEntry.of(event_type))
+        return event_type, headers, parsed, single_object.frame(event_type.fingerprint, b"")
 
     @overload
     def decode(self, value: bytes, headers: Headers = None, *, expected: type[M]) -> M: ...

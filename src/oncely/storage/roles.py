@@ -73,7 +73,14 @@ COMPONENTS: dict[str, Component] = {
     "writer": Component(
         "writer",
         "services that stage events: stage(), stage_many(), enqueue_task(), IdempotencyKeys",
-        ("idempotency_insert", "idempotency_get", "idempotency_reclaim", "idempotency_finish"),
+        (
+            "outbox_stage",
+            "idempotency_insert",
+            "idempotency_get",
+            "idempotency_reclaim",
+            "idempotency_finish",
+        ),
+        # An AsyncSession's rows are inserted by its unit of work (the ORM).
         {"oncely_outbox": (*_OUTBOX_PROVIDED, "event_key"), "oncely_tasks": _TASK_PROVIDED},
         # The outbox's insert trigger asks whether a relay sleeps (then it sends a NOTIFY).
         {"oncely_relay_members": ("asleep",)},

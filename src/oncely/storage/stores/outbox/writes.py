@@ -3,15 +3,21 @@ what a transaction has added so far."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache, lru_cache
 from typing import Any
 from uuid import UUID
 
+import psycopg
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, registry
 
+from oncely.storage.errors import translate
+from oncely.storage.queries import query
 from oncely.storage.tables import outbox
 
 
@@ -22,7 +28,48 @@ class _OutboxRow:
         self.__dict__.update(columns)
 
 
-registry().map_imperatively(_OutboxRow, outbox)
+# eager_defaults=False: the flush sends no RETURNING of the server defaults (seq, shard, txid,
+# created_at...), which nothing reads.
+registry().map_imperatively(_OutboxRow, outbox, eager_defaults=False)
+
+#: Rows per statement at most (10 parameters each, PostgreSQL takes up to 65,535 in one).
+_MAX_ROWS = 1000
+
+
+@cache
+def _stage_parts() -> tuple[str, str, tuple[str, ...]]:
+    """``outbox_stage`` compiled once for psycopg, without its comment: the text up to
+    ``VALUES``, the VALUES row (``%s`` parameters) and the names of its parameters, in order."""
+    dialect = PGDialect_psycopg(paramstyle="format")  # type: ignore[no-untyped-call]
+    compiled = query("outbox_stage").compile(dialect=dialect)
+    text = " ".join(
+        line.strip() for line in str(compiled).splitlines() if not line.startswith("--")
+    )
+    head, _, row = text.rpartition(" VALUES ")
+    return head + " VALUES ", row, tuple(compiled.positiontup or ())
+
+
+@lru_cache(maxsize=64)
+def _stage_sql(rows: int) -> str:
+    """``outbox_stage`` for ``rows`` rows: its VALUES row repeated (cached per batch size, as
+    psycopg prepares each text once per connection)."""
+    head, row, _ = _stage_parts()
+    return head + ", ".join([row] * rows)
+
+
+_HEADERS_JSON: dict[tuple[tuple[str, str], ...], str] = {}
+
+
+def _headers_json(headers: Mapping[str, str]) -> str:
+    """``headers`` as JSON text; remembered, as most events of a type carry the same headers
+    (the codec's content type and schema version)."""
+    key = tuple(headers.items())
+    text = _HEADERS_JSON.get(key)
+    if text is None:
+        if len(_HEADERS_JSON) >= 256:
+            _HEADERS_JSON.clear()
+        text = _HEADERS_JSON[key] = json.dumps(dict(headers), separators=(",", ":"))
+    return text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,13 +93,46 @@ def add_rows(
     """Add ``rows`` (column -> value) to the outbox in ``target``'s transaction.
 
     An ``AsyncSession`` gets them as pending objects, written at its next flush (so this never
-    awaits); a ``Session`` or ``Connection`` executes one ``INSERT`` now. Either way they become
-    durable only when the caller commits.
+    awaits). A ``Session`` or ``Connection`` sends one ``INSERT`` of all of them now
+    (``outbox_stage``), on the DBAPI connection of its current transaction (or savepoint): the
+    same transaction as the caller's rows, without SQLAlchemy's per-statement work. Either way
+    they become durable only when the caller commits.
+
+    Raises:
+        DuplicateEventError: a row's ``event_key`` is already in the outbox.
+        sqlalchemy.exc.DBAPIError: any other database error, wrapped as SQLAlchemy would.
     """
     if isinstance(target, AsyncSession):
         target.add_all([_OutboxRow(**row) for row in rows])
-    elif rows:
-        target.execute(sa.insert(outbox), rows)
+        return
+    if not rows:
+        return
+    if isinstance(target, sa.Connection):
+        connection = target
+        if not connection.in_transaction():
+            connection.begin()  # what execute() would have done: the caller's commit() ends it
+    else:
+        connection = target.connection(bind_arguments={"clause": outbox})
+    _, _, names = _stage_parts()
+    driver = connection.connection.driver_connection
+    for start in range(0, len(rows), _MAX_ROWS):
+        chunk = rows[start : start + _MAX_ROWS]
+        params = [
+            _headers_json(row["headers"]) if name == "headers" else row.get(name)
+            for row in chunk
+            for name in names
+        ]
+        sql = _stage_sql(len(chunk))
+        try:
+            with driver.cursor() as cursor:  # type: ignore[union-attr]  # psycopg's Connection
+                cursor.execute(sql, params)
+        except psycopg.Error as exc:
+            known = translate(exc)
+            if known is not None:
+                raise known from exc
+            if driver.closed:  # type: ignore[union-attr]
+                connection.invalidate(exc)
+            raise sa.exc.DBAPIError.instance(sql, params, exc, psycopg.Error) from exc
 
 
 def staged_in(session: Session) -> list[StagedEvent]:
