@@ -200,8 +200,10 @@ class RelaySettings(BaseSettings):
     delivery_timeout_ms: int = Field(
         default=30_000,
         ge=1000,
-        description="How long the relay waits for a page's delivery reports before it recreates "
-        "the producer and replays (librdkafka's own message.timeout.ms is infinite).",
+        description="How long the relay waits for a page's delivery reports before it asks "
+        "again whether the topic exists (a shard whose topic is gone replays; the others wait "
+        "on) and, with every broker down, recreates the producer and replays "
+        "(librdkafka's own message.timeout.ms is infinite).",
     )
     retention_seconds: float = Field(
         default=7 * 24 * 3600.0,

@@ -671,6 +671,7 @@ class Relay:
         parked: dict[tuple[str, str], tuple[Parking, int]] = {}
         held: list[Held] = []
         failed: dict[int, _Failure | None] = {}
+        overdue: list[_Page] = []
         now = time.monotonic()
         for shard in self._shards.values():
             pages = shard.pages
@@ -687,7 +688,9 @@ class Relay:
                 if first.failure is not None:
                     failed[shard.shard] = first.failure
                 elif first.outstanding and now >= first.deadline:
-                    failed[shard.shard] = None
+                    overdue.append(first)
+        if overdue:
+            failed.update(self._overdue(overdue, now))
         self._count_confirmed()
         if self._unrecorded and (parked or held or time.monotonic() >= self._record_after):
             self._record_acknowledged(list(parked.values()), held)
@@ -753,16 +756,13 @@ class Relay:
     def _replay(self, failed: dict[int, _Failure | None]) -> None:
         """Replay the failed shards from their recorded progress; no other shard is touched.
 
-        ``None``: the shard's oldest page is overdue (``delivery_timeout_ms``). With every
-        broker down past that, the producer cannot go on: it is recreated and every shard
-        replays. A topic missing or not authorised blocks the topic (its rows are parked on the
-        replay, at once). A permanent error counts against the row only when it was its own;
-        otherwise the row is retried alone first.
+        ``None``: the shard's oldest page is overdue (:meth:`_overdue`). With every broker down
+        past that, the producer cannot go on: it is recreated and every shard replays. A topic
+        missing or not authorised blocks the topic (its rows are parked on the replay, at once).
+        A permanent error counts against the row only when it was its own; otherwise the row is
+        retried alone first.
         """
-        overdue = [shard for shard, failure in failed.items() if failure is None]
-        for shard in overdue:
-            self._count_overdue(shard)
-        if overdue and self._publisher.brokers_down:
+        if any(failure is None for failure in failed.values()) and self._publisher.brokers_down:
             log.warning(
                 "delivery timed out after %d ms with every broker down, recreating the producer",
                 self.settings.delivery_timeout_ms,
@@ -810,14 +810,40 @@ class Relay:
             self._dead_letter(row, delivery.error_text(error))
         return True
 
-    def _count_overdue(self, shard: int) -> None:
-        """Count a shard's overdue page as a timed-out delivery; its topics are asked about
-        again (one may have been deleted)."""
-        late = self._shards[shard].pages[0].produced
-        self._topics.forget({row.topic for row in late})
-        topic = late[0].topic if late else ""
-        self.metrics.produce_errors.labels(topic, "_MSG_TIMED_OUT").inc()
-        self.metrics.shard_produce_errors.labels(str(shard)).inc()
+    def _overdue(self, pages: list[_Page], now: float) -> dict[int, None]:
+        """The shards whose oldest page is unconfirmed past ``delivery_timeout_ms`` and must
+        replay (``None``: no failure report). With every broker down, all of them (the producer
+        is then recreated). Otherwise their topics are asked about again: a shard whose records
+        went to a topic gone since (deleted, access revoked) replays, and its rows are parked.
+        The others wait on: librdkafka keeps retrying their records, in order, until the broker
+        takes them (a partition without a leader or in-sync replicas), and a replay would only
+        queue copies behind them."""
+        for page in pages:
+            topic = page.produced[0].topic if page.produced else ""
+            self.metrics.produce_errors.labels(topic, "_MSG_TIMED_OUT").inc()
+            self.metrics.shard_produce_errors.labels(str(page.shard)).inc()
+        if self._publisher.brokers_down:
+            return {page.shard: None for page in pages}
+        topics = {row.topic for page in pages for row in page.produced}
+        self._topics.forget(topics)
+        gone = {topic for topic in topics if self._topics.is_blocked(topic)}
+        replay: dict[int, None] = {}
+        waiting = 0
+        for page in pages:
+            if gone and any(row.topic in gone for row in page.produced):
+                replay[page.shard] = None
+            else:
+                page.deadline = now + self.settings.delivery_timeout_ms / 1000
+                waiting += 1
+        if waiting:
+            log.warning(
+                "%d shard(s) have records the broker has not confirmed after %d ms (a partition "
+                "without a leader or in-sync replicas?): waiting for them, in order",
+                waiting,
+                self.settings.delivery_timeout_ms,
+                extra={"code": "_MSG_TIMED_OUT"},
+            )
+        return replay
 
     def _recreate(self, reason: str) -> None:
         """The producer cannot go on: record what is acknowledged, start a new producer (every
