@@ -20,12 +20,12 @@ version in the revision's transaction, recording them in ``oncely_migrations`` a
     from oncely.alembic import downgrade_oncely, upgrade_oncely
 
     def upgrade() -> None:
-        upgrade_oncely(op, version=5)
+        upgrade_oncely(op, version=6)
 
     def downgrade() -> None:
         downgrade_oncely(op)
 
-When a newer oncely ships migration 6, a new revision calls ``upgrade_oncely(op, version=6)``
+When a newer oncely ships migration 7, a new revision calls ``upgrade_oncely(op, version=7)``
 (oncely's migrations are forward-only: leave its ``downgrade()`` empty).
 """
 

@@ -190,7 +190,10 @@ class RelaySettings(BaseSettings):
     backoff_base_seconds: float = Field(default=1.0, gt=0, description="First retry delay.")
     backoff_max_seconds: float = Field(default=300.0, gt=0, description="Longest retry delay.")
     poll_interval_seconds: float = Field(
-        default=1.0, gt=0, description="Longest sleep of an idle relay when no NOTIFY arrives."
+        default=10.0,
+        gt=0,
+        description="Longest wait of a quiet relay for a NOTIFY before it reads anyway (a "
+        "writer whose REPEATABLE READ snapshot predates the relay's going quiet sends none).",
     )
     max_in_flight: int = Field(
         default=10_000, ge=1, description="Records produced but not yet confirmed, at most."

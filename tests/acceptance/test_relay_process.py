@@ -117,7 +117,8 @@ def test_metrics_and_health_are_served_and_counters_move(
         wait_until(lambda: metric(port, "oncely_relay_published_total") == 10, timeout=30)
         insert_rows(engine, outbox_rows(50, topics=[topic], keys=5))
         wait_until(lambda: metric(port, "oncely_relay_published_total") == 60, timeout=30)
-        assert metric(port, "oncely_relay_publish_latency_seconds_count") == 60
+        pages = metric(port, "oncely_relay_publish_latency_seconds_count")
+        assert 2 <= pages <= 60, "the latency is observed once per page"
         assert metric(port, "oncely_relay_shards") == 32
         assert metric(port, "oncely_relay_progress_refused_total") == 0
         wait_until(lambda: count_published(engine) == 60, timeout=15)

@@ -233,7 +233,10 @@ def test_progress_of_a_shard_taken_over_is_refused(engine: sa.Engine) -> None:
         [ShardProgress(lease.shard, lease.epoch, Progress(snapshot)) for lease in leases]
     )
     assert late == set(), "a zombie cannot move progress"
-    assert zombie.renew([(lease.shard, lease.epoch) for lease in leases], lease_seconds=5) == set()
+    beat = zombie.heartbeat(
+        ttl_seconds=5, asleep=False, leases=[(lease.shard, lease.epoch) for lease in leases]
+    )
+    assert beat.kept == frozenset(), "a zombie cannot renew"
     assert taker.record([ShardProgress(0, taken[0].epoch, Progress(snapshot))]) == {0}
     zombie.close()
 

@@ -79,7 +79,7 @@ def _wakes_a_sleeping_relay(url: str, schema: str) -> None:
     """Inserting into ``schema``'s outbox notifies only while a relay there is asleep.
 
     The inserting connection's search_path does not include ``schema``: the wake trigger finds
-    ``oncely_relay_members`` through its own search_path.
+    ``oncely_relay_members`` by its schema (migration 0006).
     """
     in_schema = build_metadata(schema).tables[f"{schema}.oncely_outbox"]
     engine = sa.create_engine(url)

@@ -31,9 +31,11 @@ Rules the loop keeps (each is tested against real PostgreSQL and Kafka):
 - Shards are leased on the database clock and shared fairly among the live relays: a relay
   over its share hands shards off after recording them, one under it takes free or expired
   shards, bumping their epoch. Leases are renewed while the relay lives, so they can be short.
-- Wake-up: while rows flow the loop polls tightly (a snapshot comparison, no query when
-  nothing committed; 1 ms after rows, up to 4 ms); after a quiet second it marks itself
-  asleep, and only then does staging NOTIFY it.
+- Wake-up (:mod:`oncely.relay.pace`): while rows flow fast the loop polls tightly (1 ms after
+  rows, up to 4 ms) and staging sends no NOTIFY; under 500 rows/s it marks itself asleep,
+  staging NOTIFYs at each commit and the loop reads only when one arrives (or every
+  ``poll_interval_seconds``); from 2,000 rows/s it polls again. An idle relay sends a
+  heartbeat every third of its lease and little else.
 - Database or broker outages never crash the loop; refused credentials stop it
   (:class:`~oncely.security.KafkaAuthenticationError`) after giving back its shards.
 """
@@ -46,16 +48,18 @@ import logging
 import math
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from uuid import UUID
 
+import psycopg
 import sqlalchemy as sa
 from confluent_kafka import KafkaError, Message
 
 from oncely.failpoints import failpoint
 from oncely.relay import delivery
+from oncely.relay.pace import Mode, Pace
 from oncely.relay.publisher import Publisher
 from oncely.relay.topics import TopicState, TopicWatch, topic_error_state
 from oncely.runtime.metrics import RelayMetrics
@@ -71,10 +75,14 @@ from oncely.storage.stores.outbox.snapshots import Snapshot
 log = logging.getLogger(__name__)
 
 _GAUGE_INTERVAL = 5.0
-#: Poll intervals while awake: the first after rows were read, doubling up to the last.
-_POLL_MIN, _POLL_MAX = 0.001, 0.004
-#: Quiet time after which the relay sleeps until a NOTIFY (or its idle poll interval).
-_SLEEP_AFTER = 1.0
+#: Rows read per second under which the relay waits for NOTIFYs, and from which it polls again
+#: (see :mod:`oncely.relay.pace`): a NOTIFY per commit costs writers a global lock at commit.
+_LISTEN_BELOW, _POLL_ABOVE = 500.0, 2000.0
+#: Shards whose reads found nothing have their position recorded this often (seconds): a
+#: crash only reads empty ranges again.
+_QUIET_RECORD_INTERVAL = 30.0
+#: While listening with records in flight, their delivery reports are served this often.
+_REPORTS_WAIT = 0.005
 #: Progress is recorded at most this often (seconds): a crash replays what was acknowledged
 #: since (duplicates), and a quiet service does not write progress after every few rows.
 _RECORD_INTERVAL = 0.02
@@ -202,9 +210,16 @@ class Relay:
         #: Progress of acknowledged pages, by shard, waiting for the next record.
         self._unrecorded: dict[int, ShardProgress] = {}
         self._record_after = 0.0
-        self._asleep = False
-        self._last_rows = time.monotonic()
-        self._poll = _POLL_MIN
+        self._quiet_record = Every(_QUIET_RECORD_INTERVAL)
+        #: Rows read since the backlog gauges were last updated, and whether they showed any.
+        self._rows_since_gauges = 0
+        self._backlog_seen = True
+        self._pace = Pace(
+            listen_below=_LISTEN_BELOW,
+            poll_above=_POLL_ABOVE,
+            fallback=settings.poll_interval_seconds,
+            window_start=time.monotonic(),
+        )
         self.heartbeat = time.monotonic()
         self.database_ok = True
 
@@ -234,8 +249,9 @@ class Relay:
         tick = Every(self.settings.lease_seconds / 3)
         gauges = Every(_GAUGE_INTERVAL)
         purge = Every(self.settings.purge_interval_seconds)
+        pace = self._pace
         while not stop.is_set():
-            self.heartbeat = time.monotonic()
+            self.heartbeat = now = time.monotonic()
             if self._publisher.auth_failed is not None:
                 break
             if tick.due():
@@ -247,36 +263,62 @@ class Relay:
             self._publisher.poll(0)
             self._settle()
             self._release_parked()
-            read = self._read()
-            if read:
-                self._last_rows = time.monotonic()
-                self._poll = _POLL_MIN
-                if self._asleep:
-                    self._set_asleep(False)
+            if pace.mode is Mode.LISTENING and self._wakeup is not None and self._wakeup.pending():
+                pace.ask()
+            read, complete = 0, True
+            if pace.guard is not None:
+                self._check_guard()
+            if pace.should_read(now):
+                read, complete = self._read()
+                pace.read_done(read, complete=complete, now=time.monotonic())
+                self._rows_since_gauges += read
+            self._pace_switch()
+            if read and (pace.mode is Mode.POLLING or not complete):
                 continue
-            if (
-                self._in_flight.count
-                or time.monotonic() - self._last_rows < _SLEEP_AFTER
-                or self._wakeup is None
+            if not pace.listens() or self._wakeup is None:
+                self._publisher.poll(pace.poll)
+            elif self._in_flight.count:
+                # Delivery reports only move progress (recorded every 20 ms): serve them
+                # between waits, and wake at once for a commit.
+                if self._wakeup.wait(_REPORTS_WAIT):
+                    pace.ask()
+            elif self._wakeup.wait(
+                max(0.0, min(pace.fallback - (time.monotonic() - pace.last_read), tick.remaining()))
             ):
-                self._publisher.poll(self._poll)
-            elif not self._asleep:
-                self._set_asleep(True)  # then read once more before waiting
-                continue
-            else:
-                self._wakeup.wait(min(self.settings.poll_interval_seconds, tick.remaining()))
-            self._poll = min(_POLL_MAX, self._poll * 2)
+                pace.ask()
         self._drain()
         if self._publisher.auth_failed is not None:
             raise KafkaAuthenticationError.of(self._publisher.auth_failed)
 
-    def _set_asleep(self, asleep: bool) -> None:
-        try:
-            self.store.sleep(asleep=asleep)
-        except sa.exc.DBAPIError as exc:
-            self._database_failed("sleep", exc)
+    def _pace_switch(self) -> None:
+        """Switch between polling and listening when the rate of rows read asks for it."""
+        mode = self._pace.switch(time.monotonic())
+        if mode is None or (mode is Mode.LISTENING and self._wakeup is None):
             return
-        self._asleep = asleep
+        listening = mode is Mode.LISTENING
+        try:
+            if self._wakeup is not None:
+                if listening:
+                    self._wakeup.listen()
+                else:
+                    self._wakeup.unlisten()
+            self.store.sleep(asleep=listening)
+            guard = self.store.snapshot()[0].xmax if listening else None
+        except (sa.exc.DBAPIError, psycopg.Error) as exc:
+            self.database_ok = False
+            log.warning("database: switching to %s failed, retrying: %s", mode.value, exc)
+            return
+        self._pace.switched(mode, guard=guard)
+        log.debug("relay %s", mode.value)
+
+    def _check_guard(self) -> None:
+        """Listening since a moment ago: have the transactions running then ended?"""
+        try:
+            snapshot, _ = self.store.snapshot()
+        except sa.exc.DBAPIError as exc:
+            self._database_failed("snapshot", exc)
+            return
+        self._pace.guard_passed(snapshot.xmin)
 
     # -- membership and leases -----------------------------------------------------------------
 
@@ -285,15 +327,16 @@ class Relay:
         lease = self.settings.lease_seconds
         try:
             started = time.monotonic()
-            membership = self.store.heartbeat(ttl_seconds=lease, asleep=self._asleep)
-            kept = self.store.renew(
-                [(s.shard, s.epoch) for s in self._shards.values()], lease_seconds=lease
+            membership = self.store.heartbeat(
+                ttl_seconds=lease,
+                asleep=self._pace.mode is Mode.LISTENING,
+                leases=[(s.shard, s.epoch) for s in self._shards.values()],
             )
         except sa.exc.DBAPIError as exc:
             self._database_failed("lease renewal", exc)
             return
         self.database_ok = True
-        for shard in [s for s in self._shards.values() if s.shard not in kept]:
+        for shard in [s for s in self._shards.values() if s.shard not in membership.kept]:
             log.warning("lost shard %d to another relay", shard.shard)
             self.metrics.lease_lost.inc()
             self._forget(shard)
@@ -308,7 +351,8 @@ class Relay:
                 shard.handing_off = True
         elif len(holding) < share:
             self._acquire(share - len(holding), started)
-        self._record_quiet()
+        if self._quiet_record.due():
+            self._record_quiet()
         self._refresh_parked()
         self.metrics.shards.set(len(self._shards))
 
@@ -331,6 +375,8 @@ class Relay:
             self.metrics.lease_epoch.labels(str(lease.shard)).set(lease.epoch)
         if leases:
             self._parked.update({p.key: p for p in parked})
+            self._pace.ask()
+            self._backlog_seen = True
             log.info("took shards %s", sorted(lease.shard for lease in leases))
 
     def _forget(self, shard: _Shard) -> None:
@@ -364,8 +410,13 @@ class Relay:
 
     def _refresh_parked(self) -> None:
         """Read the parked keys of the shards held again; keys parked by pages still in flight
-        (not recorded yet) stay parked."""
+        (not recorded yet) stay parked. Nothing to read when none are: only this relay parks
+        keys of the shards it holds, and it read their parked keys when it took them."""
         if not self._shards:
+            return
+        if not self._parked:
+            for shard in self._shards:
+                self.metrics.held_keys.labels(str(shard)).set(0)
             return
         try:
             parked = self.store.parked(list(self._shards))
@@ -411,30 +462,38 @@ class Relay:
             due.setdefault(parking.shard, []).append(parking)
         return due
 
-    def _read(self) -> int:
-        """Read one page per group of shards at the same position; return the rows read."""
+    def _read(self) -> tuple[int, bool]:
+        """Read one page per group of shards at the same position; return the rows read and
+        whether the reads reached the end of what was committed (every shard held was read,
+        none had more left: nothing is left to read until the next commit)."""
         room = self.settings.max_in_flight - self._in_flight.count
         if room <= 0:
-            return 0
+            return 0, False
         fresh: Snapshot | None = None
         total = 0
-        for cursor, members in self._groups().items():
+        groups = self._groups()
+        complete = sum(len(members) for members in groups.values()) == sum(
+            1 for s in self._shards.values() if not s.handing_off
+        )
+        for cursor, members in groups.items():
             if cursor.reading is None and fresh is None:
                 try:
                     fresh, _ = self.store.snapshot()
                 except sa.exc.DBAPIError as exc:
                     self._database_failed("snapshot", exc)
-                    return total
+                    return total, False
             reading = cursor.reading or fresh
             assert reading is not None
-            rows = self._read_page(cursor, members, reading, room)
-            if rows is None:
-                break
+            read = self._read_page(cursor, members, reading, room)
+            if read is None:
+                return total, False
+            rows, ended = read
             total += rows
             room -= rows
+            complete = complete and ended
             if room <= 0:
-                break
-        return total
+                return total, False
+        return total, complete
 
     def _groups(self) -> dict[Progress, list[_Shard]]:
         """The readable shards grouped by position (each group is read by one statement)."""
@@ -445,9 +504,10 @@ class Relay:
 
     def _read_page(
         self, cursor: Progress, members: list[_Shard], reading: Snapshot, room: int
-    ) -> int | None:
+    ) -> tuple[int, bool] | None:
         """Read ``members`` from ``cursor`` and produce what was read, a page per shard; return
-        how many rows, or ``None`` to read nothing more this turn (the database failed)."""
+        how many rows and whether ``reading`` is read to its end, or ``None`` to read nothing
+        more this turn (the database failed)."""
         # Each page of a read scans what is left of the snapshot difference: while pages
         # come back full (a large backlog), ask for twice as many, up to half the
         # in-flight bound, so a backlog costs a few scans rather than one per 1,000 rows.
@@ -468,7 +528,7 @@ class Relay:
         blocked = self._blocked_topics(rows)
         extent = self._extent(cursor, reading, rows, page_size, members, blocked)
         if extent is None:
-            return 0
+            return 0, False
         rows, ends, isolated = extent
         cap = max(self.settings.batch_size, self.settings.max_in_flight // 2)
         for shard in members:
@@ -491,7 +551,7 @@ class Relay:
                 shard.pages.append(page)
             elif shard.pages:  # its progress is recorded after the pages in flight
                 shard.pages.append(_Page(shard.shard, ends, self._in_flight))
-        return len(rows)
+        return len(rows), ends.reading is None
 
     def _blocked_topics(self, rows: list[OutboxRow]) -> frozenset[str]:
         """The topics of ``rows`` that are blocked (missing or not authorised)."""
@@ -633,17 +693,19 @@ class Relay:
         self.metrics.shard_produce_errors.labels(str(row.shard)).inc()
 
     def _count_published(self, page: _Page) -> None:
-        """Count an acknowledged page's rows as published."""
-        if page.produced:
-            self._publisher.reachable()
-        now = time.time()
-        confirmed, latencies = self._confirmed, self._latencies
-        for row in page.produced:
-            key = (row.topic, row.shard)
-            confirmed[key] = confirmed.get(key, 0) + 1
-            latencies.append(now - row.timestamp_ms / 1000)
+        """Count an acknowledged page's rows as published, per topic, and its latency (from
+        its oldest row's commit) once."""
+        produced = page.produced
+        if not produced:
+            return
+        self._publisher.reachable()
+        confirmed = self._confirmed
+        for topic, count in Counter(row.topic for row in produced).items():
+            key = (topic, page.shard)
+            confirmed[key] = confirmed.get(key, 0) + count
+        self._latencies.append(time.time() - min(row.timestamp_ms for row in produced) / 1000)
         if self._suspects:
-            self._suspects.difference_update(row.id for row in page.produced)
+            self._suspects.difference_update(row.id for row in produced)
         page.produced = []
 
     # -- progress ------------------------------------------------------------------------------
@@ -857,6 +919,7 @@ class Relay:
     def _reset(self, shards: list[_Shard], *, backoff: bool) -> None:
         """Drop what ``shards`` have in flight and read them again from their recorded progress
         (after a backoff); keys their dropped pages parked are not parked any more."""
+        self._pace.ask()
         now = time.monotonic()
         parked = self._parked
         for shard in shards:
@@ -1010,13 +1073,20 @@ class Relay:
     # -- gauges, purge, failures, stop ---------------------------------------------------------
 
     def _update_gauges(self) -> None:
-        if not self._shards:
-            return
+        if self._shards and (self._rows_since_gauges or self._backlog_seen):
+            self._update_backlog()
+        self._update_blocked()
+
+    def _update_backlog(self) -> None:
+        """Backlog gauges of the shards held (not asked again while nothing is read and the
+        last answer was empty)."""
         try:
             backlog = self.store.backlog()
         except sa.exc.DBAPIError as exc:
             self._database_failed("backlog", exc)
             return
+        self._rows_since_gauges = 0
+        self._backlog_seen = bool(backlog)
         rows: dict[int, int] = {}
         lag: dict[int, float] = {}
         for item in backlog:
@@ -1025,7 +1095,6 @@ class Relay:
         for shard in self._shards:
             self.metrics.unpublished.labels(str(shard)).set(rows.get(shard, 0))
             self.metrics.lag.labels(str(shard)).set(lag.get(shard, 0.0))
-        self._update_blocked()
 
     def _update_blocked(self) -> None:
         """Rows held per blocked topic (read only while this relay knows of blocked keys)."""

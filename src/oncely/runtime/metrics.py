@@ -68,7 +68,8 @@ class RelayMetrics:
         )
         self.publish_latency = Histogram(
             "oncely_relay_publish_latency_seconds",
-            "From the row's created_at to the broker's confirmation.",
+            "Per page of records: from its oldest row's created_at to the broker's confirmation "
+            "of the whole page (observed once per page, not per row).",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=r,
         )

@@ -104,7 +104,6 @@ COMPONENTS: dict[str, Component] = {
             "relay_heartbeat",
             "relay_sleep",
             "relay_leave",
-            "relay_renew",
             "relay_acquire",
             "relay_release",
             "relay_backlog",

@@ -36,7 +36,7 @@ IDEMPOTENCY_STATUSES = ("processing", "accepted", "rejected")
 IDEMPOTENCY_KEY_MAX = 200
 
 #: The channel a statement-level trigger notifies after an insert into the outbox while a relay
-#: sleeps (``oncely_relay_members.asleep``), delivered at commit: the relay wakes at once.
+#: listens (``oncely_relay_members.asleep``: see :mod:`oncely.relay.pace`), delivered at commit.
 NOTIFY_CHANNEL = "oncely_outbox"
 #: The channel notified at commit after every insert into ``oncely_tasks``: task workers LISTEN.
 TASKS_NOTIFY_CHANNEL = "oncely_tasks"
@@ -116,21 +116,19 @@ def shard_of(topic: str, aggregateid: str, shards: int) -> int:
 
 
 def _wake_on_insert(table: sa.Table, prefix: str) -> None:
-    """Create (and drop) the trigger that notifies a sleeping relay after inserts."""
+    """Create (and drop) the trigger that notifies a sleeping relay after inserts; its function
+    names ``oncely_relay_members`` by schema (no per-call search_path), as migration 0006."""
     function = f"{prefix}{table.name}_wake"
-    path = f"TO {prefix[:-1]}" if prefix else "FROM CURRENT"
+    schema = f"'{prefix[:-1]}'" if prefix else "current_schema()"
     sa.event.listen(
         table,
         "after_create",
         _ddl(
-            f"CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql "
-            f"SET search_path {path} "
-            "AS $$ BEGIN\n"
-            "        IF EXISTS (SELECT 1 FROM oncely_relay_members WHERE asleep) THEN\n"
-            f"            PERFORM pg_notify('{NOTIFY_CHANNEL}', '');\n"
-            "        END IF;\n"
-            "        RETURN NULL;\n"
-            "    END $$"
+            "DO $do$ BEGIN EXECUTE "
+            f"'CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $body$ BEGIN "
+            f"IF EXISTS (SELECT 1 FROM ' || quote_ident({schema}) || '.oncely_relay_members "
+            f"WHERE asleep) THEN PERFORM pg_notify(''{NOTIFY_CHANNEL}'', ''''); "
+            "END IF; RETURN NULL; END $body$'; END $do$"
         ),
     )
     sa.event.listen(

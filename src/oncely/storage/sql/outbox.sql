@@ -104,8 +104,10 @@ SET reason = 'dead', error = :error, until = NULL, request = NULL
 WHERE topic = :topic AND aggregateid = :aggregateid
 
 -- name: relay_heartbeat
--- This relay is alive (and asleep or not); forget relays silent for a minute. Returns how many
--- relays are alive, which decides each one's fair share of the shards.
+-- This relay is alive (asleep: it waits for a NOTIFY, so staging sends one) and extends the
+-- leases it still holds (a shard missing from ``kept`` was taken over); relays silent for a
+-- minute are forgotten. Returns how many relays are alive, which decides each one's fair share
+-- of the shards. One statement: an idle relay sends one every third of its lease.
 WITH beat AS (
     INSERT INTO oncely_relay_members (relay_id, heartbeat_until, asleep)
     VALUES (:relay_id, now() + make_interval(secs => :ttl_seconds), :asleep)
@@ -114,25 +116,24 @@ WITH beat AS (
 ), gone AS (
     DELETE FROM oncely_relay_members
     WHERE heartbeat_until < now() - interval '1 minute' AND relay_id <> :relay_id
+), kept AS (
+    UPDATE oncely_relay_shards AS s
+    SET lease_until = now() + make_interval(secs => :ttl_seconds)
+    FROM unnest(CAST(:shards AS smallint[]), CAST(:epochs AS bigint[])) AS p(shard, epoch)
+    WHERE s.shard = p.shard AND s.owner = :relay_id AND s.epoch = p.epoch
+    RETURNING s.shard
 )
-SELECT 1 + count(*) AS alive, (SELECT count(*) FROM oncely_relay_shards) AS shards
+SELECT 1 + count(*) AS alive, (SELECT count(*) FROM oncely_relay_shards) AS shards,
+       ARRAY(SELECT shard FROM kept) AS kept
 FROM oncely_relay_members
 WHERE heartbeat_until > now() AND relay_id <> :relay_id
 
 -- name: relay_sleep
--- Ask staging to NOTIFY (asleep) or stop asking (awake).
+-- Ask staging to NOTIFY (asleep: the relay is listening) or stop asking (awake: it polls).
 UPDATE oncely_relay_members SET asleep = :asleep WHERE relay_id = :relay_id
 
 -- name: relay_leave
 DELETE FROM oncely_relay_members WHERE relay_id = :relay_id
-
--- name: relay_renew
--- Extend the leases this relay still holds; a shard not returned was taken over.
-UPDATE oncely_relay_shards AS s
-SET lease_until = now() + make_interval(secs => :lease_seconds)
-FROM unnest(CAST(:shards AS smallint[]), CAST(:epochs AS bigint[])) AS p(shard, epoch)
-WHERE s.shard = p.shard AND s.owner = :owner AND s.epoch = p.epoch
-RETURNING s.shard
 
 -- name: relay_acquire
 -- Take up to :wanted shards that nobody holds (released, or lease expired), bumping the epoch

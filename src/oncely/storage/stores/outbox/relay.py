@@ -85,6 +85,7 @@ class Held:
 class Membership:
     alive: int
     shards: int
+    kept: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,13 +392,23 @@ class RelayStore:
 
     # -- membership and leases -----------------------------------------------------------------
 
-    def heartbeat(self, *, ttl_seconds: float, asleep: bool) -> Membership:
+    def heartbeat(
+        self, *, ttl_seconds: float, asleep: bool, leases: Sequence[tuple[int, int]] = ()
+    ) -> Membership:
+        """Mark this relay alive for ``ttl_seconds`` (and asleep or not) and extend its
+        ``(shard, epoch)`` leases as long; :attr:`Membership.kept`: the shards still held."""
         with self.engine.begin() as conn:
             row = conn.execute(
                 query("relay_heartbeat"),
-                {"relay_id": self.owner, "ttl_seconds": ttl_seconds, "asleep": asleep},
+                {
+                    "relay_id": self.owner,
+                    "ttl_seconds": ttl_seconds,
+                    "asleep": asleep,
+                    "shards": [s for s, _ in leases],
+                    "epochs": [e for _, e in leases],
+                },
             ).one()
-        return Membership(int(row.alive), int(row.shards))
+        return Membership(int(row.alive), int(row.shards), frozenset(row.kept))
 
     def sleep(self, *, asleep: bool) -> None:
         with self.engine.begin() as conn:
@@ -406,23 +417,6 @@ class RelayStore:
     def leave(self) -> None:
         with self.engine.begin() as conn:
             conn.execute(query("relay_leave"), {"relay_id": self.owner})
-
-    def renew(self, leases: Sequence[tuple[int, int]], *, lease_seconds: float) -> set[int]:
-        """Extend ``(shard, epoch)`` leases; return the shards still held."""
-        if not leases:
-            return set()
-        with self.engine.begin() as conn:
-            return set(
-                conn.execute(
-                    query("relay_renew"),
-                    {
-                        "owner": self.owner,
-                        "shards": [s for s, _ in leases],
-                        "epochs": [e for _, e in leases],
-                        "lease_seconds": lease_seconds,
-                    },
-                ).scalars()
-            )
 
     def acquire(self, *, wanted: int, lease_seconds: float) -> list[Lease]:
         """Lease up to ``wanted`` free shards (epoch bumped), with their recorded progress."""

@@ -1,0 +1,81 @@
+"""A quiet relay waits for a NOTIFY instead of polling its database; a busy one polls and
+staging sends no NOTIFY (real PostgreSQL and Kafka)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+import sqlalchemy as sa
+
+from tests.helpers import (
+    count_published,
+    fast_settings,
+    insert_rows,
+    outbox_rows,
+    running_relay,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _asleep(engine: sa.Engine) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(sa.text("SELECT bool_or(asleep) FROM oncely_relay_members")).scalar()
+        )
+
+
+def _transactions(engine: sa.Engine) -> int:
+    """Transactions ended in this test's database: every statement the relay sends is in one
+    (each backend reports its counts within a second or so of going idle)."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+                    "WHERE datname = current_database()"
+                )
+            ).scalar_one()
+        )
+
+
+def test_a_quiet_relay_wakes_on_a_commit_and_is_nearly_silent_while_idle(
+    engine: sa.Engine, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic()
+    # A fallback read a minute away: only the NOTIFY can publish a row within seconds.
+    settings = fast_settings(poll_interval_seconds=60.0, lease_seconds=6.0)
+    with running_relay(engine, kafka_bootstrap, settings):
+        wait_until(lambda: _asleep(engine), timeout=15)
+        for n in range(1, 4):
+            committed = time.monotonic()
+            insert_rows(engine, outbox_rows(1, topics=[topic], keys=1))
+            wait_until(lambda n=n: count_published(engine) == n, timeout=20, interval=0.02)
+            assert time.monotonic() - committed < 3.0, "the relay was not woken by the commit"
+        time.sleep(3.0)  # its progress recorded, stats of the last reads flushed
+        before = _transactions(engine)
+        time.sleep(10.0)
+        idle = (_transactions(engine) - before - 2) / 10.0  # less this test's two reads
+    assert idle <= 1.0, f"an idle relay ran {idle:.1f} transactions/s against its database"
+
+
+def test_a_busy_relay_polls_and_staging_stops_notifying(
+    engine: sa.Engine, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(partitions=3)
+    inserted = 0
+    with running_relay(engine, kafka_bootstrap, fast_settings(batch_size=1000)):
+        wait_until(lambda: _asleep(engine), timeout=15)
+        for _ in range(40):
+            insert_rows(engine, outbox_rows(2_000, topics=[topic], keys=50))
+            inserted += 2_000
+            time.sleep(0.1)
+            if not _asleep(engine):
+                break
+        else:
+            pytest.fail("20,000 rows/s did not switch the relay to polling")
+        wait_until(lambda: count_published(engine) == inserted, timeout=60)
+        wait_until(lambda: _asleep(engine), timeout=15)
