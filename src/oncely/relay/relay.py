@@ -59,8 +59,10 @@ from confluent_kafka import KafkaError, Message
 
 from oncely.failpoints import failpoint
 from oncely.relay import delivery
+from oncely.relay.extent import extent, first_suspect
 from oncely.relay.pace import Mode, Pace
 from oncely.relay.publisher import Publisher
+from oncely.relay.shares import rebalance
 from oncely.relay.topics import TopicState, TopicWatch, topic_error_state
 from oncely.runtime.metrics import RelayMetrics
 from oncely.runtime.process import Every
@@ -342,15 +344,15 @@ class Relay:
             self._forget(shard)
         for shard in self._shards.values():
             shard.lease_deadline = started + lease
-        share = math.ceil(membership.shards / max(1, membership.alive))
-        holding = [s for s in self._shards.values() if not s.handing_off]
-        if len(holding) > share:
-            for shard in sorted(holding, key=lambda s: s.shard, reverse=True)[
-                : len(holding) - share
-            ]:
-                shard.handing_off = True
-        elif len(holding) < share:
-            self._acquire(share - len(holding), started)
+        plan = rebalance(
+            (s.shard for s in self._shards.values() if not s.handing_off),
+            shards=membership.shards,
+            alive=membership.alive,
+        )
+        for number in plan.hand_off:
+            self._shards[number].handing_off = True
+        if plan.take:
+            self._acquire(plan.take, started)
         if self._quiet_record.due():
             self._record_quiet()
         self._refresh_parked()
@@ -569,47 +571,35 @@ class Relay:
         members: list[_Shard],
         blocked: frozenset[str],
     ) -> tuple[list[OutboxRow], Progress, bool] | None:
-        """The rows to produce, where the read ends and whether it is one isolated row; ``None``
-        when a suspect row comes first while its shard has records in flight (the group waits
-        for them; other groups go on)."""
-        suspect = self._first_suspect(rows, blocked)
-        if suspect is None:
-            if len(rows) < page_size:
-                return rows, Progress(reading), False
-            return rows, Progress(cursor.done, reading, rows[-1].seq), False
-        # A row that may be refused goes out alone, after everything its shard has in flight
-        # is acknowledged, so no later row of its key (nor a batch-mate) can pass it; the
-        # other shards of the group move past it and go on.
-        if suspect > 0:
-            rows = rows[:suspect]
-            return rows, Progress(cursor.done, reading, rows[-1].seq), False
-        row = rows[0]
-        ends = Progress(cursor.done, reading, row.seq)
-        alone = next(s for s in members if s.shard == row.shard)
-        if alone.pages:
+        """The rows to produce, where the read ends and whether it is one isolated row
+        (:mod:`oncely.relay.extent`); ``None`` when the group waits. A row going out alone
+        leaves ``members`` to its shard, the others moved past it."""
+        parked = self._parked
+        suspect = first_suspect(
+            rows,
+            waiting=lambda row: (
+                row.delayed or (bool(parked) and row.parking_key in parked) or row.topic in blocked
+            ),
+            suspects=self._suspects,
+            limit_of=self._publisher.max_message_bytes,
+        )
+        shards = {s.shard: s for s in members}
+        ends = extent(
+            rows,
+            cursor=cursor,
+            reading=reading,
+            page_size=page_size,
+            suspect=suspect,
+            busy=lambda shard: bool(shards[shard].pages),
+        )
+        if ends is None:
             return None
-        for shard in members:
-            if shard is not alone:
-                shard.cursor = ends
-        members[:] = [alone]
-        return [row], ends, True
-
-    def _first_suspect(self, rows: list[OutboxRow], blocked: frozenset[str]) -> int | None:
-        """The first row the broker may refuse: it failed before, or is over its topic's limit."""
-        parked, suspects = self._parked, self._suspects
-        limits: dict[str, int | None] = {}
-        for index, row in enumerate(rows):
-            if row.delayed or (parked and row.parking_key in parked) or row.topic in blocked:
-                continue
-            if suspects and row.id in suspects:
-                return index
-            if row.topic in limits:
-                limit = limits[row.topic]
-            else:
-                limit = limits[row.topic] = self._publisher.max_message_bytes(row.topic)
-            if limit is not None and row.size > limit:
-                return index
-        return None
+        if ends.alone is not None:
+            for shard in members:
+                if shard.shard != ends.alone:
+                    shard.cursor = ends.ends
+            members[:] = [shards[ends.alone]]
+        return list(ends.rows), ends.ends, ends.alone is not None
 
     def _produce_pages(
         self, pages: dict[int, _Page], rows: list[OutboxRow], blocked: frozenset[str]
