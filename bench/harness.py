@@ -122,22 +122,39 @@ class _Idle(threading.local):
 _idle = _Idle()
 
 
+@dataclass
+class Window:
+    """What a :func:`cpu_window` measured, filled in when its block ends."""
+
+    #: Wall-clock seconds of the window.
+    seconds: float = 0.0
+    #: The machine's CPU idle share over it.
+    idle: float = 0.0
+    #: Cores used, by process class (unrounded).
+    cores: dict[str, float] = field(default_factory=dict)
+    #: Cores used, by pid: (class, cores) of every process of this process's tree.
+    by_pid: dict[int, tuple[str, float]] = field(default_factory=dict)
+
+
 @contextlib.contextmanager
-def cpu_window() -> Iterator[None]:
-    """Mark the measured part of a side: the machine's CPU idle share over it is recorded."""
+def cpu_window() -> Iterator[Window]:
+    """Mark the measured part of a side: the machine's CPU idle share over it is recorded (and
+    returned, with the cores used by class and by pid, in the :class:`Window` it yields)."""
+    window = Window()
     idle0, total0 = _cpu_times()
     before, started = _process_times(), time.monotonic()
     try:
-        yield
+        yield window
     finally:
         idle1, total1 = _cpu_times()
         after, wall = _process_times(), max(1e-3, time.monotonic() - started)
-        _idle.last = (idle1 - idle0) / max(1, total1 - total0)
-        cores: dict[str, float] = {}
+        _idle.last = window.idle = (idle1 - idle0) / max(1, total1 - total0)
+        window.seconds = wall
         for pid, (kind, seconds) in after.items():
-            used = seconds - before.get(pid, (kind, 0.0))[1]
-            cores[kind] = cores.get(kind, 0.0) + used / wall
-        _idle.cores = {kind: round(value, 2) for kind, value in sorted(cores.items())}
+            used = (seconds - before.get(pid, (kind, 0.0))[1]) / wall
+            window.by_pid[pid] = (kind, used)
+            window.cores[kind] = window.cores.get(kind, 0.0) + used
+        _idle.cores = {kind: round(value, 2) for kind, value in sorted(window.cores.items())}
 
 
 def _take_idle() -> tuple[float | None, dict[str, float] | None]:
@@ -185,6 +202,8 @@ class Cell:
     notes: list[str] = field(default_factory=list)
     #: What the table shows in its "medians" column instead of the sides' medians (optional).
     summary: str = ""
+    #: No verdict (met or missed) when a side was CPU-bound: the number is not a result.
+    verdict_needs_idle: bool = False
 
     @property
     def absolute(self) -> bool:
@@ -245,6 +264,8 @@ class Cell:
         else:
             # The target applies to the first denominator; the others are context.
             met = target.met(ratios[self.denominators[0]]["median"]) if ratios else None
+        if self.verdict_needs_idle and self.cpu_bound():
+            met = None
         return {
             "cell": self.name,
             "measures": self.measures,
@@ -266,6 +287,7 @@ class Cell:
             "summary": self.summary,
             "target": self.target,
             "met": met,
+            "verdict_needs_idle": self.verdict_needs_idle,
             "notes": self.notes,
         }
 
