@@ -11,6 +11,8 @@ cores):
 - S-CPU, S-MANY: ``stage()``'s client CPU per event against a raw psycopg INSERT of the same
   row, and ``stage_many()`` of 100 events against one raw 100-row INSERT;
 - R-QUIET: commit → Kafka p50/p99 at 200 events/s, relay vs a raw producer after each commit;
+- R-IDLE: an idle relay's CPU (relay + PostgreSQL cores) and queries per second
+  (``pg_stat_statements``), nothing staged;
 - R3, R3-fair, R3-dup: the consumer with receipts vs a raw consumer with an empty transaction
   per batch, vs one writing the same rows with plain psycopg; a replay of applied records vs
   the first application;
@@ -49,6 +51,7 @@ from bench.cluster_cells import cluster_cells
 from bench.debezium_cells import debezium_cells
 from bench.fixtures import Bench
 from bench.harness import Target, environment, scaled
+from bench.idle_cells import PG_SETTINGS, idle_cells
 from bench.latency_cells import latency_cells
 from bench.quiet_cells import quiet_cells
 from bench.start_cells import start_cells
@@ -66,6 +69,7 @@ ALL = [
     "S-CPU",
     "S-MANY",
     "R-QUIET",
+    "R-IDLE",
     *CONSUMER_CELLS,
     "R-LANES",
     *LATENCY_CELLS,
@@ -84,7 +88,8 @@ def _services() -> Iterator[tuple[str, str, dict[str, str]]]:
     if url and kafka:
         yield url, kafka, {"services": "environment"}
         return
-    with DevStack() as info:
+    # pg_stat_statements is preloaded, tracking nothing unless a cell asks (R-IDLE).
+    with DevStack(postgres_settings=PG_SETTINGS) as info:
         yield (
             info.database_url,
             info.kafka_bootstrap,
@@ -275,6 +280,12 @@ def main() -> None:
             made, runs = quiet_cells(bench, repetitions=args.repetitions, seconds=quiet_seconds)
             results += [c.to_json() for c in made]
             extra["R-QUIET runs"] = runs
+        if "R-IDLE" in args.cells:
+            made, details = idle_cells(
+                bench, repetitions=args.repetitions, seconds=scaled(60.0, minimum=10.0)
+            )
+            results += [c.to_json() for c in made]
+            extra["R-IDLE statements"] = details
         consumer_wanted = [c for c in CONSUMER_CELLS if c in args.cells]
         if consumer_wanted:
             made = consumer_cells.throughput_cells(
