@@ -11,6 +11,8 @@ cores):
 - S-CPU, S-MANY: ``stage()``'s client CPU per event against a raw psycopg INSERT of the same
   row, and ``stage_many()`` of 100 events against one raw 100-row INSERT;
 - R-QUIET: commit → Kafka p50/p99 at 200 events/s, relay vs a raw producer after each commit;
+- R-QUIET-CPU: CPU per event at 200 events/s above each side's idle, relay + PostgreSQL vs
+  Debezium's Kafka Connect worker + PostgreSQL;
 - R-IDLE: an idle relay's CPU (relay + PostgreSQL cores) and queries per second
   (``pg_stat_statements``), nothing staged;
 - R3, R3-fair, R3-dup: the consumer with receipts vs a raw consumer with an empty transaction
@@ -54,6 +56,7 @@ from bench.harness import Target, environment, scaled
 from bench.idle_cells import PG_SETTINGS, idle_cells
 from bench.latency_cells import latency_cells
 from bench.quiet_cells import quiet_cells
+from bench.quiet_cpu_cells import quiet_cpu_cells
 from bench.start_cells import start_cells
 from oncely.devstack import DevStack
 from oncely.storage import upgrade
@@ -69,6 +72,7 @@ ALL = [
     "S-CPU",
     "S-MANY",
     "R-QUIET",
+    "R-QUIET-CPU",
     "R-IDLE",
     *CONSUMER_CELLS,
     "R-LANES",
@@ -280,6 +284,16 @@ def main() -> None:
             made, runs = quiet_cells(bench, repetitions=args.repetitions, seconds=quiet_seconds)
             results += [c.to_json() for c in made]
             extra["R-QUIET runs"] = runs
+        if "R-QUIET-CPU" in args.cells:
+            made, runs, versions = quiet_cpu_cells(
+                bench,
+                repetitions=args.repetitions,
+                seconds=scaled(30.0, minimum=10.0),
+                idle_seconds=scaled(15.0, minimum=5.0),
+            )
+            results += [c.to_json() for c in made]
+            extra["R-QUIET-CPU runs"] = runs
+            services.update(versions)
         if "R-IDLE" in args.cells:
             made, details = idle_cells(
                 bench, repetitions=args.repetitions, seconds=scaled(60.0, minimum=10.0)

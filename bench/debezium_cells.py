@@ -84,13 +84,16 @@ WRITERS = 2
 
 
 @contextlib.contextmanager
-def _relay(bench: Bench) -> Iterator[None]:
+def relay_side(bench: Bench) -> Iterator[None]:
+    """One ``oncely relay run`` process for the block (the bench's relay settings)."""
     with relay_processes(bench, 1):
         yield
 
 
 @contextlib.contextmanager
-def _debezium(bench: Bench, connect: ConnectNode, extra: Mapping[str, str]) -> Iterator[None]:
+def debezium_connector(
+    bench: Bench, connect: ConnectNode, extra: Mapping[str, str]
+) -> Iterator[None]:
     """A fresh connector (own name, slot, publication) for the block; all dropped afterwards."""
     tag = uuid.uuid4().hex[:10]
     options = ConnectorOptions.from_database_url(
@@ -116,7 +119,7 @@ def _debezium(bench: Bench, connect: ConnectNode, extra: Mapping[str, str]) -> I
             conn.execute(sa.text(f"DROP PUBLICATION IF EXISTS {options.publication_name}"))
 
 
-def _versions(connect: ConnectNode) -> dict[str, str]:
+def connect_versions(connect: ConnectNode) -> dict[str, str]:
     """What the running worker reports: Kafka Connect's version and Debezium's connector's."""
     answers = []
     for path in ("", "connector-plugins"):
@@ -142,11 +145,11 @@ def debezium_cells(
         stack.callback(connect.stop)
         topics = Topics(bench)
         stack.callback(topics.close)
-        versions = _versions(connect)
+        versions = connect_versions(connect)
 
-        relay: Side = functools.partial(_relay, bench)
-        tuned: Side = functools.partial(_debezium, bench, connect, TUNED)
-        default: Side = functools.partial(_debezium, bench, connect, {})
+        relay: Side = functools.partial(relay_side, bench)
+        tuned: Side = functools.partial(debezium_connector, bench, connect, TUNED)
+        default: Side = functools.partial(debezium_connector, bench, connect, {})
         spread = staged_rows(rows, topic="(set per turn)", keys=bench.keys)
         hot = staged_rows(rows, topic="(set per turn)", keys=1)
         drains: dict[str, Callable[[], float]] = {
