@@ -69,6 +69,7 @@ _CLASSES = (
     ("consumer", "oncely consume"),
     ("consumer", "-m oncely consume"),
     ("writers", "bench.writers"),
+    ("writers", "multiprocessing.spawn"),
     ("kafka connect", "ConnectStandalone"),
     ("broker", "kafka.Kafka"),
     ("postgres", "postgres"),
@@ -320,7 +321,7 @@ def interleave(
         for name, side in sides.items():
             started = time.monotonic()
             value = side()
-            _progress(f"warm-up {name}: {value:.1f} ({time.monotonic() - started:.0f} s)")
+            progress(f"warm-up {name}: {value:.1f} ({time.monotonic() - started:.0f} s)")
     rates: dict[str, list[float]] = {name: [] for name in sides}
     idle: dict[str, list[float]] = {name: [] for name in sides}
     cores: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
@@ -336,14 +337,15 @@ def interleave(
                 window if window is not None else (idle1 - idle0) / max(1, total1 - total0)
             )
             cores[name].append(used or {})
-            _progress(
+            progress(
                 f"{repetition + 1}/{repetitions} {name}: {rates[name][-1]:.1f}, CPU idle "
                 f"{idle[name][-1]:.0%} ({time.monotonic() - started:.0f} s)"
             )
     return Run(rates, idle, cores)
 
 
-def _progress(line: str) -> None:
+def progress(line: str) -> None:
+    """One line of progress on stderr."""
     print(f"[bench] {line}", file=sys.stderr, flush=True)
 
 
