@@ -132,8 +132,12 @@ def _markdown(results: list[dict[str, Any]]) -> str:
             numerator = result["numerator"]
             first = index == 0
             met = Target(result["target"]).met(ratio["median"]) if first else None
-            verdict = "" if met is None else ("met" if met else "**missed**")
             bound = [s for s in (numerator, denominator) if s in result.get("cpu_bound", [])]
+            if bound and result.get("verdict_needs_idle"):
+                met = None
+                verdict = "not a result" if first else ""
+            else:
+                verdict = "" if met is None else ("met" if met else "**missed**")
             if bound:
                 verdict += " (CPU-bound: " + "; ".join(bound) + ")"
             what = result.get("measures") or f"{numerator} / {denominator}"
