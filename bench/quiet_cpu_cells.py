@@ -106,6 +106,14 @@ def quiet_cpu_cells(
             for kind in COUNTED[name]
         )
 
+    def writer_backend(name: str) -> float:
+        return float(
+            statistics.median(
+                r["cpu"]["writer_backends"] * r["cpu"]["load_seconds"] / events * 1e6
+                for r in measured[name]
+            )
+        )
+
     cell = Cell(
         "R-QUIET-CPU",
         RELAY,
@@ -116,8 +124,10 @@ def quiet_cpu_cells(
         "PostgreSQL / Kafka Connect (Debezium EventRouter, poll.interval.ms=10) + PostgreSQL",
         notes=[
             f"open loop, one writer (not counted), {seconds:.0f} s per turn after an idle "
-            f"baseline of {idle_seconds:.0f} s with the side running; µs per event: "
-            f"relay {breakdown(RELAY)}; Debezium {breakdown(DEBEZIUM)}"
+            f"baseline of {idle_seconds:.0f} s with the side running; µs per event above idle, "
+            f"oncely side: {breakdown(RELAY)}; Debezium side: {breakdown(DEBEZIUM)}; the "
+            "writer's PostgreSQL backend (counted in postgres on both sides, not above idle): "
+            + " / ".join(f"{writer_backend(name):.0f}" for name in (RELAY, DEBEZIUM))
         ],
     )
     cell.take(run)
