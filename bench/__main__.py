@@ -1,10 +1,12 @@
 """``python -m bench [CELL ...]``: run benchmark cells and write JSON, Markdown and a PNG plot.
 
-The default set is the table of docs/performance.md (``make bench``; about 30 minutes on 2
+The default set is the table of docs/performance.md (``make bench``; about 40 minutes on 2
 cores):
 
 - R-DBZ, R-DBZ-HOT, R-DBZ p99: the relay vs Debezium's Outbox Event Router in a Kafka Connect
-  worker the cell starts (drain rate over 1,000 keys and on one key; commit → Kafka p99);
+  worker the cell starts (drain rate over 1,000 keys and on one key; commit → Kafka p99 at 50%
+  of the slower drain rate from writer processes, or at the highest rate the machine can offer
+  both sides, probed first);
 - R1, R2, R2-xmin, R-HOT, R7: relay drain vs a raw producer, vs its own SQL alone, with a
   REPEATABLE READ transaction held open, on one key, two relay processes vs one;
 - R5: the cost of ``stage()`` in a business transaction (one statement, five, 8 writers);
