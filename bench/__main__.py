@@ -1,6 +1,6 @@
 """``python -m bench [CELL ...]``: run benchmark cells and write JSON, Markdown and a PNG plot.
 
-The default set is the table of docs/performance.md (``make bench``; about 40 minutes on 2
+The default set is the table of docs/performance.md (``make bench``; about 45 minutes on 2
 cores):
 
 - R-DBZ, R-DBZ-HOT, R-DBZ p99: the relay vs Debezium's Outbox Event Router in a Kafka Connect
