@@ -115,13 +115,14 @@ def _latency(bench: Bench, topics: Topics, side: Side, rate: float, seconds: flo
 def offered_rate(
     bench: Bench, topics: Topics, sides: Mapping[str, Side], planned: float
 ) -> tuple[float, list[dict[str, Any]]]:
-    """The highest rate, from ``planned`` down in steps of ``PROBE_STEP`` (not under
+    """The highest rate, from ``planned`` down in steps of ``PROBE_STEP`` (or straight to
+    ``PROBE_STEP`` times what the writers achieved, when that is lower; not under
     ``MIN_RATE``), that every side was offered in a ``PROBE_SECONDS`` turn: the writers kept
     up (achieved >= 95% of it, lag p99 <= ``PROBE_LAG_MS``) and the machine kept
     ``PROBE_IDLE`` of its CPU idle. Returns it and every probe."""
     rate, probes = planned, []
     while True:
-        ok = True
+        ok, next_rate = True, rate * PROBE_STEP
         for name, side in sides.items():
             result = _latency(bench, topics, side, rate, PROBE_SECONDS)
             achieved = result["achieved_rate_per_second"]
@@ -135,11 +136,11 @@ def offered_rate(
             probes.append({"rate": round(rate), "side": name, "ok": not why, "why": ", ".join(why)})
             progress(f"probe {name} at {rate:.0f}/s: {', '.join(why) or 'ok'}")
             if why:
-                ok = False
+                ok, next_rate = False, min(next_rate, achieved * PROBE_STEP)
                 break
         if ok or rate <= MIN_RATE:
             return rate, probes
-        rate = max(MIN_RATE, rate * PROBE_STEP)
+        rate = max(MIN_RATE, next_rate)
 
 
 @contextlib.contextmanager
