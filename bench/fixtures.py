@@ -4,6 +4,7 @@ the sides under test (relay processes), with the drain and latency measurements 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -26,7 +27,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.types.json import Jsonb
 
-from bench.harness import cpu_window, open_loop
+from bench.harness import Window, cpu_window, open_loop
 from oncely.devstack._process import free_port
 from oncely.relay import build_relay
 from oncely.runtime.metrics import RelayMetrics
@@ -249,9 +250,12 @@ def wait_shards_shared(bench: Bench, owners: int, *, timeout: float = 120) -> No
 
 
 @contextlib.contextmanager
-def relay_processes(bench: Bench, count: int = 1) -> Iterator[list[Running]]:
-    """``count`` ``oncely relay run`` processes, ready and sharing the shards evenly."""
-    with processes(["relay", "run"], count, bench.relay_env()) as running:
+def relay_processes(
+    bench: Bench, count: int = 1, *, env: dict[str, str] | None = None
+) -> Iterator[list[Running]]:
+    """``count`` ``oncely relay run`` processes, ready and sharing the shards evenly (``env``
+    over :meth:`Bench.relay_env`)."""
+    with processes(["relay", "run"], count, {**bench.relay_env(), **(env or {})}) as running:
         wait_ready(running)
         wait_shards_shared(bench, count)
         yield running
@@ -385,11 +389,17 @@ def drain_rate(bench: Bench, topics: Topics, side: Side, rows: list[dict[str, ob
 
 @dataclass
 class Writes:
-    """When each open-loop write was due and when its transaction had committed (wall clock)."""
+    """When each open-loop write was due and when its transaction had committed (wall clock).
+
+    ``run(rate, seconds)`` writes every row open loop (event ``i`` due at ``t0 + i / rate``);
+    ``backend_pids`` are the PostgreSQL backends of the writers' connections.
+    """
 
     writers: list[Callable[[int, float], None]]
     due: list[float]
     committed: list[float] = field(default_factory=list)
+    backend_pids: list[int] = field(default_factory=list)
+    run: Callable[[float, float], None] = lambda rate, seconds: None
 
     def achieved_rate(self) -> float:
         return len(self.due) / (max(self.committed) - self.due[0])
@@ -409,19 +419,15 @@ def outbox_writers(
     Each writer has its own autocommit connection and one prepared INSERT (one round trip per
     transaction), so that the writers limit the offered load as little as Python can.
     """
-    columns = list(rows[0])
-    insert = (
-        f"INSERT INTO oncely_outbox ({', '.join(columns)}) "
-        f"VALUES ({', '.join(['%s'] * len(columns))})"
-    )
+    insert = _insert(rows[0])
     writes = Writes([], [0.0] * len(rows), [0.0] * len(rows))
     connections = [psycopg.connect(libpq_dsn(database_url), autocommit=True) for _ in range(count)]
+    writes.backend_pids = [conn.info.backend_pid for conn in connections]
 
     def writer(conn: psycopg.Connection[Any]) -> Callable[[int, float], None]:
         def write(i: int, due_at: float) -> None:
             writes.due[i] = due_at
-            values = [Jsonb(v) if c == "headers" else v for c, v in rows[i].items()]
-            conn.execute(insert, values, prepare=True)
+            conn.execute(insert, _values(rows[i]), prepare=True)
             writes.committed[i] = time.time()
             if after_commit is not None:
                 after_commit(i)
@@ -429,11 +435,107 @@ def outbox_writers(
         return write
 
     writes.writers = [writer(conn) for conn in connections]
+    writes.run = lambda rate, seconds: open_loop(rate, seconds, writes.writers)
     try:
         yield writes
     finally:
         for conn in connections:
             conn.close()
+
+
+def _insert(row: dict[str, Any]) -> str:
+    columns = list(row)
+    return (
+        f"INSERT INTO oncely_outbox ({', '.join(columns)}) "
+        f"VALUES ({', '.join(['%s'] * len(columns))})"
+    )
+
+
+def _values(row: dict[str, Any]) -> list[Any]:
+    return [Jsonb(v) if c == "headers" else v for c, v in row.items()]
+
+
+def _write_share(
+    database_url: str,
+    share: list[tuple[int, dict[str, Any]]],
+    threads: int,
+    pipe: Any,
+) -> None:
+    """One writer process of :func:`process_writers`: ``threads`` connections, each committing
+    its part of ``share`` open loop once told ``(t0, rate)``; sends back
+    ``[(i, due, committed), ...]``."""
+    connections = [
+        psycopg.connect(libpq_dsn(database_url), autocommit=True) for _ in range(threads)
+    ]
+    insert = _insert(share[0][1]) if share else ""
+    pipe.send([conn.info.backend_pid for conn in connections])
+    t0, rate = pipe.recv()
+    done: list[tuple[int, float, float]] = []
+
+    def run(conn: psycopg.Connection[Any], mine: list[tuple[int, dict[str, Any]]]) -> None:
+        for i, row in mine:
+            due_at = t0 + i / rate
+            delay = due_at - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            conn.execute(insert, _values(row), prepare=True)
+            done.append((i, due_at, time.time()))
+
+    workers = [
+        threading.Thread(target=run, args=(conn, share[j::threads]))
+        for j, conn in enumerate(connections)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    pipe.send(done)
+    for conn in connections:
+        conn.close()
+
+
+@contextmanager
+def process_writers(
+    database_url: str, rows: list[dict[str, Any]], *, processes: int, threads: int
+) -> Iterator[Writes]:
+    """Like :func:`outbox_writers`, from ``processes`` writer processes (spawned, so that the
+    writers are not held back by this process's GIL), each with ``threads`` threads, each with
+    its own autocommit connection and one prepared INSERT. Row ``i`` goes to process
+    ``i % processes``; every process takes its due times from one ``t0`` on the wall clock.
+    """
+    context = multiprocessing.get_context("spawn")
+    pipes, children = [], []
+    try:
+        for k in range(processes):
+            mine, theirs = context.Pipe()
+            share = [(i, rows[i]) for i in range(k, len(rows), processes)]
+            child = context.Process(
+                target=_write_share, args=(database_url, share, threads, theirs), daemon=True
+            )
+            child.start()
+            theirs.close()
+            pipes.append(mine)
+            children.append(child)
+        writes = Writes([], [0.0] * len(rows), [0.0] * len(rows))
+        for pipe in pipes:
+            writes.backend_pids += pipe.recv()
+
+        def run(rate: float, seconds: float) -> None:
+            t0 = time.time() + 0.3
+            for pipe in pipes:
+                pipe.send((t0, rate))
+            for pipe in pipes:
+                for i, due_at, committed_at in pipe.recv():
+                    writes.due[i], writes.committed[i] = due_at, committed_at
+
+        writes.run = run
+        yield writes
+    finally:
+        for child in children:
+            child.join(10)
+            if child.is_alive():
+                child.kill()
+                child.join()
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -459,27 +561,44 @@ def commit_latency(
     writers: int,
     warmup_seconds: float,
     produce: Callable[[str], Callable[[dict[str, Any]], None]] | None = None,
+    writer_processes: int = 0,
+    idle_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """commit → Kafka (and schedule → Kafka) percentiles of open-loop single-row transactions
     at ``rate`` for ``seconds``, with ``side`` running.
 
     With ``produce`` (given the topic, it returns a function of a row), each writer also sends
     its row itself right after its commit (a raw producer beside the outbox). Events due in the
-    first ``warmup_seconds`` are left out.
+    first ``warmup_seconds`` are left out. With ``writer_processes``, the ``writers`` threads
+    are in each of that many processes of their own (:func:`process_writers`; not with
+    ``produce``). With ``idle_seconds``, a CPU window of that long with nothing written is
+    measured once the side runs, just before the writes (``cpu["idle"]``).
+
+    ``cpu`` holds cores by process class over the writes (``load``, from the first write to the
+    last record), over the idle window (``idle``), the writers' PostgreSQL backends' share of
+    ``load`` (``writer_backends``), the windows' seconds and the CPU idle share of ``load``.
     """
     topic = topics.new()
     rows = staged_rows(int(rate * seconds), topic=topic, keys=bench.keys)
     restage(bench, [])
     send = produce(topic) if produce is not None else None
     after = (lambda i: send(rows[i])) if send is not None else None
-    with (
-        outbox_writers(bench.database_url, rows, count=writers, after_commit=after) as writes,
-        side(),
-    ):
+    if writer_processes:
+        assert send is None, "a raw producer beside the outbox needs the writers in this process"
+        writing = process_writers(
+            bench.database_url, rows, processes=writer_processes, threads=writers
+        )
+    else:
+        writing = outbox_writers(bench.database_url, rows, count=writers, after_commit=after)
+    idle = Window()
+    with writing as writes, side():
         if send is None:
             sentinel(bench, topics, topic)
-        with cpu_window():
-            open_loop(rate, seconds, writes.writers)
+        if idle_seconds:
+            with cpu_window() as idle:
+                time.sleep(idle_seconds)
+        with cpu_window() as load:
+            writes.run(rate, seconds)
             topics.wait(topic, len(rows) + (1 if send is None else 0), timeout=120)
     due, committed = writes.due, writes.committed
     appended = topics.append_times(topic)
@@ -502,4 +621,14 @@ def commit_latency(
         "achieved_rate_per_second": round(writes.achieved_rate(), 1),
         "events_measured": len(commit_ms),
         "missing": missing,
+        "cpu": {
+            "load": {kind: round(v, 4) for kind, v in sorted(load.cores.items())},
+            "load_seconds": round(load.seconds, 2),
+            "load_idle_share": round(load.idle, 3),
+            "writer_backends": round(
+                sum(load.by_pid.get(pid, ("", 0.0))[1] for pid in writes.backend_pids), 4
+            ),
+            "idle": {kind: round(v, 4) for kind, v in sorted(idle.cores.items())},
+            "idle_seconds": round(idle.seconds, 2),
+        },
     }

@@ -69,6 +69,7 @@ _CLASSES = (
     ("consumer", "oncely consume"),
     ("consumer", "-m oncely consume"),
     ("writers", "bench.writers"),
+    ("writers", "multiprocessing.spawn"),
     ("kafka connect", "ConnectStandalone"),
     ("broker", "kafka.Kafka"),
     ("postgres", "postgres"),
@@ -122,22 +123,39 @@ class _Idle(threading.local):
 _idle = _Idle()
 
 
+@dataclass
+class Window:
+    """What a :func:`cpu_window` measured, filled in when its block ends."""
+
+    #: Wall-clock seconds of the window.
+    seconds: float = 0.0
+    #: The machine's CPU idle share over it.
+    idle: float = 0.0
+    #: Cores used, by process class (unrounded).
+    cores: dict[str, float] = field(default_factory=dict)
+    #: Cores used, by pid: (class, cores) of every process of this process's tree.
+    by_pid: dict[int, tuple[str, float]] = field(default_factory=dict)
+
+
 @contextlib.contextmanager
-def cpu_window() -> Iterator[None]:
-    """Mark the measured part of a side: the machine's CPU idle share over it is recorded."""
+def cpu_window() -> Iterator[Window]:
+    """Mark the measured part of a side: the machine's CPU idle share over it is recorded (and
+    returned, with the cores used by class and by pid, in the :class:`Window` it yields)."""
+    window = Window()
     idle0, total0 = _cpu_times()
     before, started = _process_times(), time.monotonic()
     try:
-        yield
+        yield window
     finally:
         idle1, total1 = _cpu_times()
         after, wall = _process_times(), max(1e-3, time.monotonic() - started)
-        _idle.last = (idle1 - idle0) / max(1, total1 - total0)
-        cores: dict[str, float] = {}
+        _idle.last = window.idle = (idle1 - idle0) / max(1, total1 - total0)
+        window.seconds = wall
         for pid, (kind, seconds) in after.items():
-            used = seconds - before.get(pid, (kind, 0.0))[1]
-            cores[kind] = cores.get(kind, 0.0) + used / wall
-        _idle.cores = {kind: round(value, 2) for kind, value in sorted(cores.items())}
+            used = (seconds - before.get(pid, (kind, 0.0))[1]) / wall
+            window.by_pid[pid] = (kind, used)
+            window.cores[kind] = window.cores.get(kind, 0.0) + used
+        _idle.cores = {kind: round(value, 2) for kind, value in sorted(window.cores.items())}
 
 
 def _take_idle() -> tuple[float | None, dict[str, float] | None]:
@@ -185,6 +203,8 @@ class Cell:
     notes: list[str] = field(default_factory=list)
     #: What the table shows in its "medians" column instead of the sides' medians (optional).
     summary: str = ""
+    #: No verdict (met or missed) when a side was CPU-bound: the number is not a result.
+    verdict_needs_idle: bool = False
 
     @property
     def absolute(self) -> bool:
@@ -245,6 +265,8 @@ class Cell:
         else:
             # The target applies to the first denominator; the others are context.
             met = target.met(ratios[self.denominators[0]]["median"]) if ratios else None
+        if self.verdict_needs_idle and self.cpu_bound():
+            met = None
         return {
             "cell": self.name,
             "measures": self.measures,
@@ -266,6 +288,7 @@ class Cell:
             "summary": self.summary,
             "target": self.target,
             "met": met,
+            "verdict_needs_idle": self.verdict_needs_idle,
             "notes": self.notes,
         }
 
@@ -298,7 +321,7 @@ def interleave(
         for name, side in sides.items():
             started = time.monotonic()
             value = side()
-            _progress(f"warm-up {name}: {value:.1f} ({time.monotonic() - started:.0f} s)")
+            progress(f"warm-up {name}: {value:.1f} ({time.monotonic() - started:.0f} s)")
     rates: dict[str, list[float]] = {name: [] for name in sides}
     idle: dict[str, list[float]] = {name: [] for name in sides}
     cores: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
@@ -314,14 +337,15 @@ def interleave(
                 window if window is not None else (idle1 - idle0) / max(1, total1 - total0)
             )
             cores[name].append(used or {})
-            _progress(
+            progress(
                 f"{repetition + 1}/{repetitions} {name}: {rates[name][-1]:.1f}, CPU idle "
                 f"{idle[name][-1]:.0%} ({time.monotonic() - started:.0f} s)"
             )
     return Run(rates, idle, cores)
 
 
-def _progress(line: str) -> None:
+def progress(line: str) -> None:
+    """One line of progress on stderr."""
     print(f"[bench] {line}", file=sys.stderr, flush=True)
 
 

@@ -56,6 +56,18 @@ def test_table_says_met_missed_and_cpu_bound() -> None:
     assert "| 1% / 50% |" in lines[3]
 
 
+def test_a_cpu_bound_cell_that_needs_idle_is_not_a_result() -> None:
+    cell = _cell([2.0, 2.0, 2.0], [10.0, 10.0, 10.0], "<= 0.33")
+    cell.verdict_needs_idle = True
+    cell.idle = {"a": [0.01, 0.01, 0.01], "b": [0.5, 0.5, 0.5]}
+    result = cell.to_json()
+    assert result["met"] is None
+    line = _markdown([result]).splitlines()[2]
+    assert line.endswith("| <= 0.33 | not a result (CPU-bound: a) |"), line
+    cell.idle = {"a": [0.5, 0.5, 0.5], "b": [0.5, 0.5, 0.5]}
+    assert cell.to_json()["met"] is True
+
+
 def test_interleave_alternates_after_a_warm_up() -> None:
     calls: list[str] = []
 
@@ -80,15 +92,18 @@ def test_scale_multiplies_sizes_and_refuses_nonsense(monkeypatch: pytest.MonkeyP
 
 def test_cpu_window_counts_this_process_cores() -> None:
     started = time.monotonic()
-    with cpu_window():
+    with cpu_window() as window:
         deadline = time.process_time() + 0.3
         while time.process_time() < deadline:
             pass
     wall = time.monotonic() - started
     idle, cores = _take_idle()
     assert idle is not None and 0.0 <= idle <= 1.0
+    assert window.idle == idle and window.seconds <= wall
+    assert window.by_pid[os.getpid()][0] == "bench"
     # 0.3 s of this process's CPU over the window's wall time, however loaded the machine is.
     assert cores is not None and 0.7 * 0.3 / wall <= cores["bench"] <= 1.3 * 0.3 / wall, cores
+    assert abs(window.cores["bench"] - window.by_pid[os.getpid()][1]) < 1e-9
 
 
 def test_strict_targets_compare_strictly() -> None:

@@ -15,6 +15,7 @@ import signal
 import stat
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +79,16 @@ class PostgresNode:
 
     ``start()`` initialises ``data_dir`` if needed and returns once a connection succeeds;
     ``stop()`` does a fast shutdown. The server gets SIGINT (fast shutdown) if its parent dies.
+    ``settings`` are more ``-c`` server settings, over the defaults (the benchmark preloads
+    ``pg_stat_statements`` this way).
     """
 
-    def __init__(self, *, data_dir: Path, port: int | None = None) -> None:
+    def __init__(
+        self, *, data_dir: Path, port: int | None = None, settings: Mapping[str, str] | None = None
+    ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
+        self.settings = {**_SETTINGS, **(settings or {})}
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -134,7 +140,7 @@ class PostgresNode:
                 raise DevstackError(
                     f"initdb failed (exit {init.returncode}):\n{init.stderr[-4000:]}"
                 )
-        settings = [arg for key, value in _SETTINGS.items() for arg in ("-c", f"{key}={value}")]
+        settings = [arg for key, value in self.settings.items() for arg in ("-c", f"{key}={value}")]
         log = self.log_file.open("ab")
         if user is not None:
             os.chown(self.log_file, user.pw_uid, user.pw_gid)

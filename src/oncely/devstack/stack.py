@@ -13,6 +13,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
@@ -82,7 +83,7 @@ class DevStack:
     With ``brokers`` > 1, Kafka is a :class:`~oncely.devstack.cluster.KafkaCluster` of that many
     combined broker+controller nodes (replication factor ``min(3, brokers)``, default
     ``min.insync.replicas`` one less), each with a 384 MB heap; it cannot be combined with
-    ``kafka_security``.
+    ``kafka_security``. ``postgres_settings`` are more PostgreSQL server settings.
     """
 
     def __init__(
@@ -93,6 +94,7 @@ class DevStack:
         keep_data: bool = False,
         kafka_security: KafkaSecurity | None = None,
         brokers: int = 1,
+        postgres_settings: Mapping[str, str] | None = None,
     ) -> None:
         if brokers < 1:
             raise DevstackError(f"brokers must be at least 1, not {brokers}")
@@ -105,6 +107,7 @@ class DevStack:
         self.keep_data = keep_data
         self.kafka_security = kafka_security
         self.brokers = brokers
+        self.postgres_settings = dict(postgres_settings or {})
         self._kafka: KafkaNode | None = None
         self._cluster: KafkaCluster | None = None
         self._postgres: PostgresNode | None = None
@@ -114,7 +117,9 @@ class DevStack:
         """Start PostgreSQL, then Kafka; on any failure stop what started and re-raise."""
         self.directory.mkdir(parents=True, exist_ok=True)
         try:
-            self._postgres = PostgresNode(data_dir=self.directory / "postgres")
+            self._postgres = PostgresNode(
+                data_dir=self.directory / "postgres", settings=self.postgres_settings
+            )
             self._postgres.start()
             if self.brokers > 1:
                 self._cluster = KafkaCluster(
