@@ -396,23 +396,23 @@ class RelayStore:
         self, *, ttl_seconds: float, asleep: bool, leases: Sequence[tuple[int, int]] = ()
     ) -> Membership:
         """Mark this relay alive for ``ttl_seconds`` (and asleep or not) and extend its
-        ``(shard, epoch)`` leases as long; :attr:`Membership.kept`: the shards still held."""
-        with self.engine.begin() as conn:
-            row = conn.execute(
-                query("relay_heartbeat"),
-                {
-                    "relay_id": self.owner,
-                    "ttl_seconds": ttl_seconds,
-                    "asleep": asleep,
-                    "shards": [s for s, _ in leases],
-                    "epochs": [e for _, e in leases],
-                },
-            ).one()
-        return Membership(int(row.alive), int(row.shards), frozenset(row.kept))
+        ``(shard, epoch)`` leases as long; :attr:`Membership.kept`: the shards still held.
+        One statement on the read connection (autocommit: no BEGIN and COMMIT around it)."""
+        ((alive, shards, kept),) = self._fetch(
+            "relay_heartbeat",
+            {
+                "relay_id": self.owner,
+                "ttl_seconds": ttl_seconds,
+                "asleep": asleep,
+                "shards": [s for s, _ in leases],
+                "epochs": [e for _, e in leases],
+            },
+        )
+        return Membership(int(alive), int(shards), frozenset(kept))
 
     def sleep(self, *, asleep: bool) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(query("relay_sleep"), {"relay_id": self.owner, "asleep": asleep})
+        """Ask staging to NOTIFY this relay (``asleep``) or stop asking, committed on return."""
+        self._fetch("relay_sleep", {"relay_id": self.owner, "asleep": asleep})
 
     def leave(self) -> None:
         with self.engine.begin() as conn:
