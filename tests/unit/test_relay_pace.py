@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oncely.relay.pace import POLL_MAX, POLL_MIN, Mode, Pace
+from oncely.relay.pace import POLL_MAX, POLL_MIN, WAKE_INTERVAL, Mode, Pace
 
 
 def _pace() -> Pace:
@@ -47,14 +47,26 @@ def test_a_busy_window_keeps_polling() -> None:
 def test_listening_reads_only_when_asked_behind_or_after_the_fallback() -> None:
     pace = _pace()
     _listening(pace)
-    assert pace.should_read(1.0), "a switch asks for one read"
-    pace.read_done(0, complete=True, now=1.0)
+    assert pace.should_read(1.01), "a switch asks for one read"
+    pace.read_done(0, complete=True, now=1.01)
     assert pace.listens()
     assert not pace.should_read(1.5)
     pace.ask()
     assert pace.should_read(1.6)
+    pace.read_done(0, complete=True, now=1.6)
     assert not pace.should_read(1.7), "a read clears the request"
-    assert pace.should_read(11.0), "the fallback reads anyway"
+    assert pace.should_read(11.7), "the fallback reads anyway"
+
+
+def test_reads_asked_for_by_notifies_are_at_least_the_wake_interval_apart() -> None:
+    pace = _pace()
+    _listening(pace)
+    pace.should_read(1.0)
+    pace.read_done(1, complete=True, now=1.0)
+    pace.ask()
+    assert not pace.should_read(1.0 + WAKE_INTERVAL / 2)
+    assert not pace.listens(), "it waits on the producer, not for another NOTIFY"
+    assert pace.should_read(1.0 + WAKE_INTERVAL)
 
 
 def test_listening_keeps_reading_while_a_read_left_rows_behind() -> None:

@@ -9,7 +9,8 @@ flip them):
 - **listening** (quiet): the relay is marked asleep, so every staging statement NOTIFYs at
   commit; it reads only when one arrived, when its last read did not reach the end of what was
   committed (a full page, rows left behind a suspect, the in-flight bound), or every
-  ``fallback`` seconds. It goes back to polling once it reads ``poll_above`` rows/s.
+  ``fallback`` seconds; reads a NOTIFY asks for are at least 2 ms apart. It goes back to
+  polling once it reads ``poll_above`` rows/s.
 
 A writer whose statement ran before the relay was marked asleep does not NOTIFY: right after
 the switch the relay reads every turn until every transaction running then has ended
@@ -27,6 +28,8 @@ from enum import Enum
 POLL_MIN, POLL_MAX = 0.001, 0.004
 #: Rows per second are counted over windows this long.
 WINDOW = 1.0
+#: While listening, reads asked for by NOTIFYs are at least this far apart (seconds).
+WAKE_INTERVAL = 0.002
 
 
 class Mode(Enum):
@@ -67,13 +70,16 @@ class Pace:
         self.asked = True
 
     def should_read(self, now: float) -> bool:
-        """Whether this turn reads; a read clears the request."""
+        """Whether this turn reads; a read clears the request. While listening, reads asked for
+        by NOTIFYs are at least ``WAKE_INTERVAL`` apart: a relay woken by every commit of a
+        busy database (another relay's shards) reads no more often than a polling one."""
+        since = now - self.last_read
         if (
             self.mode is Mode.POLLING
-            or self.asked
             or not self.caught_up
             or self.guard is not None
-            or now - self.last_read >= self.fallback
+            or (self.asked and since >= WAKE_INTERVAL)
+            or since >= self.fallback
         ):
             self.asked = False
             return True
@@ -107,4 +113,6 @@ class Pace:
     def listens(self) -> bool:
         """Whether a turn that read nothing new waits for a NOTIFY (else it polls the
         producer for :attr:`poll` seconds): listening, past the guard, nothing left to read."""
-        return self.mode is Mode.LISTENING and self.guard is None and self.caught_up
+        return (
+            self.mode is Mode.LISTENING and self.guard is None and self.caught_up and not self.asked
+        )
