@@ -191,6 +191,20 @@ def connect_versions(connect: ConnectNode) -> dict[str, str]:
     return {"kafka_connect": root["version"], "debezium": debezium, "connect_heap": connect.heap}
 
 
+def connect_worker(
+    bench: Bench, stack: contextlib.ExitStack, *, prefix: str
+) -> tuple[ConnectNode, Topics, dict[str, str]]:
+    """A Kafka Connect worker and the topics of a cell, stopped and deleted when ``stack``
+    closes; and the versions the worker runs."""
+    directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
+    connect = ConnectNode(data_dir=directory, bootstrap_servers=bench.bootstrap)
+    connect.start()
+    stack.callback(connect.stop)
+    topics = Topics(bench)
+    stack.callback(topics.close)
+    return connect, topics, connect_versions(connect)
+
+
 def debezium_cells(
     bench: Bench, *, repetitions: int, rows: int, seconds: float
 ) -> tuple[list[Cell], dict[str, Any], dict[str, str]]:
@@ -199,13 +213,7 @@ def debezium_cells(
     Returns the cells, the latency details (percentiles of every repetition) and the versions.
     """
     with contextlib.ExitStack() as stack:
-        directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="r-dbz-")))
-        connect = ConnectNode(data_dir=directory, bootstrap_servers=bench.bootstrap)
-        connect.start()
-        stack.callback(connect.stop)
-        topics = Topics(bench)
-        stack.callback(topics.close)
-        versions = connect_versions(connect)
+        connect, topics, versions = connect_worker(bench, stack, prefix="r-dbz-")
 
         relay: Side = functools.partial(relay_side, bench)
         tuned: Side = functools.partial(debezium_connector, bench, connect, TUNED)

@@ -32,14 +32,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import statistics
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from bench.debezium_cells import TUNED, connect_versions, debezium_connector, relay_side
-from bench.fixtures import Bench, Side, Topics, commit_latency
+from bench.debezium_cells import TUNED, connect_worker, debezium_connector, relay_side
+from bench.fixtures import Bench, Side, commit_latency
 from bench.harness import Cell, interleave
-from oncely.devstack.connect import ConnectNode
 
 RATE = 200.0
 WARMUP_SECONDS = 2.0
@@ -56,13 +53,7 @@ def quiet_cpu_cells(
     events = int(RATE * seconds)
     runs: dict[str, list[dict[str, Any]]] = {RELAY: [], DEBEZIUM: []}
     with contextlib.ExitStack() as stack:
-        directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="r-quiet-cpu-")))
-        connect = ConnectNode(data_dir=directory, bootstrap_servers=bench.bootstrap)
-        connect.start()
-        stack.callback(connect.stop)
-        topics = Topics(bench)
-        stack.callback(topics.close)
-        versions = connect_versions(connect)
+        connect, topics, versions = connect_worker(bench, stack, prefix="r-quiet-cpu-")
 
         def turn(name: str, side: Side) -> float:
             result = commit_latency(
