@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import pytest
 import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 
@@ -61,6 +62,23 @@ def set_topic_config(bootstrap: str, topic: str, name: str, value: str) -> None:
     entry = ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
     resource = ConfigResource("topic", topic, incremental_configs=[entry])
     admin.incremental_alter_configs([resource])[resource].result(30)
+
+
+class StatementSpy(list[str]):
+    """The statements sent to PostgreSQL from threads other than the test's own (a relay's, a
+    consumer's), in order: psycopg's ``Cursor.execute`` is wrapped, and every statement, through
+    SQLAlchemy or straight on the driver, goes through it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        super().__init__()
+        execute = psycopg.Cursor.execute
+
+        def spied(cursor: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread() is not threading.main_thread():
+                self.append(query if isinstance(query, str) else repr(query))
+            return execute(cursor, query, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.Cursor, "execute", spied)
 
 
 def fast_settings(**overrides: object) -> RelaySettings:
@@ -200,9 +218,10 @@ def read_topics(bootstrap: str, topics: Sequence[str], *, timeout: float = 30) -
 
 
 def publish_events(
-    bootstrap: str, codec: object, events: Sequence[tuple[uuid.UUID, object]]
+    bootstrap: str, codec: object, events: Sequence[tuple[uuid.UUID | str, object]]
 ) -> None:
-    """Produce events as the relay would (id and eventType headers, codec value), in order."""
+    """Produce events as the relay would (id and eventType headers, codec value), in order; an
+    id given as text goes in the ``id`` header as it is spelled."""
     from confluent_kafka import Producer
     from pydantic import BaseModel
 

@@ -26,6 +26,7 @@ goes to :func:`dlq_topic` with the original headers and the ``oncely.dlq.*`` one
 from __future__ import annotations
 
 import json
+import operator
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -173,9 +174,27 @@ def text_headers(message: Message) -> dict[str, str] | str:
         raw = message.headers() or []
     except (UnicodeDecodeError, ValueError) as exc:  # a header name that is not UTF-8
         return f"the headers cannot be read: {type(exc).__name__}"
-    pairs = list(raw.items() if isinstance(raw, dict) else raw)
+    pairs = raw if type(raw) is list else list(raw.items() if isinstance(raw, dict) else raw)
     if len(pairs) > MAX_HEADERS:
         return f"the record has {len(pairs)} headers, more than {MAX_HEADERS}"
+    if not pairs:
+        return {}
+    try:
+        sizes = list(map(len, map(_VALUE, pairs)))
+        if max(sizes) > MAX_HEADER_BYTES or (
+            sum(sizes) + sum(map(len, map(_NAME, pairs))) > MAX_HEADERS_TOTAL_BYTES
+        ):
+            return _checked_headers(pairs)  # which bound
+        return {name: value.decode() for name, value in pairs}  # type: ignore[union-attr]
+    except (TypeError, UnicodeDecodeError, AttributeError):  # a None value, not UTF-8, a fake's
+        return _checked_headers(pairs)
+
+
+_NAME, _VALUE = operator.itemgetter(0), operator.itemgetter(1)
+
+
+def _checked_headers(pairs: list[tuple[str, str | bytes | None]]) -> dict[str, str] | str:
+    """:func:`text_headers` of ``pairs``, header by header."""
     headers: dict[str, str] = {}
     total = 0
     name = ""
@@ -183,7 +202,7 @@ def text_headers(message: Message) -> dict[str, str] | str:
         for name, value in pairs:
             if value is None:
                 continue
-            size = len(value)  # bytes from the client; str only from a caller's fake
+            size = len(value)
             if size > MAX_HEADER_BYTES:
                 return f"header {name[:64]!r} is {size} bytes long"
             total += len(name) + size

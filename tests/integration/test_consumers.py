@@ -65,6 +65,34 @@ def test_the_same_event_delivered_twice_is_applied_once(
 
 
 @pytest.mark.parametrize("way", WAYS)
+def test_an_event_id_spelled_another_way_is_still_applied_once(
+    app: App, engine: sa.Engine, kafka_bootstrap: str, way: str
+) -> None:
+    """The ``id`` header in capitals or braces names the same event: in one batch, and
+    redelivered after the first copy was applied and committed."""
+    codec = Codec(registry=app.registry)
+    event_id = uuid.uuid4()
+    event = _credit(app, "acc-1", 10, 1)
+    effect = f"ledger{way}"
+    publish_events(kafka_bootstrap, codec, [(str(event_id).upper(), event), (event_id, event)])
+    with running_consumers(app.effects, [effect], engine, kafka_bootstrap) as [consumer]:
+        wait_until(lambda: _sample(consumer, "oncely_consumer_consumed_total") == 2, timeout=60)
+        wait_until(
+            lambda: _sample(consumer, "oncely_consumer_duplicates_suppressed_total") == 1,
+            timeout=30,
+        )
+    publish_events(kafka_bootstrap, codec, [("{" + event_id.hex.upper() + "}", event)])
+    with running_consumers(app.effects, [effect], engine, kafka_bootstrap) as [consumer]:
+        wait_until(
+            lambda: _sample(consumer, "oncely_consumer_duplicates_suppressed_total") == 1,
+            timeout=60,
+        )
+        assert _sample(consumer, "oncely_consumer_applied_total") == 0
+    assert scalar(engine, "SELECT count(*) FROM ledger WHERE effect = :e", e=effect) == 1
+    assert scalar(engine, "SELECT count(*) FROM oncely_receipts WHERE effect = :e", e=effect) == 1
+
+
+@pytest.mark.parametrize("way", WAYS)
 def test_a_failing_effect_rolls_its_receipt_back_and_applies_once_when_fixed(
     app: App, engine: sa.Engine, kafka_bootstrap: str, way: str
 ) -> None:

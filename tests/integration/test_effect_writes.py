@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, date, datetime
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -14,12 +17,14 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import NewTopic
+from sqlalchemy.orm import Session
 
 from oncely.consumers.effects import AsyncEffectContext, EffectContext
 from oncely.consumers.runner import EffectConsumer
+from oncely.consumers.writes import Writes
 from oncely.schemas.codec import Codec
 from tests.apps.ledger import App, create_tables, ledger
-from tests.helpers import publish_events, running_consumers, scalar, wait_until
+from tests.helpers import StatementSpy, publish_events, running_consumers, scalar, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +66,7 @@ def _credits(app: App, count: int, accounts: int) -> list[tuple[uuid.UUID, Any]]
 
 
 def test_batch_writes_are_one_statement_per_batch_and_upserts_merge_in_order(
-    app: App, engine: sa.Engine, kafka_bootstrap: str
+    app: App, engine: sa.Engine, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def post(event: Any, ctx: EffectContext) -> None:
         ctx.insert(ledger, {"event_id": ctx.event_id, "effect": ctx.effect, "n": event.n})
@@ -72,18 +77,10 @@ def test_batch_writes_are_one_statement_per_batch_and_upserts_merge_in_order(
     app.effects.effect("posted", on=[app.model])(post)
     events = _credits(app, 300, accounts=5)
     publish_events(kafka_bootstrap, Codec(registry=app.registry), events)
-    statements: list[str] = []
-
-    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.startswith("INSERT INTO ledger"):
-            statements.append(statement)
-
-    sa.event.listen(engine, "before_cursor_execute", count)
-    try:
-        with running_consumers(app.effects, ["posted"], engine, kafka_bootstrap) as [consumer]:
-            wait_until(lambda: _applied(consumer) == 300, timeout=60)
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", count)
+    spied = StatementSpy(monkeypatch)
+    with running_consumers(app.effects, ["posted"], engine, kafka_bootstrap) as [consumer]:
+        wait_until(lambda: _applied(consumer) == 300, timeout=60)
+    statements = [s for s in spied if s.startswith("INSERT INTO ledger")]
     assert scalar(engine, "SELECT count(DISTINCT event_id) FROM ledger") == 300
     assert scalar(engine, "SELECT count(*) FROM ledger") == 300
     # Batches of up to 200 records (the helper's batch size): a writer per record would run 300.
@@ -96,6 +93,81 @@ def test_batch_writes_are_one_statement_per_batch_and_upserts_merge_in_order(
     assert [(r.account_id, r.first_n, r.last_n) for r in rows] == [
         (account, ns[0], ns[-1]) for account, ns in sorted(by_partition.items())
     ]
+
+
+class Colour(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+typed = sa.Table(
+    "typed_writes",
+    sa.MetaData(),
+    sa.Column("id", sa.Uuid),
+    sa.Column("name", sa.Text),
+    sa.Column("small", sa.SmallInteger),
+    sa.Column("big", sa.BigInteger),
+    sa.Column("price", sa.Numeric(12, 2)),
+    sa.Column("flag", sa.Boolean),
+    sa.Column("at", sa.DateTime(timezone=True)),
+    sa.Column("day", sa.Date),
+    sa.Column("doc", sa.JSON().with_variant(sa.dialects.postgresql.JSONB(), "postgresql")),
+    sa.Column("colour", sa.Enum(Colour, name="colour")),
+    sa.Column("blob", sa.LargeBinary),
+)
+
+
+def test_batch_writes_store_every_common_column_type_as_sqlalchemy_would(
+    engine: sa.Engine,
+) -> None:
+    """Arrays sent in binary (or as text where psycopg cannot) store the same values as
+    SQLAlchemy's own INSERT of the same rows."""
+    with engine.begin() as conn:
+        typed.drop(conn, checkfirst=True)
+        sa.Enum(Colour, name="colour").drop(conn, checkfirst=True)
+        typed.create(conn)
+    at = datetime(2026, 12, 4, 5, 6, 7, 890123, tzinfo=UTC)
+    rows: list[dict[str, Any]] = [
+        {
+            "id": uuid.uuid4(),
+            "name": 'a "quoted", {braced} \\ name',
+            "small": 7,
+            "big": 2**40,
+            "price": Decimal("12.34"),
+            "flag": True,
+            "at": at,
+            "day": date(2026, 12, 4),
+            "doc": {"k": [1, "two", None]},
+            "colour": Colour.RED,
+            "blob": b"\x00\xff",
+        },
+        {
+            "id": uuid.uuid4(),
+            "name": None,
+            "small": None,
+            "big": -1,
+            "price": Decimal("0.10"),
+            "flag": False,
+            "at": None,
+            "day": None,
+            "doc": None,
+            "colour": Colour.BLUE,
+            "blob": None,
+        },
+    ]
+    writes = Writes()
+    for row in rows:
+        writes.insert(typed, row)
+    with Session(engine) as session, session.begin():
+        writes.write(session)
+        ours = session.execute(sa.select(typed).order_by(typed.c.big.desc())).all()
+        session.rollback()
+    with Session(engine) as session, session.begin():
+        session.execute(sa.insert(typed), rows)
+        theirs = session.execute(sa.select(typed).order_by(typed.c.big.desc())).all()
+        session.rollback()
+    assert ours == theirs
+    assert ours[0].at == at and ours[0].doc == {"k": [1, "two", None]}
 
 
 def test_an_unknown_column_fails_the_record_with_a_clear_error(

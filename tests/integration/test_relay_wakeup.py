@@ -3,16 +3,14 @@ staging sends no NOTIFY (real PostgreSQL and Kafka)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-import psycopg
 import pytest
 import sqlalchemy as sa
 
 from tests.helpers import (
+    StatementSpy,
     count_published,
     fast_settings,
     insert_rows,
@@ -31,22 +29,6 @@ def _asleep(engine: sa.Engine) -> bool:
         )
 
 
-class _Statements:
-    """Counts the statements sent to PostgreSQL from threads other than the test's own (the
-    relay's), by wrapping psycopg's ``Cursor.execute``: every statement goes through it."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.count = 0
-        execute = psycopg.Cursor.execute
-
-        def counted(cursor: psycopg.Cursor[Any], *args: Any, **kwargs: Any) -> Any:
-            if threading.current_thread() is not threading.main_thread():
-                self.count += 1
-            return execute(cursor, *args, **kwargs)
-
-        monkeypatch.setattr(psycopg.Cursor, "execute", counted)
-
-
 def test_a_quiet_relay_wakes_on_a_commit_and_is_nearly_silent_while_idle(
     engine: sa.Engine,
     kafka_bootstrap: str,
@@ -54,7 +36,7 @@ def test_a_quiet_relay_wakes_on_a_commit_and_is_nearly_silent_while_idle(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     topic = new_topic()
-    statements = _Statements(monkeypatch)
+    statements = StatementSpy(monkeypatch)
     # A fallback read a minute away: only the NOTIFY can publish a row within seconds.
     settings = fast_settings(poll_interval_seconds=60.0, lease_seconds=6.0)
     with running_relay(engine, kafka_bootstrap, settings):
@@ -65,9 +47,9 @@ def test_a_quiet_relay_wakes_on_a_commit_and_is_nearly_silent_while_idle(
             wait_until(lambda n=n: count_published(engine) == n, timeout=20, interval=0.02)
             assert time.monotonic() - committed < 3.0, "the relay was not woken by the commit"
         time.sleep(3.0)  # its progress recorded
-        before = statements.count
+        before = len(statements)
         time.sleep(20.0)
-        idle = (statements.count - before) / 20.0
+        idle = (len(statements) - before) / 20.0
     assert idle <= 1.0, f"an idle relay sent {idle:.2f} statements/s to its database"
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from oncely import WriteError
@@ -44,23 +46,11 @@ class Note(Base):
     body: Mapped[str]
 
 
-class FakeSession:
-    """Records what :meth:`Writes.write` executes (a PostgreSQL dialect, no connection)."""
-
-    def __init__(self) -> None:
-        self.executed: list[tuple[str, Any]] = []
-
-    def get_bind(self) -> Any:
-        return sa.create_mock_engine("postgresql+psycopg://", executor=None)
-
-    def execute(self, statement: Any, params: Any) -> None:
-        self.executed.append((str(statement), params))
-
-
 def _write(writes: Writes) -> list[tuple[str, Any]]:
-    session = FakeSession()
-    writes.write(session)  # type: ignore[arg-type]
-    return session.executed
+    """What :meth:`Writes.write` would execute on psycopg, as text; then forget the rows."""
+    executed = writes.statements(psycopg_dialect(), psycopg.adapters)  # type: ignore[no-untyped-call]
+    writes.clear()
+    return [(str(statement), params) for statement, params in executed]
 
 
 def test_rows_of_one_table_are_one_statement_with_an_array_per_column() -> None:
@@ -69,9 +59,22 @@ def test_rows_of_one_table_are_one_statement_with_an_array_per_column() -> None:
     for i, event_id in enumerate(ids):
         writes.insert(ledger, {"event_id": event_id, "amount": i})
     [(sql, params)] = _write(writes)
-    assert sql.startswith("INSERT INTO ledger (event_id, amount) SELECT * FROM unnest(")
+    assert sql == (
+        "INSERT INTO ledger (event_id, amount) SELECT * FROM unnest("
+        "CAST(%(c0)b AS UUID[]), CAST(%(c1)b AS INTEGER[]))"
+    ), "each column one array, sent in binary"
     assert params == {"c0": ids, "c1": [0, 1, 2]}
     assert not writes and _write(writes) == [], "written once, then forgotten"
+
+
+def test_a_column_psycopg_cannot_send_in_binary_goes_as_text() -> None:
+    class Money:  # no psycopg dumper in binary (nor in text: the database would say so)
+        pass
+
+    writes = Writes()
+    writes.insert(ledger, {"event_id": None, "amount": Money()})
+    [(sql, _)] = _write(writes)
+    assert "CAST(%(c0)s AS UUID[]), CAST(%(c1)s AS INTEGER[])" in sql, "all None; no dumper"
 
 
 def test_statements_run_in_the_order_each_was_first_used() -> None:

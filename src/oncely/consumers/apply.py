@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from uuid import UUID
 
 import sqlalchemy as sa
 from confluent_kafka import Message
@@ -42,7 +41,13 @@ from sqlalchemy.orm import Session
 from sqlalchemy.util import await_
 
 from oncely.consumers.effects import Effect, EffectContext, EffectDeclarationError, handler_name
-from oncely.consumers.records import Decoded, Envelope, Undecodable, decode_event
+from oncely.consumers.records import (
+    Decoded,
+    Envelope,
+    Undecodable,
+    decode_event,
+    decode_events,
+)
 from oncely.consumers.writes import Writes
 from oncely.failpoints import failpoint
 from oncely.runtime.metrics import ConsumerMetrics
@@ -163,35 +168,51 @@ class Applier:
     ) -> BatchResult:
         outcome = BatchResult()
         envelopes: list[Envelope] = []
+        topics: list[str] = []
+        partitions: list[int] = []
+        offsets: list[int] = []
         stopped: set[PartitionId] = set()
+        done = outcome.done
         for record in records:
-            tp = topic_partition(record.message)
-            if tp in stopped:
+            message = record.message
+            tp = (message.topic() or "", message.partition() or 0)
+            if stopped and tp in stopped:
                 continue
             if isinstance(record, Undecodable):
                 outcome.failures.append(
-                    Failure(record.message, record.reason, "undecodable", record.failure)
+                    Failure(message, record.reason, "undecodable", record.failure)
                 )
                 stopped.add(tp)
-            else:
-                envelopes.append(record)
+                continue
+            offset = message.offset() or 0
+            envelopes.append(record)
+            topics.append(tp[0])
+            partitions.append(tp[1])
+            offsets.append(offset)
+            done[tp] = offset + 1
         if not envelopes:
             return outcome
-        duplicates = self._insert_receipts(session, envelopes)
-        new: list[Decoded] = []
-        seen: set[UUID] = set()
+        duplicates = receipts.insert_receipts(
+            session,
+            effect=self.effect.name,
+            event_ids=[envelope.event_id_text for envelope in envelopes],
+            topics=topics,
+            partitions=partitions,
+            offsets=offsets,
+        )
+        fresh: list[Envelope] = []
+        seen: set[str] = set()
         for envelope in envelopes:
-            message = envelope.message
-            if envelope.event_id in duplicates or envelope.event_id in seen:
+            event_id = envelope.event_id_text
+            if event_id in duplicates or event_id in seen:
                 outcome.duplicates += 1  # a second copy in the same run is a duplicate too
             else:
-                seen.add(envelope.event_id)
-                decoded = decode_event(envelope, codec=self.codec)
-                if isinstance(decoded, Undecodable):
-                    raise _FallBack(decoded.reason)
-                new.append(decoded)
-            outcome.done[topic_partition(message)] = (message.offset() or 0) + 1
-        if new:
+                seen.add(event_id)
+                fresh.append(envelope)
+        if fresh:
+            new = decode_events(fresh, codec=self.codec)
+            if new is None:
+                raise _FallBack("a value cannot be decoded")
             writes = Writes()
             try:
                 self._call_handler(new, handed, writes)
@@ -199,19 +220,9 @@ class Applier:
                 session.flush()
             except Exception as exc:
                 raise _FallBack from exc
-        outcome.applied = len(new)
+        outcome.applied = len(fresh)
         failpoint("consumer.after_effect_before_db_commit")
         return outcome
-
-    def _insert_receipts(self, session: Session, records: Sequence[Envelope]) -> set[UUID]:
-        return receipts.insert_receipts(
-            session,
-            effect=self.effect.name,
-            event_ids=[r.event_id for r in records],
-            topics=[r.message.topic() for r in records],
-            partitions=[r.message.partition() for r in records],
-            offsets=[r.message.offset() for r in records],
-        )
 
     def _apply_each(
         self, session: Session, records: Sequence[Record], handed: Session | AsyncSession
@@ -293,7 +304,9 @@ class Applier:
                 self._finish(handler(pairs))
         elif not self.tracing.enabled:
             for event, context in pairs:
-                self._finish(handler(event, context))
+                result = handler(event, context)
+                if result is not None:
+                    self._finish(result)
         else:
             for (event, context), record in zip(pairs, records, strict=True):
                 message = record.envelope.message
@@ -301,7 +314,7 @@ class Applier:
                     topic=message.topic() or "",
                     partition=message.partition() or 0,
                     offset=message.offset() or 0,
-                    event_id=str(record.envelope.event_id),
+                    event_id=record.envelope.event_id_text,
                     group=self.group_id,
                     effect=self.effect.name,
                     headers=record.envelope.headers,

@@ -5,7 +5,8 @@ Records from oncely's relay and from Debezium's Outbox Event Router look the sam
 comes from the topic's registered type (the ``eventType`` header must agree when present), and
 the value is decoded by the codec. :func:`read_envelope` reads everything but the value, so that a
 consumer can find the duplicates first and decode (and build models for) only the new events
-with :func:`decode_event`.
+with :func:`decode_events` (a batch's events of one type validated together) or
+:func:`decode_event` (one, saying why it cannot be decoded).
 
 Hostile records (random bytes, truncated or foreign Avro, non-UTF-8 or oversized headers, a
 missing or malformed ``id``) become :class:`Undecodable` with the reason; a fuzz test holds
@@ -14,7 +15,8 @@ missing or malformed ``id``) become :class:`Undecodable` with the reason; a fuzz
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -26,16 +28,36 @@ from oncely.schemas.codec import Codec
 from oncely.schemas.errors import DecodeError, DecodeFailure
 from oncely.wire import EVENT_TYPE_HEADER, ID_HEADER, text_headers
 
+#: An event id as the wire contract spells it (and PostgreSQL prints a uuid).
+_CANONICAL_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
-@dataclass(frozen=True, slots=True)
+
 class Envelope:
     """A record whose headers, event id and event type are valid; its value is not decoded yet
     (a duplicate never needs it)."""
 
-    message: Message
-    event_id: UUID
-    event_type: EventType[Any]
-    headers: dict[str, str]
+    __slots__ = ("_event_id", "event_id_text", "event_type", "headers", "message")
+
+    def __init__(
+        self,
+        message: Message,
+        event_id_text: str,
+        event_type: EventType[Any],
+        headers: dict[str, str],
+    ) -> None:
+        self.message = message
+        self.event_id_text = event_id_text
+        """The event id as canonical text: 36 lowercase characters with hyphens."""
+        self.event_type = event_type
+        self.headers = headers
+        self._event_id: UUID | None = None
+
+    @property
+    def event_id(self) -> UUID:
+        """The event id (parsed the first time it is asked for)."""
+        if self._event_id is None:
+            self._event_id = UUID(self.event_id_text)
+        return self._event_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +95,14 @@ def read_envelope(
     raw_id = headers.get(ID_HEADER)
     if raw_id is None:
         return Undecodable(message, "no 'id' header: the event id is unknown")
-    try:
-        event_id = UUID(raw_id)
-    except ValueError:
-        return Undecodable(message, f"'id' header {raw_id[:64]!r} is not a UUID")
+    if _CANONICAL_ID.fullmatch(raw_id) is None:
+        try:
+            raw_id = str(UUID(raw_id))
+        except ValueError:
+            return Undecodable(message, f"'id' header {raw_id[:64]!r} is not a UUID")
     if message.value() is None:
         return Undecodable(message, "the record has no value (a tombstone)")
-    return Envelope(message, event_id, event_type, headers)
+    return Envelope(message, raw_id, event_type, headers)
 
 
 def decode_event(envelope: Envelope, *, codec: Codec) -> Decoded | Undecodable:
@@ -91,3 +114,25 @@ def decode_event(envelope: Envelope, *, codec: Codec) -> Decoded | Undecodable:
     except DecodeError as exc:
         return Undecodable(envelope.message, str(exc), exc.reason)
     return Decoded(envelope, event)
+
+
+def decode_events(envelopes: Sequence[Envelope], *, codec: Codec) -> list[Decoded] | None:
+    """The events of ``envelopes``, in order, each event type's decoded together (one model
+    validation per type, :meth:`~oncely.schemas.codec.Codec.decode_many`); ``None`` when any of
+    them cannot be decoded (:func:`decode_event` of each tells which, and why). Never raises."""
+    by_type: dict[str, list[int]] = {}
+    for index, envelope in enumerate(envelopes):
+        by_type.setdefault(envelope.event_type.name, []).append(index)
+    events: list[Any] = [None] * len(envelopes)
+    for indexes in by_type.values():
+        try:
+            decoded = codec.decode_many(
+                envelopes[indexes[0]].event_type,
+                [envelopes[i].message.value() or b"" for i in indexes],
+                [envelopes[i].headers for i in indexes],
+            )
+        except DecodeError:
+            return None
+        for index, event in zip(indexes, decoded, strict=True):
+            events[index] = event
+    return [Decoded(envelope, event) for envelope, event in zip(envelopes, events, strict=True)]

@@ -4,9 +4,10 @@ A consumer applying a batch gives every record's context the same :class:`Writes
 written just before the transaction of the receipts commits, one statement per table and column
 set, in the order each statement was first used: ``INSERT ... SELECT * FROM unnest(...)`` with
 one array parameter per column (each value passed through its column type's bind processor, as
-SQLAlchemy would), so no ORM object is built and the statement's text is the same for every
-batch. A table with an ``ARRAY`` column, or with a Python-side default on a column the values
-leave out, is written with SQLAlchemy's ``executemany`` instead.
+SQLAlchemy would, and sent in binary where psycopg can), so no ORM object is built and the
+statement's text is the same for every batch. A table with an ``ARRAY`` column, or with a
+Python-side default on a column the values leave out, is written with SQLAlchemy's
+``executemany`` instead.
 
 Upserts of one key in one batch are merged before they are written, as if they had run one
 after the other: the first one's values for the columns it does not update, the last one's for
@@ -21,11 +22,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
+from psycopg.adapt import AdaptersMap, PyFormat
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from oncely.errors import ConfigurationError
+from oncely.storage.queries import run_on_driver
 
 #: A table an effect writes to: a Core ``Table`` or an ORM-mapped class.
 TableLike = sa.Table | type[Any]
@@ -109,15 +113,34 @@ class Writes:
 
     def write(self, session: Session) -> None:
         """Execute the collected rows in ``session``'s transaction, then forget them."""
-        dialect = session.get_bind().dialect
+        connection = session.connection()
+        adapters = connection.connection.driver_connection.adapters  # type: ignore[union-attr]
+        for statement, params in self.statements(connection.dialect, adapters):
+            if isinstance(statement, str):
+                run_on_driver(connection, statement, params)
+            else:
+                session.execute(statement, params)
+        self.clear()
+
+    def statements(
+        self, dialect: sa.Dialect, adapters: AdaptersMap
+    ) -> list[tuple[str | sa.Insert, Any]]:
+        """What :meth:`write` executes, in order: psycopg's text of an ``unnest`` statement and
+        its array per column, or a SQLAlchemy ``Insert`` and its rows (``executemany``)."""
+        result: list[tuple[str | sa.Insert, Any]] = []
         for statement, rows in self._batches():
             unnest = _unnest(statement, dialect)
             if unnest is None:
-                session.execute(statement.compiled(), rows)
-            else:
-                sql, processors = unnest
-                session.execute(sql, _columns(statement.columns, processors, rows))
-        self.clear()
+                result.append((statement.compiled(), rows))
+                continue
+            head, casts, processors = unnest
+            params = _columns(statement.columns, processors, rows)
+            arrays = ", ".join(
+                cast.format(_placeholder(f"c{i}", values, adapters))
+                for i, (cast, values) in enumerate(zip(casts, params.values(), strict=True))
+            )
+            result.append((head.format(arrays=arrays), params))
+        return result
 
     def _batches(self) -> Iterator[tuple[_Statement, list[dict[str, Any]]]]:
         for statement, rows in self._order:
@@ -171,9 +194,10 @@ Processor = Callable[[Any], Any] | None
 @functools.lru_cache(maxsize=1024)
 def _unnest(
     statement: _Statement, dialect: sa.Dialect
-) -> tuple[sa.TextClause, tuple[Processor, ...]] | None:
-    """The statement as one ``INSERT ... SELECT * FROM unnest(<array per column>)``, and the
-    bind processor of each column; ``None`` when a column type or default does not allow it."""
+) -> tuple[str, tuple[str, ...], tuple[Processor, ...]] | None:
+    """The statement as one ``INSERT ... SELECT * FROM unnest({arrays})`` in psycopg's form, the
+    cast of each column's array (``{}`` for its placeholder), and the bind processor of each
+    column; ``None`` when a column type or default does not allow it."""
     table = statement.table
     columns = [table.c[name] for name in statement.columns]
     if any(isinstance(column.type, sa.ARRAY) for column in columns):
@@ -183,14 +207,8 @@ def _unnest(
         return None
     quote = dialect.identifier_preparer.quote
     names = ", ".join(quote(column.name) for column in columns)
-    arrays = ", ".join(
-        f"CAST(:c{i} AS {column.type.compile(dialect=dialect)}[])"
-        for i, column in enumerate(columns)
-    )
-    sql = (
-        f"INSERT INTO {dialect.identifier_preparer.format_table(table)} ({names}) "
-        f"SELECT * FROM unnest({arrays})"
-    )
+    table_name = dialect.identifier_preparer.format_table(table)
+    sql = f"INSERT INTO {table_name} ({names}) SELECT * FROM unnest({{arrays}})"
     if statement.on is not None:
         keys = ", ".join(quote(name) for name in statement.on)
         if statement.update:
@@ -198,17 +216,35 @@ def _unnest(
             sql += f" ON CONFLICT ({keys}) DO UPDATE SET {updates}"
         else:
             sql += f" ON CONFLICT ({keys}) DO NOTHING"
+    casts = tuple(
+        "CAST({} AS " + column.type.compile(dialect=dialect).replace("%", "%%") + "[])"
+        for column in columns
+    )
     processors = tuple(
         column.type.dialect_impl(dialect).bind_processor(dialect) for column in columns
     )
-    return sa.text(sql), processors
+    return sql.replace("%", "%%"), casts, processors
 
 
 def _columns(
     names: tuple[str, ...], processors: tuple[Processor, ...], rows: list[dict[str, Any]]
 ) -> dict[str, list[Any]]:
+    """One list per column (``c0``, ``c1``...), each value through its column's processor."""
     params: dict[str, list[Any]] = {}
     for i, (name, process) in enumerate(zip(names, processors, strict=True)):
         values = [row[name] for row in rows]
         params[f"c{i}"] = values if process is None else [process(v) for v in values]
     return params
+
+
+def _placeholder(name: str, values: list[Any], adapters: AdaptersMap) -> str:
+    """``name``'s placeholder: binary (one array, no text conversion per element) when psycopg
+    can send its values so; text otherwise (all ``None``, or a type without a binary form)."""
+    first = next((value for value in values if value is not None), None)
+    if first is None:
+        return f"%({name})s"
+    try:
+        adapters.get_dumper(type(first), PyFormat.BINARY)
+    except psycopg.ProgrammingError:
+        return f"%({name})s"
+    return f"%({name})b"

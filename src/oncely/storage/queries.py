@@ -9,11 +9,16 @@ receipt statement is one reviewed piece of SQL with bound ``:parameters``.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cache
 from importlib import resources
+from typing import Any
 
+import psycopg
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+from oncely.storage.errors import translate
 
 _NAME = re.compile(r"^-- name: ([a-z0-9_]+)\s*$", re.MULTILINE)
 
@@ -36,6 +41,48 @@ def _load() -> dict[str, str]:
 def query(name: str) -> sa.TextClause:
     """The named statement as a SQLAlchemy ``text()`` construct; ``KeyError`` if unknown."""
     return sa.text(_load()[name])
+
+
+@cache
+def driver_query(name: str) -> str:
+    """The named statement in psycopg's own form, for :func:`run_on_driver`: its comment lines
+    dropped and each ``:parameter`` a ``%(parameter)b`` placeholder (sent in binary, so that a
+    list goes as one binary array without a text conversion per element)."""
+    compiled = str(query(name).compile(dialect=PGDialect_psycopg()))  # type: ignore[no-untyped-call]
+    text = " ".join(line.strip() for line in compiled.splitlines() if not line.startswith("--"))
+    return _PLACEHOLDER.sub(r"%(\1)b", text)
+
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+def run_on_driver(
+    connection: sa.Connection, statement: str, params: Sequence[Any] | Mapping[str, Any]
+) -> list[tuple[Any, ...]]:
+    """Run ``statement`` (psycopg's placeholders) on the DBAPI connection of ``connection``'s
+    current transaction; return its rows as the driver's tuples (none when it returns none).
+
+    For the statements oncely runs per event: it skips SQLAlchemy's per-statement and per-row
+    work and stays in the caller's transaction (sync or, inside ``AsyncSession.run_sync``,
+    async). A unique violation of one of oncely's own constraints raises its
+    :class:`~oncely.errors.OncelyError`; any other driver error is raised as SQLAlchemy's
+    :class:`~sqlalchemy.exc.DBAPIError`, and a connection the error closed is invalidated.
+    """
+    dbapi = connection.connection.dbapi_connection
+    assert dbapi is not None, "a connection in a transaction has its DBAPI connection"
+    cursor = dbapi.cursor()
+    try:
+        cursor.execute(statement, params)
+        return list(cursor.fetchall()) if cursor.description is not None else []
+    except psycopg.Error as exc:
+        known = translate(exc)
+        if known is not None:
+            raise known from exc
+        if connection.connection.driver_connection.closed:  # type: ignore[union-attr]
+            connection.invalidate(exc)
+        raise sa.exc.DBAPIError.instance(statement, params, exc, psycopg.Error) from exc
+    finally:
+        cursor.close()
 
 
 def query_names() -> frozenset[str]:

@@ -11,8 +11,9 @@ RETURNING event_id
 
 -- name: receipts_insert_many
 -- The receipts of a run of records in one statement; returns only the event ids that already
--- had a receipt (the duplicates), usually none. A second copy of an event id in the same run is
--- not returned: the caller tells it apart.
+-- had a receipt (the duplicates, as canonical UUID text), usually none. A second copy of an
+-- event id in the same run is not returned: the caller tells it apart. The ids may come as
+-- text: the cast reads any spelling PostgreSQL's uuid type accepts.
 WITH batch AS (
     SELECT * FROM unnest(
         CAST(:event_ids AS uuid[]),
@@ -26,7 +27,7 @@ WITH batch AS (
     ON CONFLICT ON CONSTRAINT oncely_receipts_pkey DO NOTHING
     RETURNING event_id
 )
-SELECT b.event_id FROM batch b
+SELECT CAST(b.event_id AS text) FROM batch b
 WHERE NOT EXISTS (SELECT FROM inserted i WHERE i.event_id = b.event_id)
 
 -- name: receipts_purge

@@ -18,23 +18,28 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from oncely.storage.queries import purge_in_batches, query
+from oncely.storage.queries import driver_query, purge_in_batches, query, run_on_driver
 
 
 def insert_receipts(
     session: Session,
     *,
     effect: str,
-    event_ids: Sequence[UUID],
+    event_ids: Sequence[str],
     topics: Sequence[str | None],
     partitions: Sequence[int | None],
     offsets: Sequence[int | None],
-) -> set[UUID]:
+) -> set[str]:
     """Insert the receipts of a run of records (one per position of the sequences, as Kafka's
-    ``Message`` gives them) in one statement; return the event ids that already had a receipt.
-    A second copy of an event id in the same run is not returned: the caller tells it apart."""
-    rows = session.execute(
-        query("receipts_insert_many"),
+    ``Message`` gives them) in one statement; return the event ids that already had a receipt,
+    as canonical UUID text (lowercase, with hyphens: pass ``event_ids`` so spelled to compare).
+    A second copy of an event id in the same run is not returned: the caller tells it apart.
+
+    The arrays go to the database in binary, one parameter each, in ``session``'s transaction.
+    """
+    rows = run_on_driver(
+        session.connection(),
+        driver_query("receipts_insert_many"),
         {
             "effect": effect,
             "event_ids": event_ids,
@@ -43,7 +48,7 @@ def insert_receipts(
             "offsets": offsets,
         },
     )
-    return set(rows.scalars())
+    return {row[0] for row in rows}
 
 
 def insert_receipt(

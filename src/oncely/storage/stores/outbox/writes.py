@@ -10,14 +10,12 @@ from functools import cache, lru_cache
 from typing import Any
 from uuid import UUID
 
-import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session, registry
 
-from oncely.storage.errors import translate
-from oncely.storage.queries import query
+from oncely.storage.queries import query, run_on_driver
 from oncely.storage.tables import outbox
 
 
@@ -114,7 +112,6 @@ def add_rows(
     else:
         connection = target.connection(bind_arguments={"clause": outbox})
     _, _, names = _stage_parts()
-    driver = connection.connection.driver_connection
     for start in range(0, len(rows), _MAX_ROWS):
         chunk = rows[start : start + _MAX_ROWS]
         params = [
@@ -122,17 +119,7 @@ def add_rows(
             for row in chunk
             for name in names
         ]
-        sql = _stage_sql(len(chunk))
-        try:
-            with driver.cursor() as cursor:  # type: ignore[union-attr]  # psycopg's Connection
-                cursor.execute(sql, params)
-        except psycopg.Error as exc:
-            known = translate(exc)
-            if known is not None:
-                raise known from exc
-            if driver.closed:  # type: ignore[union-attr]
-                connection.invalidate(exc)
-            raise sa.exc.DBAPIError.instance(sql, params, exc, psycopg.Error) from exc
+        run_on_driver(connection, _stage_sql(len(chunk)), params)
 
 
 def staged_in(session: Session) -> list[StagedEvent]:
