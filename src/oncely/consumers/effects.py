@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Generic, Literal, overload
+from typing import Any, Final, Generic, Literal, overload
 from uuid import UUID
 
 from pydantic import BaseModel
@@ -99,7 +99,6 @@ class FailurePolicy:
 S = TypeVar("S", Session, AsyncSession, default=Session)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
 class EffectContext(Generic[S]):
     """What a handler knows about the record it applies, and the transaction to apply it in.
 
@@ -107,34 +106,45 @@ class EffectContext(Generic[S]):
     one (annotate it ``EffectContext[AsyncSession]``, or :data:`AsyncEffectContext`).
     """
 
-    session: S
-    effect: str
-    envelope: Envelope = field(repr=False)
-    writes: Writes = field(repr=False)
+    __slots__ = ("_envelope", "_writes", "effect", "session")
+
+    def __init__(self, *, session: S, effect: str, envelope: Envelope, writes: Writes) -> None:
+        self.session: Final[S] = session
+        self.effect: Final[str] = effect
+        self._envelope = envelope
+        self._writes = writes
+
+    def __repr__(self) -> str:
+        return f"EffectContext(effect={self.effect!r}, event_id={self._envelope.event_id_text})"
+
+    @property
+    def envelope(self) -> Envelope:
+        """The record being applied, its value not decoded."""
+        return self._envelope
 
     @property
     def event_id(self) -> UUID:
-        return self.envelope.event_id
+        return self._envelope.event_id
 
     @property
     def event_type(self) -> str:
-        return self.envelope.event_type.name
+        return self._envelope.event_type.name
 
     @property
     def topic(self) -> str:
-        return self.envelope.message.topic() or ""
+        return self._envelope.message.topic() or ""
 
     @property
     def partition(self) -> int:
-        return self.envelope.message.partition() or 0
+        return self._envelope.message.partition() or 0
 
     @property
     def offset(self) -> int:
-        return self.envelope.message.offset() or 0
+        return self._envelope.message.offset() or 0
 
     @property
     def headers(self) -> Mapping[str, str]:
-        return self.envelope.headers
+        return self._envelope.headers
 
     def insert(self, table: TableLike, values: Mapping[str, Any]) -> None:
         """Insert a row into ``table`` (a ``Table`` or a mapped class) in this transaction.
@@ -147,7 +157,7 @@ class EffectContext(Generic[S]):
         children in the same batch by inserting them first). ``values`` are keyed by column
         name. Raises :class:`~oncely.consumers.writes.WriteError` for an unknown column.
         """
-        self.writes.insert(table, values)
+        self._writes.insert(table, values)
 
     def upsert(
         self,
@@ -163,7 +173,7 @@ class EffectContext(Generic[S]):
         column not in ``on``; empty: ``DO NOTHING``). Written like :meth:`insert`; upserts of
         one key in one batch are merged in order first, as if each had run on its own.
         """
-        self.writes.upsert(table, values, on=on, update=update)
+        self._writes.upsert(table, values, on=on, update=update)
 
     def enqueue_task(
         self,
