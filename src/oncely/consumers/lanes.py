@@ -96,10 +96,13 @@ def _async_engine(engine: sa.Engine, lanes: int) -> AsyncEngine:
     return create_async_engine(url, pool_size=max(2, lanes), pool_pre_ping=True)
 
 
-def split_lanes(records: Sequence[Record], lanes: int) -> list[list[Record]]:
+def split_lanes(
+    records: Sequence[Record], lanes: int, *, keep_empty: bool = False
+) -> list[list[Record]]:
     """``records`` shared over ``lanes`` runs by key (by partition for keyless records).
 
-    A key always maps to the same lane, and each run keeps the batch's order.
+    A key always maps to the same lane, and each run keeps the batch's order. Empty runs are
+    left out, unless ``keep_empty`` (then run ``i`` is lane ``i``'s).
     """
     runs: list[list[Record]] = [[] for _ in range(lanes)]
     for record in records:
@@ -107,7 +110,7 @@ def split_lanes(records: Sequence[Record], lanes: int) -> list[list[Record]]:
         key = message.key()
         basis = key if isinstance(key, bytes) else str(message.partition()).encode()
         runs[zlib.crc32(basis) % lanes].append(record)
-    return [run for run in runs if run]
+    return runs if keep_empty else [run for run in runs if run]
 
 
 def merge_results(
