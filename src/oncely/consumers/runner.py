@@ -1,26 +1,37 @@
-"""The consumer loop of one effect: poll a batch, apply it once, commit the DB, then the offsets.
+"""The consumer loop of one effect: poll records, apply each once, commit the DB, then the offsets.
 
-Each polled batch is applied by :class:`~oncely.consumers.apply.Applier` in one database
-transaction per lane (receipts and effects together); only then are the offsets stored and
-committed. A crash anywhere before the offset commit redelivers records whose receipts already
-exist: they are counted as duplicates and not applied again.
+Records are applied by :class:`~oncely.consumers.apply.Applier` in database transactions
+(receipts and effects together); only then are their offsets stored and committed. A crash
+anywhere before the offset commit redelivers records whose receipts already exist: they are
+counted as duplicates and not applied again.
 
-Batches are applied on a thread of their own while the loop fetches and reads the next one
-(one batch in flight): offsets are still stored and committed batch after batch, each after
-its batch's commit. A fetch never waits out a timeout while records are there: it takes what
-is buffered, and only when nothing is does it wait for the first record, then takes the rest
-that arrived with it. An ``async`` effect's batches run on an asyncio event loop on that
-thread, its lanes as concurrent tasks.
+With one lane (the default) and for ``async`` effects, each polled batch is applied in one
+transaction per lane on a thread of its own while the loop fetches and reads the next one (one
+batch in flight): offsets are stored and committed batch after batch, each after its batch's
+commit. A fetch never waits out a timeout while records are there: it takes what is buffered,
+and only when nothing is does it wait for the first record, then takes the rest that arrived
+with it. An ``async`` effect's batches run on an asyncio event loop on that thread, its lanes
+(``lanes`` > 1, :mod:`.lanes`) as concurrent tasks: the next batch waits for the slowest.
 
-With ``lanes`` > 1 the batch is split by key (:mod:`.lanes`); the offset committed for a
-partition never passes its lowest record that was not applied: records of other keys after it
-that were applied are read again and suppressed by their receipts.
+A sync effect with ``lanes`` > 1 has lanes that keep taking work (:mod:`.workers`): the loop
+splits what it fetches by key onto each lane's queue, up to two batches of records in flight
+(at the bound it stops fetching and waits for a lane), and a lane applies what its queue holds
+in one transaction. A partition commits the contiguous prefix of records every lane has
+finished (:mod:`.progress`), so its committed offset never passes a record not applied, while
+a slow key holds back only its own lane; records of other keys after it that were applied are
+read again after a crash and suppressed by their receipts. Offsets are committed at most every
+0.2 s this way, and at once on a rebalance and at shutdown.
 
-A failing record stops its partition (in its lane) for the rest of the batch, and the committed
-offset stops just before it; then the effect's failure policy acts (:mod:`.failures`: retry in
-place, dead-letter or block), through the partition gate (:mod:`.gate`). Nothing is skipped
-silently. With lanes, ``block`` stops the partition at the failing record, but records of
-other keys after it may already have been applied.
+A failing record stops its partition (in its lane), and the committed offset stops just before
+it; then the effect's failure policy acts (:mod:`.failures`: retry in place, dead-letter or
+block), through the partition gate (:mod:`.gate`), and a database failure reads the partition
+again from the failed record. Nothing is skipped silently. With lanes, ``block`` stops the
+partition at the failing record, but records of other keys after it (up to what was in flight)
+may already have been applied.
+
+On a rebalance the partitions revoked finish what is being applied (lanes skip what they have
+not started), commit, and only then are let go; partitions lost are dropped without a commit.
+At shutdown the same happens for every partition.
 """
 
 from __future__ import annotations
@@ -124,7 +135,7 @@ class EffectConsumer:
             self._workers = LaneWorkers(
                 applier,
                 settings.lanes,
-                batch_size=settings.batch_size,
+                run_size=settings.batch_size,
                 bound=_IN_FLIGHT_BATCHES * settings.batch_size,
             )
         else:

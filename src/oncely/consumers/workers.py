@@ -2,7 +2,7 @@
 
 The consumer loop splits every fetched batch by key (:func:`~oncely.consumers.lanes.split_lanes`)
 and puts each lane's run on that lane's queue, without waiting for the lanes to finish the
-batch before. A lane takes what its queue holds (up to ``batch_size`` records, one generation
+batch before. A lane takes what its queue holds (up to ``run_size`` records, one generation
 per partition) and applies it in one transaction; the loop collects the lanes' reports, and the
 :class:`~oncely.consumers.progress.OffsetTracker` turns them into commit points: a partition
 commits the contiguous prefix of records that every lane has finished. A slow key holds back
@@ -72,9 +72,9 @@ class LaneWorkers:
     """``count`` lane threads applying runs with ``applier``; driven from one thread (the
     consumer loop), which must :meth:`close` it."""
 
-    def __init__(self, applier: Applier, count: int, *, batch_size: int, bound: int) -> None:
+    def __init__(self, applier: Applier, count: int, *, run_size: int, bound: int) -> None:
         self.count = count
-        self.batch_size = batch_size
+        self.run_size = run_size
         self.bound = bound
         self._applier = applier
         self.tracker = OffsetTracker()
@@ -230,13 +230,13 @@ class LaneWorkers:
     def _take(
         self, lane: queue.SimpleQueue[_Run | None], first: _Run
     ) -> tuple[list[_Run], _Run | None, bool]:
-        """``first`` and the runs queued behind it, up to ``batch_size`` records, as long as
+        """``first`` and the runs queued behind it, up to ``run_size`` records, as long as
         each partition stays in one generation; the run that would change one is carried to
         the next transaction. The flag says the lane is being closed."""
         runs = [first]
         size = len(first.records)
         generations = dict(first.generations)
-        while size < self.batch_size:
+        while size < self.run_size:
             try:
                 run = lane.get_nowait()
             except queue.Empty:
