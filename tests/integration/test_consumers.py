@@ -320,6 +320,49 @@ def test_a_slow_lane_does_not_hold_back_the_others_nor_the_commit_past_it(
     assert committed[(app.topic, 0)] == 300
 
 
+def test_lanes_hand_partitions_over_in_a_rebalance_each_event_once_in_key_order(
+    new_ledger: Callable[..., App], engine: sa.Engine, kafka_bootstrap: str
+) -> None:
+    # A second member joins while the first's lanes hold work of every partition, then leaves:
+    # each revoke finishes what its lanes started, commits the finished prefix and lets go.
+    app = new_ledger(4)
+
+    def post(event: Any, ctx: EffectContext) -> None:
+        time.sleep(0.02)
+        ctx.session.execute(
+            sa.text("INSERT INTO ledger (event_id, effect, account_id, n) VALUES (:e, :f, :a, :n)"),
+            {"e": ctx.event_id, "f": ctx.effect, "a": event.account_id, "n": event.n},
+        )
+
+    app.effects.effect("handover", on=[app.model])(post)
+    keys = [f"acc-{i}" for i in range(24)]
+    events = [(uuid.uuid4(), _credit(app, keys[i % 24], 1, i)) for i in range(2000)]
+    publish_events(kafka_bootstrap, Codec(registry=app.registry), events)
+    applied = "SELECT count(*) FROM ledger WHERE effect = 'handover'"
+    settings = {"lanes": 4, "batch_size": 50}
+    with running_consumers(app.effects, ["handover"], engine, kafka_bootstrap, **settings) as [a]:
+        wait_until(lambda: _sample(a, "oncely_consumer_applied_total") >= 200, timeout=60)
+        with running_consumers(app.effects, ["handover"], engine, kafka_bootstrap, **settings) as [
+            b
+        ]:
+            wait_until(lambda: _sample(b, "oncely_consumer_applied_total") >= 50, timeout=60)
+        wait_until(lambda: scalar(engine, applied) == 2000, timeout=120)
+    assert scalar(engine, "SELECT count(DISTINCT event_id) FROM ledger") == 2000, "each once"
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT account_id, n FROM ledger WHERE effect = 'handover' ORDER BY applied_at"
+            )
+        ).all()
+    for key in keys:
+        ns = [n for account, n in rows if account == key]
+        assert ns == sorted(ns), f"{key} applied out of order"
+    group = app.effects.group_id("handover")
+    partitions = [TopicPartition(app.topic, p) for p in range(4)]
+    committed = committed_offsets({"bootstrap.servers": kafka_bootstrap}, group, partitions, 30)
+    assert sum(committed.values()) == 2000, "every partition committed to its end"
+
+
 @pytest.mark.parametrize("way", WAYS)
 def test_lanes_commit_only_below_the_lowest_unfinished_record(
     app: App, engine: sa.Engine, kafka_bootstrap: str, way: str

@@ -93,5 +93,8 @@ def test_forgotten_partitions_commit_nothing_and_ignore_late_reports() -> None:
     assert tracker.pending_in([TP]) == 0
     again = tracker.register(TP, [0, 1])
     assert again > generation
+    never = ("t", 9)
+    tracker.forget([never])  # revoked before anything of it was handed out
+    assert tracker.generation(never) == 1, "one on, as for any partition let go"
     tracker.finish(TP, [0, 1], generation)
     assert tracker.commit_point(TP) == 0

@@ -95,10 +95,8 @@ class OffsetTracker:
     def forget(self, tps: Iterable[PartitionId]) -> None:
         """``tps`` are no longer this consumer's: their records are dropped; reports of them
         are ignored (their generation moves on)."""
-        for tp in tps:
-            partition = self._partitions.get(tp)
-            if partition is not None:
-                self._partitions[tp] = _Partition(generation=partition.generation + 1)
+        for tp in tps:  # one generation on, as LaneWorkers.cancel expects, tracked or not
+            self._partitions[tp] = _Partition(generation=self.generation(tp) + 1)
 
     def partitions(self) -> list[PartitionId]:
         """The partitions tracked."""

@@ -213,6 +213,7 @@ class EffectConsumer:
         )
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._gate.assigned(_ids(partitions))
         self.membership.assigned(_ids(partitions), time.monotonic())
         log.info(
             "partitions assigned",
