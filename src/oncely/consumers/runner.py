@@ -298,7 +298,7 @@ class EffectConsumer:
         self._auth.check()
         records = self._read(messages)
         self._finish_pending()
-        # Records read before their partition was sought or paused are dropped.
+        # Records read before their partition was sought, paused or let go are dropped.
         records = self._gate.admitted(records)
         if records:
             failpoint("consumer.after_poll")
@@ -318,7 +318,7 @@ class EffectConsumer:
         self._auth.check()
         records = self._read(messages)
         self._collect(workers, wait=0.0 if room > 0 else self.settings.poll_timeout_seconds)
-        # Records read before their partition was sought or paused are dropped.
+        # Records read before their partition was sought, paused or let go are dropped.
         records = self._gate.admitted(records)
         if records:
             failpoint("consumer.after_poll")
