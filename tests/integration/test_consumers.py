@@ -6,7 +6,6 @@ import inspect
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +14,7 @@ import sqlalchemy as sa
 from confluent_kafka import Producer, TopicPartition
 
 from oncely.consumers.effects import EffectContext, FailurePolicy
+from oncely.consumers.lanes import lane_of
 from oncely.consumers.offsets import committed_offsets
 from oncely.consumers.runner import EffectConsumer
 from oncely.schemas.codec import Codec
@@ -233,7 +233,7 @@ def _keys_on_distinct_lanes(lanes: int, count: int) -> list[str]:
     keys: dict[int, str] = {}
     for i in range(1000):
         key = f"acc-lane-{i}"
-        keys.setdefault(zlib.crc32(key.encode()) % lanes, key)
+        keys.setdefault(lane_of(key.encode(), lanes), key)
     assert len(keys) >= count
     return list(keys.values())[:count]
 

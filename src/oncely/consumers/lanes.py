@@ -101,8 +101,18 @@ def split_lanes(
         message = record.message
         key = message.key()
         basis = key if isinstance(key, bytes) else str(message.partition()).encode()
-        runs[zlib.crc32(basis) % lanes].append(record)
+        runs[lane_of(basis, lanes)].append(record)
     return runs if keep_empty else [run for run in runs if run]
+
+
+def lane_of(key: bytes, lanes: int) -> int:
+    """The lane of records with ``key`` among ``lanes``: the high half of its CRC-32, modulo.
+
+    Not ``crc32(key) % lanes``: librdkafka's default partitioner is ``crc32(key) % partitions``,
+    so with, say, 6 partitions and 8 lanes a partition's keys would land on only half the lanes
+    (both moduli see the same low bits), and a fetch of one partition would feed only those.
+    """
+    return (zlib.crc32(key) >> 16) % lanes
 
 
 def merge_results(
