@@ -149,12 +149,14 @@ def _declare(shop: Shop, kind: str) -> None:
         for event, ctx in batch:
             confirm(event, ctx)
 
-    handler = {"sync": confirm, "async": confirm_async, "batch": confirm_batch}[kind]
+    handler = {"sync": confirm, "lanes": confirm, "async": confirm_async, "batch": confirm_batch}[
+        kind
+    ]
     policy = FailurePolicy(max_attempts=1, initial_backoff_seconds=0.01)
     shop.effects.effect("confirm", on=OrderPlaced, failure=policy, batch=kind == "batch")(handler)
 
 
-@pytest.mark.parametrize("kind", ["sync", "async", "batch"])
+@pytest.mark.parametrize("kind", ["sync", "async", "batch", "lanes"])
 def test_follow_ups_commit_once_with_their_cause_and_its_trace(
     kind: str,
     shop: Shop,
@@ -163,10 +165,13 @@ def test_follow_ups_commit_once_with_their_cause_and_its_trace(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _declare(shop, kind)
+    lanes = 4 if kind == "lanes" else 1
     orders = [(str(uuid.uuid4()), OrderPlaced(order_id=f"o-{n}", amount=n)) for n in range(120)]
     _publish(kafka_bootstrap, shop, orders)
     spied = StatementSpy(monkeypatch)
-    with running_consumers(shop.effects, ["confirm"], engine, kafka_bootstrap) as [consumer]:
+    with running_consumers(shop.effects, ["confirm"], engine, kafka_bootstrap, lanes=lanes) as [
+        consumer
+    ]:
         wait_until(lambda: _applied(consumer) == 120, timeout=60)
     rows = _follow_ups(engine)
     by_id = {event_id: (n, order) for n, (event_id, order) in enumerate(orders)}
@@ -177,17 +182,19 @@ def test_follow_ups_commit_once_with_their_cause_and_its_trace(
         assert row.topic == shop.registry.for_model(OrderConfirmed).topic
         assert row.headers["content-type"]
         assert trace_context_fields(row.tracingspancontext) == {"traceparent": _traceparent(n)}
-    # The follow-ups of a batch are one INSERT (the helper's batches are up to 200 records):
-    # a statement per follow-up would be 120.
+    # The follow-ups of a batch (of a lane's run) are one INSERT (the helper's batches are up to
+    # 200 records): a statement per follow-up would be 120.
     inserts = [s for s in spied if s.startswith("INSERT INTO oncely_outbox")]
-    assert 1 <= len(inserts) <= 12, len(inserts)
+    assert 1 <= len(inserts) <= 12 * lanes, len(inserts)
 
     # Every order again, as after an offset reset, and one new order that fails when the batch's
     # rows are written (after its follow-up was): the receipts suppress the old ones, and the
     # failing one's follow-up rolls back with it.
     failing = (str(uuid.uuid4()), OrderPlaced(order_id="o-bad", amount=-1))
     _publish(kafka_bootstrap, shop, [*orders[:60], failing, *orders[60:]])
-    with running_consumers(shop.effects, ["confirm"], engine, kafka_bootstrap) as [consumer]:
+    with running_consumers(shop.effects, ["confirm"], engine, kafka_bootstrap, lanes=lanes) as [
+        consumer
+    ]:
         wait_until(lambda: _duplicates(consumer) == 120 and _dead(consumer) == 1, timeout=60)
     assert len(_follow_ups(engine)) == 120
     assert scalar(engine, "SELECT count(*) FROM confirmations") == 120
