@@ -71,6 +71,8 @@ class Options:
     events: int = 5000
     chaos: bool = True
     writers: int = 4
+    #: Transfers per second the writers offer, open loop (0: as fast as they can).
+    rate: float = 50.0
     keep_running: bool = False
     timeout_seconds: float = 240.0
 
@@ -167,6 +169,8 @@ class Demo:
         self.log_dir = Path(tempfile.mkdtemp(prefix="oncely-demo-"))
         self.started = datetime.now(UTC)
         self.cpu_started = _cpu_times()
+        #: How long the writers took (set when they are done).
+        self.writing_seconds = 0.0
         self.topics = sorted({t.topic for t in registry})
         env = {
             **os.environ,
@@ -239,9 +243,16 @@ class Demo:
         per_writer = self.options.events // self.options.writers
         extra = self.options.events - per_writer * self.options.writers
 
+        rate, writers = self.options.rate, self.options.writers
+        started = time.monotonic() + 0.1
+
         def writer(index: int, count: int) -> None:
             rng = random.Random(index)  # noqa: S311 (load generation, not security)
-            for _ in range(count):
+            for n in range(count):
+                if rate > 0:  # open loop: transfer k is due at start + k / rate
+                    delay = started + (index + n * writers) / rate - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
                 key = f"req-{uuid.uuid4()}"
                 request: dict[str, Any] = {
                     "idempotency_key": key,
@@ -281,6 +292,7 @@ class Demo:
                 killed = True
             self.watch()
             time.sleep(0.1)
+        self.writing_seconds = time.monotonic() - started
 
     def watch(self) -> None:
         """Restart a consumer that its failpoint killed; note the restarted processes back."""
@@ -521,6 +533,7 @@ def _invariants(demo: Demo, snap: dict[str, float]) -> tuple[Table, Table | None
         ("emails sent", f"{snap['emails']:.0f} of {completed:.0f}", snap["emails"] == completed),
         ("duplicates suppressed by receipts", f"{snap['duplicates']:.0f}", True),
         ("fault windows", _windows_summary(figures), True),
+        ("offered load", _offered(demo), True),
         ("machine CPU idle during the run", _cpu_idle(demo), True),
         ("throughput (ledger), overall", _throughput(figures.overall), True),
         ("throughput (ledger), outside fault windows", _throughput(figures.outside), True),
@@ -534,6 +547,16 @@ def _invariants(demo: Demo, snap: dict[str, float]) -> tuple[Table, Table | None
     for name, value, ok in rows:
         table.add_row(name, value, "[green]✔[/]" if ok else "[red]✘[/]")
     return table, _windows_table(figures, trips), all(ok for _, _, ok in rows)
+
+
+def _offered(demo: Demo) -> str:
+    """The writers' schedule and what they achieved over the writing."""
+    seconds = demo.writing_seconds
+    achieved = demo.counters.requested / seconds if seconds > 0 else 0.0
+    writers = demo.options.writers
+    if demo.options.rate > 0:
+        return f"{demo.options.rate:g} transfers/s open loop; achieved {achieved:.0f}/s"
+    return f"as fast as {writers} writers go (closed loop): {achieved:.0f} transfers/s"
 
 
 def _cpu_times() -> tuple[int, int] | None:
