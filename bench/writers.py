@@ -65,18 +65,18 @@ def main() -> None:
         print("ready", flush=True)
         sys.stdin.readline()
         writes.run(rate, seconds)
-    Path(spec["out"]).write_text(
-        json.dumps(
-            {
-                "ids": [str(row["id"]) for row in rows],
-                "due": writes.due,
-                "committed": writes.committed,
-            }
+        Path(spec["out"]).write_text(
+            json.dumps(
+                {
+                    "ids": [str(row["id"]) for row in rows],
+                    "due": writes.due,
+                    "committed": writes.committed,
+                }
+            )
         )
-    )
-    # Alive until told, so that the caller's CPU window counts this process.
-    print("done", flush=True)
-    sys.stdin.readline()
+        # Alive until told (writer processes too), so that the caller's CPU window counts them.
+        print("done", flush=True)
+        sys.stdin.readline()
 
 
 if __name__ == "__main__":
