@@ -66,8 +66,8 @@ def set_topic_config(bootstrap: str, topic: str, name: str, value: str) -> None:
 
 class StatementSpy(list[str]):
     """The statements sent to PostgreSQL from threads other than the test's own (a relay's, a
-    consumer's), in order: psycopg's ``Cursor.execute`` is wrapped, and every statement, through
-    SQLAlchemy or straight on the driver, goes through it."""
+    consumer's), in order: psycopg's ``Cursor.execute`` and ``AsyncCursor.execute`` are wrapped,
+    and every statement, through SQLAlchemy or straight on the driver, goes through them."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         super().__init__()
@@ -78,7 +78,17 @@ class StatementSpy(list[str]):
                 self.append(query if isinstance(query, str) else repr(query))
             return execute(cursor, query, *args, **kwargs)
 
+        async_execute = psycopg.AsyncCursor.execute
+
+        async def async_spied(
+            cursor: psycopg.AsyncCursor[Any], query: Any, *args: Any, **kwargs: Any
+        ) -> Any:
+            if threading.current_thread() is not threading.main_thread():
+                self.append(query if isinstance(query, str) else repr(query))
+            return await async_execute(cursor, query, *args, **kwargs)
+
         monkeypatch.setattr(psycopg.Cursor, "execute", spied)
+        monkeypatch.setattr(psycopg.AsyncCursor, "execute", async_spied)
 
 
 def fast_settings(**overrides: object) -> RelaySettings:

@@ -440,8 +440,9 @@ class ConsumerSettings(BaseSettings):
         ge=1,
         le=64,
         description=(
-            "Worker threads applying each batch, each in its own transaction; a key always goes"
-            " to the same lane, so per-key order holds. Each lane holds a database connection."
+            "Worker threads applying records, each in its own transactions; a key always goes"
+            " to the same lane, so per-key order holds, and a lane keeps taking work while"
+            " another is slow. Each lane holds a database connection."
         ),
     )
     prefetch_kbytes: int = Field(

@@ -7,7 +7,8 @@ A row becomes one record, the same from oncely's relay and from Debezium's Outbo
 - headers: :data:`ID_HEADER` (the event id, 36 lowercase characters), :data:`EVENT_TYPE_HEADER`
   (the ``type`` column), then the row's own ``headers`` in their stored (``jsonb``) order, each
   value as UTF-8 text; the codec puts :data:`CONTENT_TYPE_HEADER` and
-  :data:`SCHEMA_VERSION_HEADER` there;
+  :data:`SCHEMA_VERSION_HEADER` there, and an effect's follow-up event carries
+  :data:`CAUSATION_HEADER`, the id of the event whose effect staged it;
 - then the trace context staged with the row (``tracingspancontext``: :func:`trace_context_text`),
   one header per field (``traceparent``, ``tracestate``, ``baggage``); a relay that traces puts
   its own span's context there instead (Debezium's tracing SMT does the same);
@@ -39,6 +40,7 @@ from oncely.errors import error_text
 from oncely.settings import CLOUDEVENTS_SOURCE_PATTERN
 
 __all__ = [
+    "CAUSATION_HEADER",
     "CLOUDEVENTS_HEADERS",
     "CLOUDEVENTS_SPECVERSION",
     "CONTENT_TYPE_HEADER",
@@ -67,6 +69,8 @@ ID_HEADER = "id"
 EVENT_TYPE_HEADER = "eventType"
 CONTENT_TYPE_HEADER = "content-type"
 SCHEMA_VERSION_HEADER = "schema-version"
+#: On a follow-up event (``ctx.stage``): the id of the event whose effect staged it.
+CAUSATION_HEADER = "causationId"
 
 MAX_HEADER_BYTES = 64 * 1024
 #: Bounds on all headers of one record together: no oncely record comes near them.

@@ -262,7 +262,13 @@ def test_c1_a_broker_lost_under_load_on_a_three_node_cluster(
             stopping = time.monotonic()
             cluster.node(second).stop()
             stopped = time.monotonic() - stopping
-            time.sleep(2)
+            # Down until the broker left has refused writes (at least 2 s): a relay still in
+            # its backoff after the hung broker's timeouts sends nothing for a while.
+            down = time.monotonic()
+            while time.monotonic() - down < 2 or (
+                not _refusals(cluster, app.topic) and time.monotonic() - down < 30
+            ):
+                time.sleep(0.5)
             cluster.node(second).start()
             quorum_back = _now(engine)
             refusals = _refusals(cluster, app.topic)

@@ -6,7 +6,6 @@ import inspect
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +14,7 @@ import sqlalchemy as sa
 from confluent_kafka import Producer, TopicPartition
 
 from oncely.consumers.effects import EffectContext, FailurePolicy
+from oncely.consumers.lanes import lane_of
 from oncely.consumers.offsets import committed_offsets
 from oncely.consumers.runner import EffectConsumer
 from oncely.schemas.codec import Codec
@@ -126,8 +126,9 @@ def test_two_effects_of_one_event_both_apply(
     assert scalar(engine, "SELECT count(*) FROM oncely_receipts") == 2
 
 
+@pytest.mark.parametrize("lanes", [1, 4])
 def test_a_poison_record_is_dead_lettered_while_later_records_flow(
-    app: App, engine: sa.Engine, kafka_bootstrap: str
+    app: App, engine: sa.Engine, kafka_bootstrap: str, lanes: int
 ) -> None:
     codec = Codec(registry=app.registry)
     poison_id = uuid.uuid4()
@@ -146,13 +147,25 @@ def test_a_poison_record_is_dead_lettered_while_later_records_flow(
     )
     garbage.flush(10)
     publish_events(kafka_bootstrap, codec, [(uuid.uuid4(), _credit(app, "acc-4", 4, 4))])
-    with running_consumers(app.effects, ["ledger"], engine, kafka_bootstrap) as [consumer]:
+    group = app.effects.group_id("ledger")
+    with running_consumers(app.effects, ["ledger"], engine, kafka_bootstrap, lanes=lanes) as [
+        consumer
+    ]:
         wait_until(lambda: _sample(consumer, "oncely_consumer_applied_total") == 3, timeout=60)
         assert (
             _sample(consumer, "oncely_consumer_dead_lettered_total", reason="handler_failed") == 1
         )
         assert _sample(consumer, "oncely_consumer_dead_lettered_total", reason="undecodable") == 1
-    assert [row[0] for row in _ledger(engine)] == [1, 3, 4], "later records applied, in order"
+    applied = _ledger(engine)
+    if lanes == 1:
+        assert [row[0] for row in applied] == [1, 3, 4], "later records applied, in order"
+    else:  # keys in parallel: acc-3's order holds
+        assert sorted(row[0] for row in applied) == [1, 3, 4]
+        assert [row[0] for row in applied if row[0] != 4] == [1, 3]
+    committed = committed_offsets(
+        {"bootstrap.servers": kafka_bootstrap}, group, [TopicPartition(app.topic, 0)], 30
+    )
+    assert committed[(app.topic, 0)] == 5, "committed past both dead letters"
     dlq = read_topics(kafka_bootstrap, [f"{app.topic}.ledger.dlq"])
     by_reason = {r.headers["oncely.dlq.reason"].decode(): r for r in dlq}
     failed = by_reason["handler_failed"]
@@ -173,8 +186,9 @@ def _ledger(engine: sa.Engine) -> list[tuple[int]]:
         return [tuple(r) for r in conn.execute(sa.text("SELECT n FROM ledger ORDER BY applied_at"))]
 
 
+@pytest.mark.parametrize("lanes", [1, 4])
 def test_the_block_policy_stops_the_partition(
-    app: App, engine: sa.Engine, kafka_bootstrap: str
+    app: App, engine: sa.Engine, kafka_bootstrap: str, lanes: int
 ) -> None:
     codec = Codec(registry=app.registry)
     publish_events(
@@ -186,7 +200,9 @@ def test_the_block_policy_stops_the_partition(
             (uuid.uuid4(), _credit(app, "acc-5", 3, 3)),
         ],
     )
-    with running_consumers(app.effects, ["strict"], engine, kafka_bootstrap) as [consumer]:
+    with running_consumers(app.effects, ["strict"], engine, kafka_bootstrap, lanes=lanes) as [
+        consumer
+    ]:
         wait_until(lambda: _sample(consumer, "oncely_consumer_blocked_partitions") == 1, timeout=60)
         time.sleep(1.0)
         assert _sample(consumer, "oncely_consumer_applied_total") == 1
@@ -217,7 +233,7 @@ def _keys_on_distinct_lanes(lanes: int, count: int) -> list[str]:
     keys: dict[int, str] = {}
     for i in range(1000):
         key = f"acc-lane-{i}"
-        keys.setdefault(zlib.crc32(key.encode()) % lanes, key)
+        keys.setdefault(lane_of(key.encode(), lanes), key)
     assert len(keys) >= count
     return list(keys.values())[:count]
 
@@ -256,6 +272,95 @@ def test_lanes_apply_keys_in_parallel_and_each_key_in_order(
     for key in keys:
         applied = [n for account, n in rows if account == key]
         assert applied == sorted(applied), f"{key} applied out of order"
+
+
+def test_a_slow_lane_does_not_hold_back_the_others_nor_the_commit_past_it(
+    app: App, engine: sa.Engine, kafka_bootstrap: str
+) -> None:
+    # One key's event (offset 5) waits until every event of the other keys is applied: those
+    # span many batches, so the other lanes must keep taking work while it waits. Meanwhile
+    # the partition's committed offset stays at the slow record.
+    slow, *others = _keys_on_distinct_lanes(4, 4)
+    release = threading.Event()
+
+    def post(event: Any, ctx: EffectContext) -> None:
+        if event.account_id == slow and event.n == 5:
+            assert release.wait(60), "the other lanes did not get past the slow record"
+        ctx.session.execute(
+            sa.text("INSERT INTO ledger (event_id, effect, account_id, n) VALUES (:e, :f, :a, :n)"),
+            {"e": ctx.event_id, "f": ctx.effect, "a": event.account_id, "n": event.n},
+        )
+
+    app.effects.effect("slowlane", on=[app.model])(post)
+    keys = [others[i % 3] for i in range(300)]
+    keys[5] = keys[250] = slow  # the slow record and one later record of its key
+    events = [(uuid.uuid4(), _credit(app, key, 1, n)) for n, key in enumerate(keys)]
+    publish_events(kafka_bootstrap, Codec(registry=app.registry), events)
+    group = app.effects.group_id("slowlane")
+    partition = [TopicPartition(app.topic, 0)]
+    fast = "SELECT count(*) FROM ledger WHERE effect = 'slowlane' AND account_id <> :k"
+    with running_consumers(
+        app.effects, ["slowlane"], engine, kafka_bootstrap, lanes=4, batch_size=20
+    ) as [c]:
+        try:
+            wait_until(lambda: scalar(engine, fast, k=slow) == 298, timeout=60)
+            time.sleep(1.0)  # a commit past the slow record would have had time to land
+            committed = committed_offsets(
+                {"bootstrap.servers": kafka_bootstrap}, group, partition, 30
+            )
+            assert committed[(app.topic, 0)] == 5, "the commit stops at the unfinished record"
+            assert scalar(engine, "SELECT count(*) FROM ledger WHERE account_id = :k", k=slow) == 0
+        finally:
+            release.set()
+        wait_until(lambda: _sample(c, "oncely_consumer_applied_total") == 300, timeout=60)
+    rows = "SELECT n FROM ledger WHERE effect = 'slowlane' AND account_id = :k ORDER BY applied_at"
+    with engine.connect() as conn:
+        assert conn.execute(sa.text(rows), {"k": slow}).scalars().all() == [5, 250], "in order"
+    committed = committed_offsets({"bootstrap.servers": kafka_bootstrap}, group, partition, 30)
+    assert committed[(app.topic, 0)] == 300
+
+
+def test_lanes_hand_partitions_over_in_a_rebalance_each_event_once_in_key_order(
+    new_ledger: Callable[..., App], engine: sa.Engine, kafka_bootstrap: str
+) -> None:
+    # A second member joins while the first's lanes hold work of every partition, then leaves:
+    # each revoke finishes what its lanes started, commits the finished prefix and lets go.
+    app = new_ledger(4)
+
+    def post(event: Any, ctx: EffectContext) -> None:
+        time.sleep(0.02)
+        ctx.session.execute(
+            sa.text("INSERT INTO ledger (event_id, effect, account_id, n) VALUES (:e, :f, :a, :n)"),
+            {"e": ctx.event_id, "f": ctx.effect, "a": event.account_id, "n": event.n},
+        )
+
+    app.effects.effect("handover", on=[app.model])(post)
+    keys = [f"acc-{i}" for i in range(24)]
+    events = [(uuid.uuid4(), _credit(app, keys[i % 24], 1, i)) for i in range(2000)]
+    publish_events(kafka_bootstrap, Codec(registry=app.registry), events)
+    applied = "SELECT count(*) FROM ledger WHERE effect = 'handover'"
+    settings = {"lanes": 4, "batch_size": 50}
+    with running_consumers(app.effects, ["handover"], engine, kafka_bootstrap, **settings) as [a]:
+        wait_until(lambda: _sample(a, "oncely_consumer_applied_total") >= 200, timeout=60)
+        with running_consumers(app.effects, ["handover"], engine, kafka_bootstrap, **settings) as [
+            b
+        ]:
+            wait_until(lambda: _sample(b, "oncely_consumer_applied_total") >= 50, timeout=60)
+        wait_until(lambda: scalar(engine, applied) == 2000, timeout=120)
+    assert scalar(engine, "SELECT count(DISTINCT event_id) FROM ledger") == 2000, "each once"
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT account_id, n FROM ledger WHERE effect = 'handover' ORDER BY applied_at"
+            )
+        ).all()
+    for key in keys:
+        ns = [n for account, n in rows if account == key]
+        assert ns == sorted(ns), f"{key} applied out of order"
+    group = app.effects.group_id("handover")
+    partitions = [TopicPartition(app.topic, p) for p in range(4)]
+    committed = committed_offsets({"bootstrap.servers": kafka_bootstrap}, group, partitions, 30)
+    assert sum(committed.values()) == 2000, "every partition committed to its end"
 
 
 @pytest.mark.parametrize("way", WAYS)

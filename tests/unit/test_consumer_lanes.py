@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
+import zlib
 
 from confluent_kafka import Message
 
 from oncely.consumers.apply import BatchResult, Failure
-from oncely.consumers.lanes import merge_results, split_lanes
+from oncely.consumers.lanes import lane_of, merge_results, split_lanes
 from oncely.consumers.records import Undecodable
 
 
@@ -34,6 +35,17 @@ def test_a_key_always_lands_on_the_same_lane_in_batch_order() -> None:
             assert lane_of.setdefault(record.message.key(), lane) == lane
     again = split_lanes(list(reversed(records)), 4)
     assert {r.message.key(): i for i, run in enumerate(again) for r in run} == lane_of
+
+
+def test_a_partition_s_keys_spread_over_every_lane_under_librdkafka_s_crc32_partitioner() -> None:
+    # librdkafka's default partitioner puts a key on crc32(key) % partitions: with 6 partitions
+    # and 8 lanes, crc32(key) % 8 would give each partition's keys only 4 of the 8 lanes.
+    keys = [f"acc-{k}".encode() for k in range(1000)]
+    for partition in range(6):
+        mine = [key for key in keys if zlib.crc32(key) % 6 == partition]
+        assert {lane_of(key, 8) for key in mine} == set(range(8))
+    per_lane = [sum(1 for key in keys if lane_of(key, 8) == lane) for lane in range(8)]
+    assert max(per_lane) - min(per_lane) < 30, per_lane
 
 
 def test_keyless_records_go_by_partition() -> None:

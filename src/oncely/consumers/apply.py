@@ -40,7 +40,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.util import await_
 
-from oncely.consumers.effects import Effect, EffectContext, EffectDeclarationError, handler_name
+from oncely.consumers.effects import (
+    Effect,
+    EffectContext,
+    EffectDeclarationError,
+    EffectTransaction,
+    handler_name,
+)
 from oncely.consumers.records import (
     Decoded,
     Envelope,
@@ -289,10 +295,16 @@ class Applier:
     def _call_handler(
         self, records: Sequence[Decoded], session: Session | AsyncSession, writes: Writes
     ) -> None:
-        pairs = [
-            (record.event, self._context(record.envelope, session, writes)) for record in records
-        ]
         handler: Callable[..., Any] = self.effect.handler
+        tracing = self.tracing.enabled
+        transaction: EffectTransaction[Any] = EffectTransaction(
+            session,
+            self.effect.name,
+            writes,
+            self.codec,
+            in_record_span=tracing and not self.effect.batch,
+        )
+        pairs = [(record.event, EffectContext(record.envelope, transaction)) for record in records]
         started = time.perf_counter()
         if self.effect.batch:
             with self.tracing.process_batch(
@@ -302,7 +314,7 @@ class Applier:
                 headers=[r.envelope.headers for r in records],
             ):
                 self._finish(handler(pairs))
-        elif not self.tracing.enabled:
+        elif not tracing:
             for event, context in pairs:
                 result = handler(event, context)
                 if result is not None:
@@ -337,13 +349,6 @@ class Applier:
             f"effect {self.effect.name!r}: handler {handler_name(self.effect.handler)} is not "
             f"declared async but returned an awaitable ({type(result).__name__}), which would "
             "never run; declare it with `async def`"
-        )
-
-    def _context(
-        self, envelope: Envelope, session: Session | AsyncSession, writes: Writes
-    ) -> EffectContext[Any]:
-        return EffectContext(
-            session=session, effect=self.effect.name, envelope=envelope, writes=writes
         )
 
 

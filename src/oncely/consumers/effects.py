@@ -14,7 +14,8 @@ A redelivered event finds its receipt and the handler is not called again.
 
 A handler writes through its context: ``ctx.insert`` / ``ctx.upsert`` collect rows that are
 written once per batch (no ORM object per record), and ``ctx.session`` is the transaction's
-session for anything else (``ctx.session.add(...)``, queries). A handler declared with
+session for anything else (``ctx.session.add(...)``, queries). ``ctx.stage`` stages a follow-up
+event in the same transaction. A handler declared with
 ``batch=True`` gets the batch's new events at once, as ``(event, ctx)`` pairs. An ``async def``
 handler runs on an asyncio event loop, and its ``ctx.session`` is an ``AsyncSession`` on the
 same transaction; sync and async effects can share a process.
@@ -39,11 +40,15 @@ from typing_extensions import TypeVar
 from oncely.consumers.records import Envelope
 from oncely.consumers.writes import TableLike, Writes
 from oncely.errors import ConfigurationError
-from oncely.events import EventType, Registry
+from oncely.events import EventType, Registry, registry_of
+from oncely.producer.staging import outbox_rows, staged_event
 from oncely.runtime.retry import Backoff
+from oncely.runtime.tracing import current_context_text, record_context_text
+from oncely.schemas.codec import Codec
+from oncely.storage.stores.outbox.writes import StagedEvent
 from oncely.tasks.enqueue import enqueue_task
 from oncely.tasks.model import QueuedTask
-from oncely.wire import dlq_topic
+from oncely.wire import CAUSATION_HEADER, dlq_topic
 
 _EFFECT_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,99}")
 
@@ -99,7 +104,20 @@ class FailurePolicy:
 S = TypeVar("S", Session, AsyncSession, default=Session)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, slots=True)
+class EffectTransaction(Generic[S]):
+    """What the contexts of one transaction share: the session handed to the handler, the
+    rows collected for the batch, and how a follow-up event is encoded and traced."""
+
+    session: S
+    effect: str
+    writes: Writes
+    codec: Codec
+    in_record_span: bool
+    """The handler runs in its record's own span: a follow-up continues the active context
+    (else the record's)."""
+
+
 class EffectContext(Generic[S]):
     """What a handler knows about the record it applies, and the transaction to apply it in.
 
@@ -107,34 +125,52 @@ class EffectContext(Generic[S]):
     one (annotate it ``EffectContext[AsyncSession]``, or :data:`AsyncEffectContext`).
     """
 
-    session: S
-    effect: str
-    envelope: Envelope = field(repr=False)
-    writes: Writes = field(repr=False)
+    __slots__ = ("_envelope", "_transaction")
+
+    def __init__(self, envelope: Envelope, transaction: EffectTransaction[S]) -> None:
+        self._envelope = envelope
+        self._transaction: EffectTransaction[S] = transaction
+
+    def __repr__(self) -> str:
+        return f"EffectContext(effect={self.effect!r}, event_id={self._envelope.event_id_text})"
+
+    @property
+    def session(self) -> S:
+        """The transaction's session (the receipt's transaction)."""
+        return self._transaction.session
+
+    @property
+    def effect(self) -> str:
+        return self._transaction.effect
+
+    @property
+    def envelope(self) -> Envelope:
+        """The record being applied, its value not decoded."""
+        return self._envelope
 
     @property
     def event_id(self) -> UUID:
-        return self.envelope.event_id
+        return self._envelope.event_id
 
     @property
     def event_type(self) -> str:
-        return self.envelope.event_type.name
+        return self._envelope.event_type.name
 
     @property
     def topic(self) -> str:
-        return self.envelope.message.topic() or ""
+        return self._envelope.message.topic() or ""
 
     @property
     def partition(self) -> int:
-        return self.envelope.message.partition() or 0
+        return self._envelope.message.partition() or 0
 
     @property
     def offset(self) -> int:
-        return self.envelope.message.offset() or 0
+        return self._envelope.message.offset() or 0
 
     @property
     def headers(self) -> Mapping[str, str]:
-        return self.envelope.headers
+        return self._envelope.headers
 
     def insert(self, table: TableLike, values: Mapping[str, Any]) -> None:
         """Insert a row into ``table`` (a ``Table`` or a mapped class) in this transaction.
@@ -147,7 +183,7 @@ class EffectContext(Generic[S]):
         children in the same batch by inserting them first). ``values`` are keyed by column
         name. Raises :class:`~oncely.consumers.writes.WriteError` for an unknown column.
         """
-        self.writes.insert(table, values)
+        self._transaction.writes.insert(table, values)
 
     def upsert(
         self,
@@ -163,7 +199,49 @@ class EffectContext(Generic[S]):
         column not in ``on``; empty: ``DO NOTHING``). Written like :meth:`insert`; upserts of
         one key in one batch are merged in order first, as if each had run on its own.
         """
-        self.writes.upsert(table, values, on=on, update=update)
+        self._transaction.writes.upsert(table, values, on=on, update=update)
+
+    def stage(
+        self,
+        event: BaseModel,
+        *,
+        idempotency_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        available_at: datetime | None = None,
+    ) -> StagedEvent:
+        """Stage a follow-up event in this effect's transaction, as ``oncely.stage`` would.
+
+        It commits with the receipt and the effect's rows or not at all, so a redelivered
+        record, which finds its receipt, never stages it twice. The follow-ups of a batch are
+        added to the outbox in one ``INSERT`` just before the commit. Each carries the header
+        ``causationId`` (the id of this event) and the trace context: the handler's span when
+        it runs in one of its own, else the context this record arrived with.
+
+        Raises what ``oncely.stage`` raises when it encodes the event (an unregistered model,
+        an event that does not fit its schema or the stage limits), here in the handler; a
+        repeated ``idempotency_key`` fails the write of the batch, and then this record alone
+        with :class:`~oncely.storage.DuplicateEventError`.
+        """
+        transaction = self._transaction
+        envelope = self._envelope
+        codec: Codec | None = transaction.codec
+        if registry_of(type(event)) is not transaction.codec.registry:
+            codec = None  # a model of another registry: that registry's default codec
+        trace = (
+            current_context_text()
+            if transaction.in_record_span
+            else record_context_text(envelope.headers)
+        )
+        [row] = outbox_rows(
+            [event],
+            codec=codec,
+            idempotency_keys=[idempotency_key],
+            headers={**(headers or {}), CAUSATION_HEADER: envelope.event_id_text},
+            available_at=available_at,
+            trace_context=trace,
+        )
+        transaction.writes.stage(row)
+        return staged_event(row)
 
     def enqueue_task(
         self,

@@ -1,6 +1,6 @@
 """Which partitions of a consumer deliver: paused ones wait for a time (a retry's backoff) or
-for ever (``block``), and a partition sought back since the last fetch has its fetched records
-dropped, so that no record is applied past a failure."""
+for ever (``block``), and a partition sought back (or let go) since the last fetch has its fetched
+records dropped, so that no record is applied past a failure (or by two members at once)."""
 
 from __future__ import annotations
 
@@ -53,9 +53,15 @@ class PartitionGate:
         return tp in self._paused
 
     def forget(self, tps: Sequence[PartitionId]) -> None:
-        """``tps`` are no longer this consumer's (revoked, lost): their pauses end with them."""
+        """``tps`` are no longer this consumer's (revoked, lost): their pauses end with them,
+        and their records fetched before are dropped (their new owner applies them)."""
         for tp in tps:
             self._paused.pop(tp, None)
+            self._reset.add(tp)
+
+    def assigned(self, tps: Sequence[PartitionId]) -> None:
+        """``tps`` are this consumer's again: records of them fetched from here on count."""
+        self._reset.difference_update(tps)
 
     def clear(self) -> None:
         """A new Kafka client: nothing is paused on it."""

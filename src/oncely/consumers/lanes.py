@@ -1,10 +1,12 @@
-"""Applying one batch in lanes: by record key, each lane in its own transaction, in parallel.
+"""Applying one batch at a time: in one transaction, or an ``async`` effect's in lanes.
 
-With ``lanes`` > 1 (``ONCELY_CONSUMER_LANES``) the batch is split by record key over that many
-worker threads, each applying its share in its own transaction: a key always lands on the same
-lane, so its records apply in order, while other keys proceed in parallel. An ``async``
-effect's lanes are concurrent tasks on one asyncio event loop. :func:`merge_results` gives the
-offsets to commit: a partition's never passes its lowest record that was not applied.
+:func:`split_lanes` shares records over lanes by record key (``ONCELY_CONSUMER_LANES``): a key
+always lands on the same lane, so its records apply in order, while other keys proceed in
+parallel. :class:`Lanes` applies one batch at a time: a sync effect's in one transaction, an
+``async`` effect's split over lanes that are concurrent tasks on one asyncio event loop, each
+in its own transaction; :func:`merge_results` gives the offsets to commit: a partition's never
+passes its lowest record that was not applied. (A sync effect's lanes keep taking work instead
+of waiting for a batch: :mod:`.workers`.)
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import zlib
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -32,8 +33,8 @@ from oncely.schemas.codec import Codec
 
 
 class Lanes:
-    """Applies batches of ``effect`` in ``count`` lanes; used from one thread (the apply
-    thread), which must also :meth:`close` it."""
+    """Applies batches of ``effect`` (an ``async`` one's in ``count`` lanes); used from one
+    thread (the apply thread), which must also :meth:`close` it."""
 
     def __init__(
         self,
@@ -57,36 +58,27 @@ class Lanes:
             group_id=group_id,
             tracing=tracing,
         )
-        self._pool = (
-            ThreadPoolExecutor(count, thread_name_prefix=f"lane-{effect.name}")
-            if count > 1 and not effect.is_async
-            else None
-        )
         self._event_loop: asyncio.Runner | None = None  # created on the apply thread
 
     def apply(self, records: Sequence[Record]) -> list[BatchResult]:
-        """Apply one batch: one transaction per lane; never raises (see ``Applier.apply``)."""
+        """Apply one batch: one transaction (per lane); never raises (see ``Applier.apply``)."""
         if self._async_engine is not None:
             if self._event_loop is None:
                 self._event_loop = asyncio.Runner()
             runs = split_lanes(records, self.count) if self.count > 1 else [records]
             return self._event_loop.run(self._apply_async(runs))
-        if self._pool is None:
-            return [self._applier.apply(records)]
-        return list(self._pool.map(self._applier.apply, split_lanes(records, self.count)))
+        return [self._applier.apply(records)]
 
     async def _apply_async(self, runs: Sequence[Sequence[Record]]) -> list[BatchResult]:
         return list(await asyncio.gather(*(self._applier.apply_async(run) for run in runs)))
 
     def close(self) -> None:
-        """Dispose the async engine and its event loop, stop the lane threads."""
+        """Dispose the async engine and its event loop."""
         if self._event_loop is not None:
             if self._async_engine is not None:
                 self._event_loop.run(self._async_engine.dispose())
             self._event_loop.close()
             self._event_loop = None
-        if self._pool is not None:
-            self._pool.shutdown()
 
 
 def _async_engine(engine: sa.Engine, lanes: int) -> AsyncEngine:
@@ -96,18 +88,31 @@ def _async_engine(engine: sa.Engine, lanes: int) -> AsyncEngine:
     return create_async_engine(url, pool_size=max(2, lanes), pool_pre_ping=True)
 
 
-def split_lanes(records: Sequence[Record], lanes: int) -> list[list[Record]]:
+def split_lanes(
+    records: Sequence[Record], lanes: int, *, keep_empty: bool = False
+) -> list[list[Record]]:
     """``records`` shared over ``lanes`` runs by key (by partition for keyless records).
 
-    A key always maps to the same lane, and each run keeps the batch's order.
+    A key always maps to the same lane, and each run keeps the batch's order. Empty runs are
+    left out, unless ``keep_empty`` (then run ``i`` is lane ``i``'s).
     """
     runs: list[list[Record]] = [[] for _ in range(lanes)]
     for record in records:
         message = record.message
         key = message.key()
         basis = key if isinstance(key, bytes) else str(message.partition()).encode()
-        runs[zlib.crc32(basis) % lanes].append(record)
-    return [run for run in runs if run]
+        runs[lane_of(basis, lanes)].append(record)
+    return runs if keep_empty else [run for run in runs if run]
+
+
+def lane_of(key: bytes, lanes: int) -> int:
+    """The lane of records with ``key`` among ``lanes``: the high half of its CRC-32, modulo.
+
+    Not ``crc32(key) % lanes``: librdkafka's default partitioner is ``crc32(key) % partitions``,
+    so with, say, 6 partitions and 8 lanes a partition's keys would land on only half the lanes
+    (both moduli see the same low bits), and a fetch of one partition would feed only those.
+    """
+    return (zlib.crc32(key) >> 16) % lanes
 
 
 def merge_results(

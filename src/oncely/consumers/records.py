@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from confluent_kafka import Message
@@ -60,8 +60,7 @@ class Envelope:
         return self._event_id
 
 
-@dataclass(frozen=True, slots=True)
-class Decoded:
+class Decoded(NamedTuple):
     """An envelope and the event its value holds."""
 
     envelope: Envelope

@@ -1,26 +1,37 @@
-"""The consumer loop of one effect: poll a batch, apply it once, commit the DB, then the offsets.
+"""The consumer loop of one effect: poll records, apply each once, commit the DB, then the offsets.
 
-Each polled batch is applied by :class:`~oncely.consumers.apply.Applier` in one database
-transaction per lane (receipts and effects together); only then are the offsets stored and
-committed. A crash anywhere before the offset commit redelivers records whose receipts already
-exist: they are counted as duplicates and not applied again.
+Records are applied by :class:`~oncely.consumers.apply.Applier` in database transactions
+(receipts and effects together); only then are their offsets stored and committed. A crash
+anywhere before the offset commit redelivers records whose receipts already exist: they are
+counted as duplicates and not applied again.
 
-Batches are applied on a thread of their own while the loop fetches and reads the next one
-(one batch in flight): offsets are still stored and committed batch after batch, each after
-its batch's commit. A fetch never waits out a timeout while records are there: it takes what
-is buffered, and only when nothing is does it wait for the first record, then takes the rest
-that arrived with it. An ``async`` effect's batches run on an asyncio event loop on that
-thread, its lanes as concurrent tasks.
+With one lane (the default) and for ``async`` effects, each polled batch is applied in one
+transaction per lane on a thread of its own while the loop fetches and reads the next one (one
+batch in flight): offsets are stored and committed batch after batch, each after its batch's
+commit. A fetch never waits out a timeout while records are there: it takes what is buffered,
+and only when nothing is does it wait for the first record, then takes the rest that arrived
+with it. An ``async`` effect's batches run on an asyncio event loop on that thread, its lanes
+(``lanes`` > 1, :mod:`.lanes`) as concurrent tasks: the next batch waits for the slowest.
 
-With ``lanes`` > 1 the batch is split by key (:mod:`.lanes`); the offset committed for a
-partition never passes its lowest record that was not applied: records of other keys after it
-that were applied are read again and suppressed by their receipts.
+A sync effect with ``lanes`` > 1 has lanes that keep taking work (:mod:`.workers`): the loop
+splits what it fetches by key onto each lane's queue, up to two batches of records in flight
+(at the bound it stops fetching and waits for a lane), and a lane applies what its queue holds
+in one transaction. A partition commits the contiguous prefix of records every lane has
+finished (:mod:`.progress`), so its committed offset never passes a record not applied, while
+a slow key holds back only its own lane; records of other keys after it that were applied are
+read again after a crash and suppressed by their receipts. Offsets are committed at most every
+0.2 s this way, and at once on a rebalance and at shutdown.
 
-A failing record stops its partition (in its lane) for the rest of the batch, and the committed
-offset stops just before it; then the effect's failure policy acts (:mod:`.failures`: retry in
-place, dead-letter or block), through the partition gate (:mod:`.gate`). Nothing is skipped
-silently. With lanes, ``block`` stops the partition at the failing record, but records of
-other keys after it may already have been applied.
+A failing record stops its partition (in its lane), and the committed offset stops just before
+it; then the effect's failure policy acts (:mod:`.failures`: retry in place, dead-letter or
+block), through the partition gate (:mod:`.gate`), and a database failure reads the partition
+again from the failed record. Nothing is skipped silently. With lanes, ``block`` stops the
+partition at the failing record, but records of other keys after it (up to what was in flight)
+may already have been applied.
+
+On a rebalance the partitions revoked finish what is being applied (lanes skip what they have
+not started), commit, and only then are let go; partitions lost are dropped without a commit.
+At shutdown the same happens for every partition.
 """
 
 from __future__ import annotations
@@ -35,7 +46,14 @@ from typing import Any
 import sqlalchemy as sa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from oncely.consumers.apply import BatchResult, PartitionId, Record, topic_partition
+from oncely.consumers.apply import (
+    Applier,
+    BatchResult,
+    Failure,
+    PartitionId,
+    Record,
+    topic_partition,
+)
 from oncely.consumers.dlq import DeadLetters
 from oncely.consumers.effects import Effect
 from oncely.consumers.failures import FailureHandling
@@ -43,6 +61,7 @@ from oncely.consumers.gate import PartitionGate
 from oncely.consumers.lanes import Lanes, merge_results
 from oncely.consumers.membership import Membership
 from oncely.consumers.records import read_envelope
+from oncely.consumers.workers import LaneWorkers
 from oncely.failpoints import failpoint
 from oncely.runtime.metrics import ConsumerMetrics
 from oncely.runtime.process import Every
@@ -54,6 +73,13 @@ from oncely.settings import ConsumerSettings, KafkaSettings
 log = logging.getLogger(__name__)
 
 _LAG_INTERVAL = 5.0
+#: How long a fetch waits while lanes are busy, so that their reports are collected soon.
+_FEED_WAIT = 0.02
+#: Lanes that keep taking work commit their offsets at most this often (and on each rebalance
+#: and at shutdown).
+_COMMIT_INTERVAL = 0.2
+#: Records the lanes may hold (queued or applying), in batches: the fetch stops at it.
+_IN_FLIGHT_BATCHES = 2
 
 
 def consumer_config(
@@ -101,9 +127,23 @@ class EffectConsumer:
         self._auth = AuthWatch()  # refused credentials stop the consumer (retrying cannot help)
         self._config = {**consumer_config(kafka, settings, group_id), "error_cb": self._auth}
         self._consumer = Consumer(self._config)
-        self._lanes = Lanes(
-            effect, engine, metrics, codec, settings.lanes, group_id=group_id, tracing=tracing
-        )
+        # Lanes that keep taking work (sync effects with lanes > 1), or batch after batch.
+        self._workers: LaneWorkers | None = None
+        self._lanes: Lanes | None = None
+        if settings.lanes > 1 and not effect.is_async:
+            applier = Applier(effect, engine, metrics, codec, group_id=group_id, tracing=tracing)
+            self._workers = LaneWorkers(
+                applier,
+                settings.lanes,
+                run_size=settings.batch_size,
+                bound=_IN_FLIGHT_BATCHES * settings.batch_size,
+            )
+        else:
+            self._lanes = Lanes(
+                effect, engine, metrics, codec, settings.lanes, group_id=group_id, tracing=tracing
+            )
+        self._commit_every = Every(_COMMIT_INTERVAL)
+        self._uncommitted = False
         self._apply_thread = ThreadPoolExecutor(1, thread_name_prefix=f"apply-{effect.name}")
         self._pending: Future[list[BatchResult]] | None = None
         self._gate = PartitionGate(lambda: self._consumer)
@@ -136,26 +176,24 @@ class EffectConsumer:
                 self._watch_membership(now)
                 self._gate.resume_due(now)
                 self._gate.fetching()
-                messages = self._fetch(0.0 if self._pending else self.settings.poll_timeout_seconds)
-                self._auth.check()
-                records = self._read(messages)
-                self._finish_pending()
-                # Records read before their partition was sought or paused are dropped.
-                records = self._gate.admitted(records)
-                if records:
-                    failpoint("consumer.after_poll")
-                    self.metrics.consumed.labels(self.effect.name).inc(len(records))
-                    self._pending = self._apply_thread.submit(self._lanes.apply, records)
+                if self._workers is not None:
+                    self._feed(self._workers)
+                else:
+                    self._batch()
                 if lag.due():
                     self._update_lag()
                     self.dead_letters.poll()
         finally:
             try:
                 self._finish_pending()
+                self._settle_lanes(None)
                 self._commit(asynchronous=False)
                 self._consumer.close()
             finally:
-                self._apply_thread.submit(self._lanes.close).result()
+                if self._workers is not None:
+                    self._workers.close()
+                if self._lanes is not None:
+                    self._apply_thread.submit(self._lanes.close).result()
                 self._apply_thread.shutdown()
 
     def healthy(self) -> bool:
@@ -175,6 +213,7 @@ class EffectConsumer:
         )
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._gate.assigned(_ids(partitions))
         self.membership.assigned(_ids(partitions), time.monotonic())
         log.info(
             "partitions assigned",
@@ -182,8 +221,10 @@ class EffectConsumer:
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Finish the batch in flight, then commit everything applied before letting go.
+        # Finish the batch in flight (the lanes' runs started on these partitions; what they
+        # have not started is skipped), then commit everything applied before letting go.
         self._finish_pending()
+        self._settle_lanes(_ids(partitions))
         self._commit(asynchronous=False)
         self._let_go(partitions, lost=False)
         log.info(
@@ -201,6 +242,9 @@ class EffectConsumer:
         )
 
     def _let_go(self, partitions: list[TopicPartition], *, lost: bool) -> None:
+        if self._workers is not None:
+            self._workers.cancel(_ids(partitions))
+            self._workers.forget(_ids(partitions))
         self._gate.forget(_ids(partitions))
         self.membership.revoked(_ids(partitions), time.monotonic(), lost=lost)
 
@@ -231,6 +275,9 @@ class EffectConsumer:
         """A new Kafka client in place of one that stopped rejoining; the old one is closed on
         a thread of its own (it holds no partitions, so nothing is left to commit)."""
         self._finish_pending()  # its offsets go to the old client (refused if not assigned)
+        if self._workers is not None:
+            self._settle_lanes(None)
+            self._workers.forget(self._workers.partitions())
         stale = self._consumer
         self._consumer = Consumer(self._config)
         self._gate.clear()
@@ -241,12 +288,74 @@ class EffectConsumer:
             target=_close_quietly, args=(stale,), name=f"close-{self.effect.name}", daemon=True
         ).start()
 
-    # -- one batch --------------------------------------------------------------------------
+    # -- one batch at a time ----------------------------------------------------------------
 
-    def _fetch(self, wait: float) -> list[Message]:
-        """Up to ``batch_size`` records: those already buffered, else (when ``wait`` > 0) the
-        first to arrive within ``wait`` seconds and those that came with it."""
-        size = self.settings.batch_size
+    def _batch(self) -> None:
+        """Fetch the next batch while the one in flight applies; then finish that one and hand
+        this one to the apply thread."""
+        assert self._lanes is not None
+        messages = self._fetch(0.0 if self._pending else self.settings.poll_timeout_seconds)
+        self._auth.check()
+        records = self._read(messages)
+        self._finish_pending()
+        # Records read before their partition was sought, paused or let go are dropped.
+        records = self._gate.admitted(records)
+        if records:
+            failpoint("consumer.after_poll")
+            self.metrics.consumed.labels(self.effect.name).inc(len(records))
+            self._pending = self._apply_thread.submit(self._lanes.apply, records)
+
+    # -- lanes that keep taking work --------------------------------------------------------
+
+    def _feed(self, workers: LaneWorkers) -> None:
+        """Fetch as much as the lanes have room for, act on their reports, hand them the
+        records; with no room, wait for a report instead of fetching."""
+        room = min(workers.room(), self.settings.batch_size)
+        messages: list[Message] = []
+        if room > 0:
+            busy = workers.in_flight > 0
+            messages = self._fetch(_FEED_WAIT if busy else self.settings.poll_timeout_seconds, room)
+        self._auth.check()
+        records = self._read(messages)
+        self._collect(workers, wait=0.0 if room > 0 else self.settings.poll_timeout_seconds)
+        # Records read before their partition was sought, paused or let go are dropped.
+        records = self._gate.admitted(records)
+        if records:
+            failpoint("consumer.after_poll")
+            self.metrics.consumed.labels(self.effect.name).inc(len(records))
+            workers.submit(records)
+        if self._uncommitted and self._commit_every.due():
+            self._commit(asynchronous=True)
+
+    def _collect(self, workers: LaneWorkers, *, wait: float) -> None:
+        """Store the offsets the lanes' reports finished; act on their failures."""
+        collected = workers.collect(wait)
+        if collected.applied:
+            self.metrics.applied.labels(self.effect.name).inc(collected.applied)
+        if collected.duplicates:
+            self.metrics.duplicates.labels(self.effect.name).inc(collected.duplicates)
+        if collected.commit:
+            failpoint("consumer.after_db_commit_before_offset_commit")
+            self._store_offsets(collected.commit)
+            self._uncommitted = True
+        if collected.reported:
+            self._act_on(collected.failures)
+
+    def _settle_lanes(self, tps: list[PartitionId] | None) -> None:
+        """Let the lanes finish the runs they started (skipping what they have not started of
+        ``tps``, or of every partition) and store what they finished."""
+        if self._workers is None:
+            return
+        self._workers.cancel(self._workers.partitions() if tps is None else tps)
+        self._workers.settle()
+        self._collect(self._workers, wait=0.0)
+
+    # -- either way -------------------------------------------------------------------------
+
+    def _fetch(self, wait: float, limit: int | None = None) -> list[Message]:
+        """Up to ``limit`` (``batch_size``) records: those already buffered, else (when
+        ``wait`` > 0) the first to arrive within ``wait`` seconds and those that came with it."""
+        size = limit or self.settings.batch_size
         messages = self._consumer.consume(num_messages=size, timeout=0)
         if messages or wait <= 0:
             return messages
@@ -284,6 +393,10 @@ class EffectConsumer:
         failpoint("consumer.after_db_commit_before_offset_commit")
         self._store_offsets(next_offsets)
         self._commit(asynchronous=True)
+        self._act_on(stops)
+
+    def _act_on(self, stops: list[Failure]) -> None:
+        """Seek back to a record the database failed; apply the policy to the others."""
         self.database_ok = all(f.kind != "database" for f in stops)
         for failure in stops:
             if failure.kind == "database":
@@ -307,10 +420,16 @@ class EffectConsumer:
                 log.info("offsets not stored: %s", exc)
 
     def _commit_past(self, tp: PartitionId, offset: int) -> None:
-        self._store_offsets({tp: offset})
+        """Commit ``tp`` past a dead letter; with lanes that keep taking work, only as far as
+        every record below ``offset`` is finished."""
+        if self._workers is not None:
+            self._store_offsets(self._workers.skip_to(tp, offset))
+        else:
+            self._store_offsets({tp: offset})
         self._commit(asynchronous=True)
 
     def _commit(self, *, asynchronous: bool) -> None:
+        self._uncommitted = False
         try:
             if asynchronous:
                 self._consumer.commit(asynchronous=True)

@@ -9,6 +9,9 @@ statement's text is the same for every batch. A table with an ``ARRAY`` column, 
 Python-side default on a column the values leave out, is written with SQLAlchemy's
 ``executemany`` instead.
 
+Follow-up events staged with ``ctx.stage`` are outbox rows, written first, all of a batch in one
+multi-row ``INSERT`` (:func:`~oncely.storage.stores.outbox.writes.add_rows`).
+
 Upserts of one key in one batch are merged before they are written, as if they had run one
 after the other: the first one's values for the columns it does not update, the last one's for
 those it does. A row that breaks a constraint fails the statement; the consumer then applies the
@@ -30,6 +33,7 @@ from sqlalchemy.orm import Session
 
 from oncely.errors import ConfigurationError
 from oncely.storage.queries import run_on_driver
+from oncely.storage.stores.outbox.writes import add_rows
 
 #: A table an effect writes to: a Core ``Table`` or an ORM-mapped class.
 TableLike = sa.Table | type[Any]
@@ -59,7 +63,8 @@ class _Statement:
 
 
 class Writes:
-    """The rows of one transaction, by statement, in the order the statements were first used."""
+    """The rows of one transaction: the outbox rows of its follow-up events, then the others by
+    statement, in the order the statements were first used."""
 
     def __init__(self) -> None:
         # By (table as given, column names, conflict columns, updated columns): the statement
@@ -69,6 +74,7 @@ class Writes:
             tuple[Any, ...], tuple[_Statement, dict[tuple[Any, ...], dict[str, Any]]]
         ] = {}
         self._order: list[tuple[_Statement, list[dict[str, Any]] | dict[Any, dict[str, Any]]]] = []
+        self._outbox: list[Mapping[str, Any]] = []
 
     def insert(self, table: TableLike, values: Mapping[str, Any]) -> None:
         key: tuple[Any, ...] = (table, tuple(values))
@@ -103,18 +109,24 @@ class Writes:
         else:
             earlier.update({name: values[name] for name in updated})
 
+    def stage(self, row: Mapping[str, Any]) -> None:
+        """Add an outbox ``row`` (a follow-up event), written before the other rows."""
+        self._outbox.append(row)
+
     def __bool__(self) -> bool:
-        return bool(self._order)
+        return bool(self._order) or bool(self._outbox)
 
     def clear(self) -> None:
         self._inserts.clear()
         self._upserts.clear()
         self._order.clear()
+        self._outbox.clear()
 
     def write(self, session: Session) -> None:
         """Execute the collected rows in ``session``'s transaction, then forget them."""
         connection = session.connection()
         adapters = connection.connection.driver_connection.adapters  # type: ignore[union-attr]
+        add_rows(connection, self._outbox)
         for statement, params in self.statements(connection.dialect, adapters):
             if isinstance(statement, str):
                 run_on_driver(connection, statement, params)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -157,6 +157,48 @@ def _row(
     return row
 
 
+def outbox_rows(
+    events: Sequence[BaseModel],
+    *,
+    codec: Codec | None = None,
+    idempotency_keys: Sequence[str | None] | None = None,
+    headers: Mapping[str, str] | None = None,
+    available_at: datetime | None = None,
+    limits: StageLimits | None = None,
+    trace_context: str | None = None,
+) -> list[dict[str, Any]]:
+    """The outbox rows of ``events`` (column -> value), encoded and checked against
+    ``limits``, each with a new event id: what :func:`stage_many` adds, for a caller that adds
+    them itself later (an effect's follow-up events, written with its batch).
+
+    Raises the errors of :func:`stage` but the duplicate ones.
+    """
+    keys = list(idempotency_keys) if idempotency_keys is not None else [None] * len(events)
+    if len(keys) != len(events):
+        raise ValueError(f"{len(events)} events but {len(keys)} idempotency keys")
+    rows = [
+        _row(event, codec or _codec_for(event), key, headers, available_at, trace_context)
+        for event, key in zip(events, keys, strict=True)
+    ]
+    for row in rows:
+        check_limits(row, limits or default_limits())
+    return rows
+
+
+def staged_event(row: Mapping[str, Any]) -> StagedEvent:
+    """What :func:`stage` returns for an outbox ``row`` of :func:`outbox_rows`."""
+    return StagedEvent(
+        id=row["id"],
+        idempotency_key=row["event_key"],
+        type=row["type"],
+        topic=row["topic"],
+        aggregatetype=row["aggregatetype"],
+        aggregateid=row["aggregateid"],
+        headers=row["headers"],
+        payload=row["payload"],
+    )
+
+
 def stage_many(
     target: Transactional,
     events: Iterable[BaseModel],
@@ -173,17 +215,15 @@ def stage_many(
     event.
     Raises the same errors as :func:`stage`; on an error nothing of the batch is added.
     """
-    batch = list(events)
-    keys = list(idempotency_keys) if idempotency_keys is not None else [None] * len(batch)
-    if len(keys) != len(batch):
-        raise ValueError(f"{len(batch)} events but {len(keys)} idempotency keys")
-    trace_context = current_context_text()
-    rows = [
-        _row(event, codec or _codec_for(event), key, headers, available_at, trace_context)
-        for event, key in zip(batch, keys, strict=True)
-    ]
-    for row in rows:
-        check_limits(row, limits or default_limits())
+    rows = outbox_rows(
+        list(events),
+        codec=codec,
+        idempotency_keys=list(idempotency_keys) if idempotency_keys is not None else None,
+        headers=headers,
+        available_at=available_at,
+        limits=limits,
+        trace_context=current_context_text(),
+    )
     before = _transaction_of(target)
     seen = _keys_in_transaction.get(before, set()) if before is not None else set()
     new_keys = [row["event_key"] for row in rows]
@@ -201,19 +241,7 @@ def stage_many(
     add_rows(target, rows)
     # Adding or executing begins the transaction if none had begun: remember the keys there.
     _keys_in_transaction.setdefault(_transaction_of(target), set()).update(new_keys)
-    return [
-        StagedEvent(
-            id=row["id"],
-            idempotency_key=row["event_key"],
-            type=row["type"],
-            topic=row["topic"],
-            aggregatetype=row["aggregatetype"],
-            aggregateid=row["aggregateid"],
-            headers=row["headers"],
-            payload=row["payload"],
-        )
-        for row in rows
-    ]
+    return [staged_event(row) for row in rows]
 
 
 def stage(

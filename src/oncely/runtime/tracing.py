@@ -8,7 +8,9 @@ continues the trace. Spans follow OpenTelemetry's messaging semantic conventions
 
 - :func:`current_context_text`: ``stage()`` and ``enqueue_task()`` store the active context
   with the row (the ``tracingspancontext`` column, Java properties text; see
-  :func:`oncely.wire.trace_context_text`), inside the caller's transaction.
+  :func:`oncely.wire.trace_context_text`), inside the caller's transaction; an effect's
+  follow-up event (``ctx.stage``) stores its record's span's context, or without one
+  :func:`record_context_text`, the context the record arrived with.
 - :meth:`Tracing.send`: the relay produces a row that carries a context inside a PRODUCER span
   ``send <topic>`` whose parent is that context; the span's own context goes on the record in
   its place, and the span ends with the delivery report (partition, offset, or the error).
@@ -35,7 +37,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from oncely.wire import trace_context_fields, trace_context_text
 
-__all__ = ["Sending", "Tracing", "current_context_text"]
+__all__ = ["Sending", "Tracing", "current_context_text", "record_context_text"]
 
 T = TypeVar("T")
 
@@ -50,6 +52,13 @@ def current_context_text() -> str | None:
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     return trace_context_text(carrier)
+
+
+def record_context_text(headers: Mapping[str, str]) -> str | None:
+    """The trace context a record's ``headers`` carry (the propagator's fields) as the text a
+    row stores, or ``None`` when they carry none."""
+    fields = propagate.get_global_textmap().fields
+    return trace_context_text({name: value for name, value in headers.items() if name in fields})
 
 
 @dataclass
