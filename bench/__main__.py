@@ -17,6 +17,7 @@ cores):
   Debezium's Kafka Connect worker + PostgreSQL;
 - R-IDLE: an idle relay's CPU (relay + PostgreSQL cores) and queries per second
   (``pg_stat_statements``), nothing staged;
+- R-CIDLE: an idle consumer process's CPU (cores), assigned and caught up, nothing to consume;
 - R3, R3-fair, R3-dup: the consumer with receipts vs a raw consumer with an empty transaction
   per batch, vs one writing the same rows with plain psycopg; a replay of applied records vs
   the first application;
@@ -55,7 +56,7 @@ from bench.cluster_cells import cluster_cells
 from bench.debezium_cells import debezium_cells
 from bench.fixtures import Bench
 from bench.harness import Target, environment, scaled
-from bench.idle_cells import PG_SETTINGS, idle_cells
+from bench.idle_cells import PG_SETTINGS, consumer_idle_cell, idle_cells
 from bench.latency_cells import latency_cells
 from bench.quiet_cells import quiet_cells
 from bench.quiet_cpu_cells import quiet_cpu_cells
@@ -76,6 +77,7 @@ ALL = [
     "R-QUIET",
     "R-QUIET-CPU",
     "R-IDLE",
+    "R-CIDLE",
     *CONSUMER_CELLS,
     "R-LANES",
     *LATENCY_CELLS,
@@ -306,6 +308,12 @@ def main() -> None:
             )
             results += [c.to_json() for c in made]
             extra["R-IDLE statements"] = details
+        if "R-CIDLE" in args.cells:
+            cell, details = consumer_idle_cell(
+                bench, repetitions=args.repetitions, seconds=scaled(60.0, minimum=10.0)
+            )
+            results.append(cell.to_json())
+            extra["R-CIDLE cores"] = details
         consumer_wanted = [c for c in CONSUMER_CELLS if c in args.cells]
         if consumer_wanted:
             made = consumer_cells.throughput_cells(

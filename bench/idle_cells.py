@@ -1,4 +1,4 @@
-"""R-IDLE: what an idle relay costs, in CPU and in queries, with nothing staged.
+"""R-IDLE and R-CIDLE: what an idle relay and an idle consumer cost, with nothing to do.
 
 One ``oncely relay run`` process (the bench's relay settings, started as every relay cell
 starts it: :func:`bench.fixtures.relay_processes`), ready and holding every shard, over an
@@ -18,6 +18,14 @@ empty outbox. After ``SETTLE_SECONDS``, ``repetitions`` windows of ``seconds`` e
   nothing for it) and the cell sets ``track=top`` for ``ROLE`` alone. The five statements
   called most are in the run's details (``R-IDLE statements``) and the notes.
 
+**R-CIDLE** (target <= 0.01): CPU cores of one ``oncely consume bench.effects_app:effects
+--effect apply`` process (the consumer's defaults) with nothing to consume. A relay process
+carries one sentinel event to it first (so the consumer is assigned its partitions and caught
+up), then stops; after ``SETTLE_SECONDS``, ``repetitions`` windows of ``seconds`` each (60 s at
+``BENCH_SCALE=1``) in which nothing is written: the consumer process's ``utime + stime`` from
+``/proc/<pid>/stat`` over the window (:func:`bench.harness.cpu_window`), the broker's and
+PostgreSQL's cores beside it as context.
+
 Without ``pg_stat_statements`` loaded (services given by ``ONCELY_DATABASE_URL``), the count
 falls back to the database's ``xact_commit + xact_rollback`` (``pg_stat_database``) over the
 window, minus the bench's own reads: transactions, not statements, and anyone else's count
@@ -28,16 +36,30 @@ from __future__ import annotations
 
 import statistics
 import time
+import uuid
 from typing import Any
 
 import sqlalchemy as sa
+from confluent_kafka.admin import NewTopic
 
-from bench.fixtures import Bench, relay_processes, restage
+from bench.effects_app import create_effects_table
+from bench.fixtures import (
+    Bench,
+    commit_at_once,
+    delete_topic,
+    metric,
+    processes,
+    relay_processes,
+    restage,
+    wait_ready,
+)
 from bench.harness import Cell, cpu_window, interleave
+from bench.writers import outbox_rows
 
 ROLE = "oncely_bench_idle"
 SETTLE_SECONDS = 5.0
 RELAY = "idle relay"
+CONSUMER = "idle consumer"
 #: What a PostgreSQL with the extension needs (the bench's devstack starts with these).
 PG_SETTINGS = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "none"}
 #: The relay's and PostgreSQL's process classes (bench.harness).
@@ -184,3 +206,71 @@ def idle_cells(
             + "; ".join(f"{s['per_second']}/s `{' '.join(s['query'].split())[:120]}`" for s in last)
         )
     return [cores_cell, queries_cell], {"source": source, "windows": windows}
+
+
+def consumer_idle_cell(
+    bench: Bench, *, repetitions: int, seconds: float
+) -> tuple[Cell, dict[str, Any]]:
+    """R-CIDLE: an idle consumer process's cores; the details hold every window's cores."""
+    prefix = f"cidle-{uuid.uuid4().hex[:6]}."
+    [sentinel] = outbox_rows(prefix, 1, keys=1)
+    topic = str(sentinel["topic"])
+    admin = bench.admin()  # kept alive until the topic exists
+    admin.create_topics([NewTopic(topic, num_partitions=bench.partitions)])[topic].result(30)
+    create_effects_table(bench.engine)
+    restage(bench, [])
+    env = {
+        "ONCELY_DATABASE_URL": bench.database_url,
+        "ONCELY_KAFKA_BOOTSTRAP_SERVERS": bench.bootstrap,
+        "ONCELY_BENCH_TOPIC_PREFIX": prefix,
+        "ONCELY_BENCH_GROUP_PREFIX": prefix,
+    }
+    windows: list[dict[str, Any]] = []
+    argv = ["consume", "bench.effects_app:effects", "--effect", "apply"]
+    with processes(argv, 1, env) as [consumer]:
+        wait_ready([consumer])
+        with relay_processes(bench, 1):
+            commit_at_once(bench, [sentinel], topic)
+            deadline = time.monotonic() + 120
+            while metric(consumer, "oncely_consumer_applied_total", effect="apply") < 1:
+                if time.monotonic() > deadline or consumer.proc.poll() is not None:
+                    raise RuntimeError(f"the sentinel was not applied (see {consumer.log})")
+                time.sleep(0.05)
+        time.sleep(SETTLE_SECONDS)
+
+        def window() -> float:
+            with cpu_window() as cpu:
+                time.sleep(seconds)
+            mine = sum(
+                cores
+                for pid, (kind, cores) in cpu.by_pid.items()
+                if kind == "consumer" and pid == consumer.proc.pid
+            )
+            cores = {kind: round(cpu.cores.get(kind, 0.0), 4) for kind in ("broker", "postgres")}
+            windows.append({"seconds": round(cpu.seconds, 1), "consumer": round(mine, 4), **cores})
+            return mine
+
+        run = interleave({CONSUMER: window}, repetitions=repetitions, warmup=False)
+    delete_topic(bench, topic)
+    cell = Cell(
+        "R-CIDLE",
+        CONSUMER,
+        [],
+        "cores",
+        target="<= 0.01",
+        measures="CPU cores used by an idle `oncely consume` process (assigned, caught up), "
+        "nothing to consume",
+        notes=[
+            f"one consumer process (defaults, {bench.partitions} partitions), one sentinel event "
+            f"applied through a relay that then stops; {repetitions} windows of {seconds:.0f} s "
+            f"after {SETTLE_SECONDS:.0f} s of settling; the process's utime + stime from "
+            "/proc/<pid>/stat"
+        ],
+    )
+    cell.take(run)
+    med = {k: statistics.median(w[k] for w in windows) for k in ("consumer", "broker", "postgres")}
+    cell.summary = (
+        f"consumer {med['consumer']:.4f} cores (broker {med['broker']:.4f}, PostgreSQL "
+        f"{med['postgres']:.4f}, context)"
+    )
+    return cell, {"windows": windows}

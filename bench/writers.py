@@ -3,6 +3,8 @@
 ``python -m bench.writers SPEC`` where ``SPEC`` is a JSON object: ``database_url``,
 ``topic_prefix`` (the :mod:`bench.effects_app` app's), ``rate`` (events/s), ``seconds``,
 ``writers`` (threads, each with its own autocommit connection and one prepared INSERT),
+``processes`` (optional, default 1: with more, the threads are in each of that many spawned
+processes, :func:`bench.fixtures.process_writers`, so that one GIL does not hold them back),
 ``keys`` and ``out`` (a file path). It builds the rows (``credited`` events, Avro, ``keys``
 keys) and connects, prints ``ready``, waits for a line on stdin, then commits one row per
 transaction open loop (:func:`bench.harness.open_loop`: event ``i`` due at ``t0 + i / rate``)
@@ -20,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.effects_app import build_effects
-from bench.fixtures import outbox_writers
-from bench.harness import open_loop
+from bench.fixtures import outbox_writers, process_writers
 from oncely.schemas.codec import Codec
 
 
@@ -54,22 +55,28 @@ def main() -> None:
     spec = json.loads(sys.argv[1])
     rate, seconds = float(spec["rate"]), float(spec["seconds"])
     rows = outbox_rows(spec["topic_prefix"], int(rate * seconds), keys=int(spec["keys"]))
-    with outbox_writers(spec["database_url"], rows, count=int(spec["writers"])) as writes:
+    processes, threads = int(spec.get("processes", 1)), int(spec["writers"])
+    writers = (
+        process_writers(spec["database_url"], rows, processes=processes, threads=threads)
+        if processes > 1
+        else outbox_writers(spec["database_url"], rows, count=threads)
+    )
+    with writers as writes:
         print("ready", flush=True)
         sys.stdin.readline()
-        open_loop(rate, seconds, writes.writers)
-    Path(spec["out"]).write_text(
-        json.dumps(
-            {
-                "ids": [str(row["id"]) for row in rows],
-                "due": writes.due,
-                "committed": writes.committed,
-            }
+        writes.run(rate, seconds)
+        Path(spec["out"]).write_text(
+            json.dumps(
+                {
+                    "ids": [str(row["id"]) for row in rows],
+                    "due": writes.due,
+                    "committed": writes.committed,
+                }
+            )
         )
-    )
-    # Alive until told, so that the caller's CPU window counts this process.
-    print("done", flush=True)
-    sys.stdin.readline()
+        # Alive until told (writer processes too), so that the caller's CPU window counts them.
+        print("done", flush=True)
+        sys.stdin.readline()
 
 
 if __name__ == "__main__":

@@ -71,6 +71,8 @@ class Options:
     events: int = 5000
     chaos: bool = True
     writers: int = 4
+    #: Transfers per second the writers offer, open loop (0: as fast as they can).
+    rate: float = 50.0
     keep_running: bool = False
     timeout_seconds: float = 240.0
 
@@ -166,6 +168,9 @@ class Demo:
         self.counters = _Counters()
         self.log_dir = Path(tempfile.mkdtemp(prefix="oncely-demo-"))
         self.started = datetime.now(UTC)
+        self.cpu_started = _cpu_times()
+        #: How long the writers took (set when they are done).
+        self.writing_seconds = 0.0
         self.topics = sorted({t.topic for t in registry})
         env = {
             **os.environ,
@@ -192,6 +197,8 @@ class Demo:
         self.worker = _Process(
             "task-worker", ["tasks", "run", "examples.payments.tasks:tasks"], env, self.log_dir
         )
+        self._view_client: Consumer | None = None
+        self._view_lock = threading.Lock()
         self._start_offsets = self._high_watermarks()
         self.faults: list[faults.Fault] = []
         self._coming_back: list[tuple[faults.Fault, _Process]] = []
@@ -236,9 +243,16 @@ class Demo:
         per_writer = self.options.events // self.options.writers
         extra = self.options.events - per_writer * self.options.writers
 
+        rate, writers = self.options.rate, self.options.writers
+        started = time.monotonic() + 0.1
+
         def writer(index: int, count: int) -> None:
             rng = random.Random(index)  # noqa: S311 (load generation, not security)
-            for _ in range(count):
+            for n in range(count):
+                if rate > 0:  # open loop: transfer k is due at start + k / rate
+                    delay = started + (index + n * writers) / rate - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
                 key = f"req-{uuid.uuid4()}"
                 request: dict[str, Any] = {
                     "idempotency_key": key,
@@ -278,6 +292,7 @@ class Demo:
                 killed = True
             self.watch()
             time.sleep(0.1)
+        self.writing_seconds = time.monotonic() - started
 
     def watch(self) -> None:
         """Restart a consumer that its failpoint killed; note the restarted processes back."""
@@ -353,10 +368,17 @@ class Demo:
     # -- observation ----------------------------------------------------------------------
 
     def _high_watermarks(self) -> dict[tuple[str, int], int]:
-        """High watermarks of the payment topics; a partition that does not answer is left out."""
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "oncely-demo-view"})
-        marks = {}
-        try:
+        """High watermarks of the payment topics; a partition that does not answer is left out.
+
+        One Kafka client serves every look (a new one each time cost the machine more than the
+        pipeline it watches: connections, metadata and threads twice a second)."""
+        with self._view_lock:
+            if self._view_client is None:
+                self._view_client = Consumer(
+                    {"bootstrap.servers": self.bootstrap, "group.id": "oncely-demo-view"}
+                )
+            consumer = self._view_client
+            marks = {}
             metadata_ = consumer.list_topics(timeout=10)
             for topic in self.topics:
                 for partition in (metadata_.topics.get(topic) or _NoTopic()).partitions:
@@ -364,8 +386,13 @@ class Demo:
                     with contextlib.suppress(KafkaException):
                         marks[(topic, partition)] = consumer.get_watermark_offsets(tp, timeout=5)[1]
             return marks
-        finally:
-            consumer.close()
+
+    def close(self) -> None:
+        """Close the view's Kafka client and the engine."""
+        if self._view_client is not None:
+            self._view_client.close()
+            self._view_client = None
+        self.engine.dispose()
 
     def snapshot(self) -> dict[str, float]:
         with self.engine.connect() as conn:
@@ -413,13 +440,9 @@ class Demo:
             ).one()
         marks = self._high_watermarks()
         records = sum(high - self._start_offsets.get(tp, 0) for tp, high in marks.items())
-        duplicates = sum(
-            c.metrics().get("oncely_consumer_duplicates_suppressed_total", 0.0)
-            for c in self.consumers.values()
-        )
-        lag = sum(
-            c.metrics().get("oncely_consumer_lag_records", 0.0) for c in self.consumers.values()
-        )
+        scraped = [c.metrics() for c in self.consumers.values()]
+        duplicates = sum(m.get("oncely_consumer_duplicates_suppressed_total", 0.0) for m in scraped)
+        lag = sum(m.get("oncely_consumer_lag_records", 0.0) for m in scraped)
         return {
             "staged": row.staged,
             "published": row.published,
@@ -510,6 +533,8 @@ def _invariants(demo: Demo, snap: dict[str, float]) -> tuple[Table, Table | None
         ("emails sent", f"{snap['emails']:.0f} of {completed:.0f}", snap["emails"] == completed),
         ("duplicates suppressed by receipts", f"{snap['duplicates']:.0f}", True),
         ("fault windows", _windows_summary(figures), True),
+        ("offered load", _offered(demo), True),
+        ("machine CPU idle during the run", _cpu_idle(demo), True),
         ("throughput (ledger), overall", _throughput(figures.overall), True),
         ("throughput (ledger), outside fault windows", _throughput(figures.outside), True),
         ("commit → effect (ledger), overall", _latency(figures.overall), True),
@@ -522,6 +547,35 @@ def _invariants(demo: Demo, snap: dict[str, float]) -> tuple[Table, Table | None
     for name, value, ok in rows:
         table.add_row(name, value, "[green]✔[/]" if ok else "[red]✘[/]")
     return table, _windows_table(figures, trips), all(ok for _, _, ok in rows)
+
+
+def _offered(demo: Demo) -> str:
+    """The writers' schedule and what they achieved over the writing."""
+    seconds = demo.writing_seconds
+    achieved = demo.counters.requested / seconds if seconds > 0 else 0.0
+    writers = demo.options.writers
+    if demo.options.rate > 0:
+        return f"{demo.options.rate:g} transfers/s open loop; achieved {achieved:.0f}/s"
+    return f"as fast as {writers} writers go (closed loop): {achieved:.0f} transfers/s"
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(idle + iowait, total) jiffies of the whole machine (Linux ``/proc/stat``), else None."""
+    try:
+        with Path("/proc/stat").open() as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return fields[3] + fields[4], sum(fields[:8])
+
+
+def _cpu_idle(demo: Demo) -> str:
+    """The machine's CPU idle share since the first transfer: the latencies mean little on a
+    machine that had none to spare (other work, or a smaller machine than the demo needs)."""
+    before, after = demo.cpu_started, _cpu_times()
+    if before is None or after is None or after[1] <= before[1]:
+        return "unknown (no /proc/stat)"
+    return f"{(after[0] - before[0]) / (after[1] - before[1]):.0%}"
 
 
 def _throughput(figures: faults.Figures) -> str:
@@ -586,6 +640,7 @@ def run_demo(*, database_url: str, bootstrap: str, options: Options, console: Co
     console.print("starting relay, consumers and task worker ...")
     demo.wait_ready()
     demo.started = demo.db_now()
+    demo.cpu_started = _cpu_times()
     started = time.monotonic()
     phase = ["writing transfers"]
     try:
@@ -636,7 +691,7 @@ def run_demo(*, database_url: str, bootstrap: str, options: Options, console: Co
         return 0 if ok else 1
     finally:
         demo.stop_processes()
-        demo.engine.dispose()
+        demo.close()
 
 
 def _all_done(snap: dict[str, float]) -> bool:

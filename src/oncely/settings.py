@@ -198,7 +198,13 @@ class RelaySettings(BaseSettings):
     max_in_flight: int = Field(
         default=10_000, ge=1, description="Records produced but not yet confirmed, at most."
     )
-    linger_ms: int = Field(default=5, ge=0, description="librdkafka linger.ms.")
+    linger_ms: int | None = Field(
+        default=None,
+        ge=0,
+        description="librdkafka linger.ms. Default: 5 ms while the relay polls (rows flow fast"
+        " and batch), and a quiet relay (waiting for NOTIFYs) sends each read's records at once;"
+        " a value given here holds in both modes.",
+    )
     compression: str = Field(default="lz4", description="librdkafka compression.type.")
     delivery_timeout_ms: int = Field(
         default=30_000,

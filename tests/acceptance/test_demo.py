@@ -44,6 +44,9 @@ def test_the_demo_survives_its_faults_with_every_invariant_green(
     assert re.search(r"duplicate effects\s+│ 0 ", out)
     assert "relay killed with SIGKILL mid-run" in out
     assert "ledger-projection replayed to earliest" in out
+    # The writers offer 50 transfers/s open loop by default, and the run says what it got.
+    _row(out, "offered load", r"50 transfers/s open loop; achieved \d+/s")
+    _row(out, "machine CPU idle during the run", r"\d+%")
     _check_figures(out)
 
 

@@ -70,3 +70,32 @@ def test_a_busy_relay_polls_and_staging_stops_notifying(
             pytest.fail("20,000 rows/s did not switch the relay to polling")
         wait_until(lambda: count_published(engine) == inserted, timeout=60)
         wait_until(lambda: _asleep(engine), timeout=15)
+
+
+@pytest.mark.parametrize("configured", [False, True])
+def test_a_quiet_relay_sends_a_reads_records_at_once_unless_linger_is_configured(
+    engine: sa.Engine,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+    configured: bool,
+) -> None:
+    """linger.ms unset: a busy relay's records linger (here 3 s, so that it shows), a quiet
+    relay's go out when read; ``linger_ms`` given: it holds while quiet too."""
+    monkeypatch.setattr("oncely.relay.service.BUSY_LINGER_MS", 3000)
+    topic = new_topic()
+    overrides = {"linger_ms": 3000} if configured else {}
+    settings = fast_settings(poll_interval_seconds=60.0, **overrides)
+    with running_relay(engine, kafka_bootstrap, settings):
+        wait_until(lambda: _asleep(engine), timeout=15)
+        # The first record of a topic waits for its metadata, past the flush: not measured.
+        insert_rows(engine, outbox_rows(1, topics=[topic], keys=1))
+        wait_until(lambda: count_published(engine) == 1, timeout=20, interval=0.01)
+        committed = time.monotonic()
+        insert_rows(engine, outbox_rows(1, topics=[topic], keys=1))
+        wait_until(lambda: count_published(engine) == 2, timeout=20, interval=0.01)
+        seconds = time.monotonic() - committed
+    if configured:
+        assert seconds >= 2.5, f"published after {seconds:.2f} s despite linger.ms=3000"
+    else:
+        assert seconds < 1.0, f"a quiet relay's record lingered {seconds:.2f} s"

@@ -68,6 +68,16 @@ def test_a_cpu_bound_cell_that_needs_idle_is_not_a_result() -> None:
     assert cell.to_json()["met"] is True
 
 
+def test_a_cell_needing_more_idle_than_a_turn_had_is_not_a_result() -> None:
+    """R4-quiet's target names 30% CPU idle: 20% idle is no result, though not CPU-bound."""
+    cell = _cell([2.0, 2.0, 2.0], [10.0, 10.0, 10.0], "<= 0.33")
+    cell.verdict_needs_idle, cell.idle_needed = True, 0.30
+    cell.idle = {"a": [0.2, 0.2, 0.2], "b": [0.5, 0.5, 0.5]}
+    assert cell.to_json()["met"] is None
+    cell.idle = {"a": [0.3, 0.35, 0.4], "b": [0.5, 0.5, 0.5]}
+    assert cell.to_json()["met"] is True
+
+
 def test_interleave_alternates_after_a_warm_up() -> None:
     calls: list[str] = []
 

@@ -44,6 +44,14 @@ def run(
         bool, typer.Option(help="Kill the relay and a consumer mid-run, then replay a group.")
     ] = True,
     writers: Annotated[int, typer.Option(help="Writer threads.")] = 4,
+    rate: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Transfers per second the writers offer, open loop (0: as fast as they can;"
+            " on 2 cores that saturates the machine, and the latencies measure its queues).",
+        ),
+    ] = 50.0,
     keep_running: Annotated[
         bool, typer.Option(help="Leave the processes running after the checks (Ctrl-C stops).")
     ] = False,
@@ -51,7 +59,7 @@ def run(
     """Run the payments pipeline as separate processes and check its invariants.
 
     Relay, two consumer groups (send-receipt, ledger-projection) and a task worker run as
-    `oncely` processes; writer threads request transfers (some retried with the same
+    `oncely` processes; writer threads request transfers at --rate (some retried with the same
     idempotency key). Exits 1 if an invariant fails.
     """
     try:
@@ -64,7 +72,9 @@ def run(
         )
         raise typer.Exit(2) from None
     assert callable(demo) and callable(options_type)
-    options = options_type(events=events, chaos=chaos, writers=writers, keep_running=keep_running)
+    options = options_type(
+        events=events, chaos=chaos, writers=writers, rate=rate, keep_running=keep_running
+    )
     try:
         with _services() as (database_url, bootstrap):
             code = demo(

@@ -34,8 +34,9 @@ Rules the loop keeps (each is tested against real PostgreSQL and Kafka):
 - Wake-up (:mod:`oncely.relay.pace`): while rows flow fast the loop polls tightly (1 ms after
   rows, up to 4 ms) and staging sends no NOTIFY; under 500 rows/s it marks itself asleep,
   staging NOTIFYs at each commit and the loop reads only when one arrives (or every
-  ``poll_interval_seconds``); from 2,000 rows/s it polls again. An idle relay sends a
-  heartbeat every third of its lease and little else.
+  ``poll_interval_seconds``), and sends the records of each read at once instead of
+  lingering (unless ``linger_ms`` is configured); from 2,000 rows/s it polls again. An idle
+  relay sends a heartbeat every third of its lease and little else.
 - Database or broker outages never crash the loop; refused credentials stop it
   (:class:`~oncely.security.KafkaAuthenticationError`) after giving back its shards.
 """
@@ -85,6 +86,9 @@ _LISTEN_BELOW, _POLL_ABOVE = 500.0, 2000.0
 _QUIET_RECORD_INTERVAL = 30.0
 #: While listening with records in flight, their delivery reports are served this often.
 _REPORTS_WAIT = 0.005
+#: A quiet relay waits at most this long for the reports of a read's records it sends at once
+#: (librdkafka sends them only while its flush lasts, so not too short: usually ~1 ms).
+_SEND_WAIT = 0.05
 #: Progress is recorded at most this often (seconds): a crash replays what was acknowledged
 #: since (duplicates), and a quiet service does not write progress after every few rows.
 _RECORD_INTERVAL = 0.02
@@ -222,6 +226,8 @@ class Relay:
             fallback=settings.poll_interval_seconds,
             window_start=time.monotonic(),
         )
+        #: A quiet relay sends a read's records at once (linger.ms not configured).
+        self._send_at_once = settings.linger_ms is None
         self.heartbeat = time.monotonic()
         self.database_ok = True
 
@@ -275,6 +281,11 @@ class Relay:
                 pace.read_done(read, complete=complete, now=time.monotonic())
                 self._rows_since_gauges += read
             self._pace_switch()
+            if read and pace.mode is Mode.LISTENING and self._send_at_once:
+                # Quiet: no other rows will join these records, so they go out now (flush
+                # ignores linger.ms) and their reports are served, rather than after linger.
+                self._publisher.flush(_SEND_WAIT)
+                self._settle()
             if read and (pace.mode is Mode.POLLING or not complete):
                 continue
             if not pace.listens() or self._wakeup is None:
@@ -284,13 +295,20 @@ class Relay:
                 # between waits, and wake at once for a commit.
                 if self._wakeup.wait(_REPORTS_WAIT):
                     pace.ask()
-            elif self._wakeup.wait(
-                max(0.0, min(pace.fallback - (time.monotonic() - pace.last_read), tick.remaining()))
-            ):
+            elif self._wakeup.wait(self._quiet_wait(tick)):
                 pace.ask()
         self._drain()
         if self._publisher.auth_failed is not None:
             raise KafkaAuthenticationError.of(self._publisher.auth_failed)
+
+    def _quiet_wait(self, tick: Every) -> float:
+        """How long a quiet relay with nothing in flight waits for a NOTIFY: until its fallback
+        read, its tick, or the recording of progress acknowledged since the last record."""
+        now = time.monotonic()
+        wait = min(self._pace.fallback - (now - self._pace.last_read), tick.remaining())
+        if self._unrecorded:
+            wait = min(wait, self._record_after - now)
+        return max(0.0, wait)
 
     def _pace_switch(self) -> None:
         """Switch between polling and listening when the rate of rows read asks for it."""

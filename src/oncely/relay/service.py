@@ -19,6 +19,9 @@ from oncely.storage.tables import NOTIFY_CHANNEL
 
 log = logging.getLogger(__name__)
 
+#: librdkafka linger.ms unless configured: records of a busy relay's reads batch for this long
+#: (a quiet relay sends each read's records at once, see ``Relay``).
+BUSY_LINGER_MS = 5
 #: How long start-up waits for the broker's answer to find refused credentials.
 _CREDENTIALS_TIMEOUT = 10.0
 
@@ -27,7 +30,7 @@ def producer_config(kafka: KafkaSettings, relay: RelaySettings) -> dict[str, obj
     """librdkafka settings of the relay's producer (``Publisher`` adds the fixed ones)."""
     return {
         **kafka.client_config(),
-        "linger.ms": relay.linger_ms,
+        "linger.ms": BUSY_LINGER_MS if relay.linger_ms is None else relay.linger_ms,
         "compression.type": relay.compression,
         # Never time a record out inside librdkafka: it would drop it and go on delivering the
         # later records of its partition (a gap: a later event of a key first on the broker).
