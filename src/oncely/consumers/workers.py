@@ -4,7 +4,7 @@ The consumer loop splits every fetched batch by key (:func:`~oncely.consumers.la
 and puts each lane's run on that lane's queue, without waiting for the lanes to finish the
 batch before. A lane takes what its queue holds (up to ``run_size`` records, one generation
 per partition) and applies it in one transaction; the loop collects the lanes' reports, and the
-:class:`~oncely.consumers.progress.OffsetTracker` turns them into commit points: a partition
+:class:`~oncely.consumers.commit_points.OffsetTracker` turns them into commit points: a partition
 commits the contiguous prefix of records that every lane has finished. A slow key holds back
 only its own lane, and the commit point of its partition; the other lanes keep applying.
 
@@ -27,8 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from oncely.consumers.apply import Applier, BatchResult, Failure, PartitionId, Record
+from oncely.consumers.commit_points import OffsetTracker
 from oncely.consumers.lanes import split_lanes
-from oncely.consumers.progress import OffsetTracker
 
 log = logging.getLogger(__name__)
 

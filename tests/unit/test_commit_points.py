@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oncely.consumers.progress import OffsetTracker
+from oncely.consumers.commit_points import OffsetTracker
 
 TP = ("t", 0)
 
