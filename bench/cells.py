@@ -82,12 +82,14 @@ def _records(rows: list[dict[str, object]], topic: str) -> list[Record]:
     return records
 
 
-def raw_producer(bench: Bench) -> Producer:
-    """A producer with exactly the relay's settings (linger, compression, acks, idempotence)."""
+def raw_producer(bench: Bench, *, linger_ms: int | None = None) -> Producer:
+    """A producer with exactly the relay's settings (linger, compression, acks, idempotence);
+    ``linger_ms`` in place of the relay's busy linger."""
     settings = bench.relay_settings()
-    return Producer(
-        {**producer_config(KafkaSettings(bootstrap_servers=bench.bootstrap), settings), **REQUIRED}
-    )
+    config = producer_config(KafkaSettings(bootstrap_servers=bench.bootstrap), settings)
+    if linger_ms is not None:
+        config["linger.ms"] = linger_ms
+    return Producer({**config, **REQUIRED})
 
 
 def _raw_batches(bench: Bench, topics: Topics, rows: list[dict[str, object]]) -> float:
