@@ -796,6 +796,7 @@ class Relay:
                 log.warning("progress refused for shards %s: taken over", sorted(refused))
                 for shard in refused:
                     if shard in self._shards:
+                        self.metrics.lease_lost.inc()  # found here before the next heartbeat
                         self._forget(self._shards[shard])
                 progress = [p for p in progress if p.shard not in refused]
                 parked = [(p, e) for p, e in parked if p.shard not in refused]

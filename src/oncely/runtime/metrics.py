@@ -58,7 +58,8 @@ class RelayMetrics:
         )
         self.lease_lost = Counter(
             "oncely_relay_lease_lost",
-            "Shards this relay lost to another before giving them back.",
+            "Shards this relay lost to another before giving them back (found at a heartbeat"
+            " or by a refused progress write).",
             registry=r,
         )
         self.progress_refused = Counter(
