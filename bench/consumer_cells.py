@@ -329,7 +329,7 @@ def throughput_cells(bench: Bench, *, repetitions: int, count: int, cells: list[
             OURS,
             [FAIR],
             "records/s",
-            target=">= 0.8",
+            target=">= 0.9",
             measures="consumer with receipts / a raw consumer writing the same receipt and "
             "effect rows per batch with plain psycopg (same rows, same transactions)",
             notes=[
