@@ -40,9 +40,7 @@ import uuid
 from typing import Any
 
 import sqlalchemy as sa
-from confluent_kafka.admin import NewTopic
 
-from bench.effects_app import create_effects_table
 from bench.fixtures import (
     Bench,
     commit_at_once,
@@ -54,7 +52,7 @@ from bench.fixtures import (
     wait_ready,
 )
 from bench.harness import Cell, cpu_window, interleave
-from bench.writers import outbox_rows
+from bench.writers import effects_topic, outbox_rows
 
 ROLE = "oncely_bench_idle"
 SETTLE_SECONDS = 5.0
@@ -213,11 +211,8 @@ def consumer_idle_cell(
 ) -> tuple[Cell, dict[str, Any]]:
     """R-CIDLE: an idle consumer process's cores; the details hold every window's cores."""
     prefix = f"cidle-{uuid.uuid4().hex[:6]}."
+    topic = effects_topic(bench, prefix)
     [sentinel] = outbox_rows(prefix, 1, keys=1)
-    topic = str(sentinel["topic"])
-    admin = bench.admin()  # kept alive until the topic exists
-    admin.create_topics([NewTopic(topic, num_partitions=bench.partitions)])[topic].result(30)
-    create_effects_table(bench.engine)
     restage(bench, [])
     env = {
         "ONCELY_DATABASE_URL": bench.database_url,

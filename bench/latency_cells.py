@@ -50,9 +50,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import NewTopic
 
-from bench.effects_app import create_effects_table
 from bench.fixtures import (
     Bench,
     Running,
@@ -66,7 +64,7 @@ from bench.fixtures import (
     wait_ready,
 )
 from bench.harness import Cell, cpu_window, interleave, open_loop, progress
-from bench.writers import outbox_rows
+from bench.writers import effects_topic, outbox_rows
 from oncely.settings import ConsumerSettings
 
 #: The writers: processes (spawned, each with its own GIL), threads (connections) in each.
@@ -343,11 +341,7 @@ def latency_cells(
     """R4, R4-quiet and the raw-Kafka context cell; with the drain rates and every turn's
     percentiles."""
     prefix = f"r4-{uuid.uuid4().hex[:6]}."
-    [event_type] = outbox_rows(prefix, 1, keys=1)
-    topic = str(event_type["topic"])
-    admin = bench.admin()  # kept alive until the topic exists
-    admin.create_topics([NewTopic(topic, num_partitions=bench.partitions)])[topic].result(30)
-    create_effects_table(bench.engine)
+    topic = effects_topic(bench, prefix)
     with bench.engine.begin() as conn:
         conn.execute(sa.text("TRUNCATE oncely_receipts, bench_effects"))
     restage(bench, [])

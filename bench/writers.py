@@ -21,8 +21,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.effects_app import build_effects
-from bench.fixtures import outbox_writers, process_writers
+from confluent_kafka.admin import NewTopic
+
+from bench.effects_app import build_effects, create_effects_table
+from bench.fixtures import Bench, outbox_writers, process_writers
 from oncely.schemas.codec import Codec
 
 
@@ -49,6 +51,16 @@ def outbox_rows(topic_prefix: str, count: int, *, keys: int) -> list[dict[str, A
             }
         )
     return rows
+
+
+def effects_topic(bench: Bench, topic_prefix: str) -> str:
+    """The effects app's topic under ``topic_prefix``, created with ``bench.partitions``
+    partitions, and the effects table; returns the topic."""
+    topic = str(outbox_rows(topic_prefix, 1, keys=1)[0]["topic"])
+    admin = bench.admin()  # kept alive until the topic exists
+    admin.create_topics([NewTopic(topic, num_partitions=bench.partitions)])[topic].result(30)
+    create_effects_table(bench.engine)
+    return topic
 
 
 def main() -> None:
