@@ -131,10 +131,12 @@ def _markdown(results: list[dict[str, Any]]) -> str:
         if result.get("absolute"):
             lines.append(_absolute_line(result))
             continue
-        for index, (denominator, ratio) in enumerate(result["ratios"].items()):
+        for denominator in result.get("undefined_ratios", []):
+            lines.append(_undefined_line(result, denominator))
+        for denominator, ratio in result["ratios"].items():
             medians = result["medians"]
             numerator = result["numerator"]
-            first = index == 0
+            first = denominator == result["denominators"][0]
             met = Target(result["target"]).met(ratio["median"]) if first else None
             bound = [s for s in (numerator, denominator) if s in result.get("cpu_bound", [])]
             if bound and result.get("verdict_needs_idle"):
@@ -156,6 +158,20 @@ def _markdown(results: list[dict[str, Any]]) -> str:
                 f"| {result['target'] if first else ''} | {verdict.strip()} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _undefined_line(result: dict[str, Any], denominator: str) -> str:
+    """A ratio whose denominator was at or below zero in a repetition: no number, no verdict."""
+    numerator, medians = result["numerator"], result["medians"]
+    first = denominator == result["denominators"][0]
+    what = result.get("measures") if first else f"context: {numerator} / {denominator}"
+    return (
+        f"| {result['cell']} | {what or f'{numerator} / {denominator}'} "
+        f"| undefined: {denominator} was <= 0 in a repetition "
+        f"| {_number(medians[numerator])} / {_number(medians[denominator])} {result['unit']} "
+        f"| {_idle(result, numerator)} / {_idle(result, denominator)} "
+        f"| {result['target'] if first else ''} | no verdict |"
+    )
 
 
 def _verdict(result: dict[str, Any]) -> str:
@@ -199,8 +215,8 @@ def _plot(results: list[dict[str, Any]], path: Path) -> None:
 
     labels, values, errors, colours, targets = [], [], [], [], []
     for result in results:
-        for index, (denominator, ratio) in enumerate(result.get("ratios", {}).items()):
-            first = index == 0
+        for denominator, ratio in result.get("ratios", {}).items():
+            first = denominator == result["denominators"][0]
             met = Target(result["target"]).met(ratio["median"]) if first else None
             labels.append(result["cell"] if first else f"{result['cell']} (vs {denominator[:48]})")
             values.append(ratio["median"])

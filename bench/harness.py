@@ -230,11 +230,20 @@ class Cell:
             self.idle[side] = list(run.idle.get(side, []))
             self.cores[side] = list(run.cores.get(side, []))
 
+    def undefined(self) -> list[str]:
+        """The denominators with a repetition at or below zero (a latency under the clock's
+        resolution, say): their ratio is undefined and gets no verdict."""
+        return [side for side in self.denominators if any(v <= 0 for v in self.rates[side])]
+
     def ratios(self) -> dict[str, dict[str, float]]:
+        """The ratio to each denominator whose ratio is defined (see :meth:`undefined`)."""
         result = {}
+        undefined = self.undefined()
         for denominator in self.denominators:
+            if denominator in undefined:
+                continue
             pairs = zip(self.rates[self.numerator], self.rates[denominator], strict=True)
-            values = [num / den for num, den in pairs if den]
+            values = [num / den for num, den in pairs]
             result[denominator] = {
                 "median": round(statistics.median(values), 3),
                 "min": round(min(values), 3),
@@ -267,7 +276,8 @@ class Cell:
             met = target.met(self.value()["median"])
         else:
             # The target applies to the first denominator; the others are context.
-            met = target.met(ratios[self.denominators[0]]["median"]) if ratios else None
+            first = ratios.get(self.denominators[0])
+            met = target.met(first["median"]) if first else None
         if self.verdict_needs_idle and self.cpu_bound():
             met = None
         return {
@@ -286,6 +296,7 @@ class Cell:
             "cpu_cores": {side: v for side, v in self.cores.items() if v},
             "cpu_cores_median": {side: _median_cores(v) for side, v in self.cores.items() if v},
             "ratios": ratios,
+            "undefined_ratios": self.undefined(),
             "absolute": self.absolute,
             **({"value": self.value()} if self.absolute else {}),
             "summary": self.summary,

@@ -193,3 +193,17 @@ def test_a_metric_is_read_from_a_process_metrics_page() -> None:
         assert metric(running, "oncely_consumer_applied_total", effect="none") == 0.0
     finally:
         server.stop()
+
+
+def test_a_ratio_over_a_denominator_at_or_below_zero_is_undefined() -> None:
+    """R-QUIET's raw side can be under LogAppendTime's 1 ms resolution (-0.1 ms): no ratio, no
+    verdict, and the other denominators keep theirs."""
+    cell = Cell("RX", "a", ["b", "c"], "ms", target="<= 1.2", measures="a / b")
+    cell.rates = {"a": [1.0, 1.2, 1.1], "b": [-0.1, 0.2, 0.3], "c": [1.0, 1.0, 1.0]}
+    result = cell.to_json()
+    assert result["undefined_ratios"] == ["b"]
+    assert "b" not in result["ratios"] and result["ratios"]["c"]["median"] == 1.1
+    assert result["met"] is None
+    lines = _markdown([result]).splitlines()
+    assert lines[2].endswith("| <= 1.2 | no verdict |") and "undefined: b was <= 0" in lines[2]
+    assert lines[3].startswith("| RX | context: a / c | 1.1 ") and lines[3].endswith("|  |  |")
