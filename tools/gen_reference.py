@@ -34,6 +34,7 @@ from pydantic_settings import BaseSettings
 import oncely
 import oncely.settings
 from oncely.cli import app as cli_app
+from oncely.cli._errors import MEANINGS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "docs" / "reference"
@@ -238,6 +239,14 @@ def render_cli(app: typer.Typer = cli_app) -> str:
         "option is not given; the option wins when both are set. Settings without an option "
         "of their own (most `ONCELY_RELAY_*`, `ONCELY_CONSUMER_*`, `ONCELY_KAFKA_EXTRA`) are "
         "in the [settings reference](settings.md).",
+        "",
+        "Exit statuses (every command; an error is one line on stderr, `error: <what is wrong>; "
+        "<what to do>`, or its traceback with `ONCELY_DEBUG=1`):",
+        "",
+        *_table(
+            ["Status", "Name", "Meaning"],
+            [[str(int(code)), f"`{code.name}`", meaning] for code, meaning in MEANINGS.items()],
+        ),
         "",
         "Commands:",
         "",

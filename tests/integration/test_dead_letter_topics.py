@@ -19,12 +19,9 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-import typer
 from confluent_kafka.admin import AdminClient
 from pydantic import BaseModel
-from typer.testing import CliRunner
 
-from oncely.cli.consume import consume
 from oncely.consumers.dlq import DeadLetterError
 from oncely.consumers.effects import EffectContext, Effects
 from oncely.consumers.service import build_consumers
@@ -215,16 +212,13 @@ def test_a_starting_consumer_that_cannot_create_a_dead_letter_topic_says_which(
 def test_consume_reports_a_dead_letter_topic_it_cannot_create_in_one_line(
     kafka_bootstrap: str, database_url: str, cleanup: None
 ) -> None:
-    command = typer.Typer()
-    command.command()(consume)
     # Were the consumer to start anyway, SIGTERM stops it (and the assertions fail).
     bound = threading.Timer(60, os.kill, args=(os.getpid(), signal.SIGTERM))
     bound.start()
     try:
-        result = CliRunner().invoke(
-            command,
-            [f"{__name__}:EFFECTS", "--effect", "notify", "--database-url", database_url,
-             "--bootstrap-servers", kafka_bootstrap, "--log-format", "text"],
+        result = oncely_cli(
+            "consume", f"{__name__}:EFFECTS", "--effect", "notify", "--database-url",
+            database_url, "--bootstrap-servers", kafka_bootstrap, "--log-format", "text",
             env={"ONCELY_TOPICS_REPLICATION_FACTOR": "3",
                  "ONCELY_TOPICS_MIN_INSYNC_REPLICAS": "2"},
         )  # fmt: skip

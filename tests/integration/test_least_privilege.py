@@ -20,9 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
-from typer.testing import CliRunner
 
-from oncely.cli import app as cli
 from oncely.ops.republish import republish
 from oncely.ops.status import collect_status
 from oncely.ops.verify import verify_window
@@ -36,6 +34,7 @@ from tests.apps.ledger import build, create_tables
 from tests.helpers import (
     count_published,
     fast_settings,
+    oncely_cli,
     running_consumers,
     running_relay,
     scalar,
@@ -57,9 +56,8 @@ def roles(database_url: str) -> Iterator[tuple[dict[str, str], Callable[[str], s
         "consumer": f"c_{suffix}",
         "operator": f"o_{suffix}",
     }
-    printed = CliRunner().invoke(
-        cli,
-        ["db", "sql", "--roles", *(arg for k, v in names.items() for arg in (f"--{k}", v))],
+    printed = oncely_cli(
+        "db", "sql", "--roles", *(arg for k, v in names.items() for arg in (f"--{k}", v))
     )
     assert printed.exit_code == 0, printed.output
     owner = sa.create_engine(database_url)

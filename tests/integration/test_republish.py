@@ -12,18 +12,17 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
-import typer
-from typer.testing import CliRunner, Result
 
-from oncely.cli.replay import replay
 from oncely.ops.republish import RepublishError, plan_republish
 from oncely.storage.stores.outbox.relay import RelayStore
 from oncely.storage.tables import shard_of
 from tests.helpers import (
+    CliResult,
     Record,
     count_published,
     fast_settings,
     insert_rows,
+    oncely_cli,
     outbox_rows,
     read_topics,
     running_relay,
@@ -33,10 +32,8 @@ from tests.helpers import (
 pytestmark = pytest.mark.integration
 
 
-def _cli(*args: str) -> Result:
-    command = typer.Typer()
-    command.command()(replay)
-    return CliRunner().invoke(command, list(args))
+def _cli(*args: str) -> CliResult:
+    return oncely_cli("replay", *args)
 
 
 def _ids(records: list[Record]) -> list[str]:

@@ -11,20 +11,19 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-import typer
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from typer.testing import CliRunner, Result
 
-from oncely.cli.verify import verify
 from oncely.ops.verify import Report, verify_window
 from oncely.schemas.codec import Codec
 from oncely.storage import outbox, receipts
 from oncely.storage.tables import shard_of
 from tests.apps.ledger import App
 from tests.helpers import (
+    CliResult,
     count_published,
     fast_settings,
+    oncely_cli,
     read_topics,
     running_consumers,
     running_relay,
@@ -103,13 +102,11 @@ def _verify(app: App, engine: sa.Engine, bootstrap: str, since: datetime, **kw: 
     )
 
 
-def _cli(app: App, monkeypatch: pytest.MonkeyPatch, *args: str) -> Result:
+def _cli(app: App, monkeypatch: pytest.MonkeyPatch, *args: str) -> CliResult:
     monkeypatch.setenv("ONCELY_TEST_TOPIC_PREFIX", app.registry.topic_prefix)
     monkeypatch.setenv("ONCELY_TEST_GROUP_PREFIX", app.effects.group_prefix)
     monkeypatch.delitem(sys.modules, "tests.apps.ledger")  # re-imported with the env above
-    command = typer.Typer()
-    command.command()(verify)
-    return CliRunner().invoke(command, ["--app", "tests.apps.ledger:effects", *args])
+    return oncely_cli("verify", "--app", "tests.apps.ledger:effects", *args)
 
 
 def test_a_clean_window_verifies_and_the_command_exits_0(

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from oncely.events import Registry
 from oncely.events.canonical import dump_avsc, fingerprint
 from oncely.schemas.catalog import FileChange, SchemaCatalog, SchemaEntry, export_schemas
-from oncely.schemas.errors import CatalogError
+from oncely.schemas.errors import CatalogError, CommittedVersionChangedError
 
 
 class Thing(BaseModel):
@@ -58,7 +58,7 @@ def test_export_never_rewrites_a_committed_version(tmp_path: Path) -> None:
     export_schemas(registry_with(Thing, 1), tmp_path)
     before = (tmp_path / "thing.made" / "v1.avsc").read_text()
     with pytest.raises(
-        CatalogError, match=r"thing.made/v1.avsc; a changed schema needs a new version"
+        CommittedVersionChangedError, match=r"thing.made/v1.avsc; a changed schema needs a new"
     ) as caught:
         export_schemas(registry_with(ThingV2, 1), tmp_path)
     assert "refusing to rewrite committed schema versions" in str(caught.value)
@@ -69,7 +69,7 @@ def test_export_writes_nothing_when_any_version_conflicts(tmp_path: Path) -> Non
     export_schemas(registry_with(Thing, 1), tmp_path)
     registry = registry_with(ThingV2, 1)
     registry.register(Thing, name="other.made", key="id", aggregate="other")
-    with pytest.raises(CatalogError):
+    with pytest.raises(CommittedVersionChangedError):
         export_schemas(registry, tmp_path)
     assert not (tmp_path / "other.made").exists()
 

@@ -389,3 +389,33 @@ def test_a_taken_metrics_port_is_one_line_and_status_2(
         "already in use); choose a free port with --metrics-port, or stop the process that "
         "listens on it"
     ]
+
+
+def test_commands_exit_only_with_a_named_exit_code_and_print_no_error_themselves() -> None:
+    """Commands raise; the boundary prints the error and picks the status. A command that exits
+    after printing a result names an ``ExitCode``, never a bare number."""
+    import ast
+    from pathlib import Path
+
+    cli = Path(oncely.__file__).parent / "cli"
+    found = []
+    for path in sorted(cli.glob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        if "[red]error" in source:
+            found.append(f"{path.name}: prints an error itself")
+        for node in ast.walk(ast.parse(source)):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "Exit"
+                and node.args
+                and not (isinstance(node.args[0], ast.Attribute | ast.IfExp))
+            ):
+                found.append(f"{path.name}:{node.lineno}: typer.Exit({ast.unparse(node.args[0])})")
+    assert not found, found
+
+
+def test_every_exit_code_has_a_meaning_in_the_reference() -> None:
+    from oncely.cli._errors import MEANINGS, ExitCode
+
+    assert set(MEANINGS) == set(ExitCode)

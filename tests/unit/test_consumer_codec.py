@@ -5,9 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from oncely.cli import app as cli
 from oncely.errors import ConfigurationError
 from oncely.schemas.catalog import export_schemas
 from oncely.schemas.codec import Codec
@@ -15,6 +13,7 @@ from oncely.schemas.errors import CatalogError, DecodeError, DecodeFailure
 from oncely.schemas.loader import codec_for, find_catalog
 from oncely.settings import SchemaSettings
 from tests.apps.orders import build
+from tests.helpers import oncely_cli
 
 V1, V2 = build("unit.")
 
@@ -83,13 +82,10 @@ def test_avro_confluent_without_a_registry_url_names_the_setting() -> None:
 
 
 def test_consume_refuses_a_missing_catalog_folder_in_one_line(tmp_path: Path) -> None:
-    result = CliRunner().invoke(
-        cli,
-        [
-            "consume", "tests.apps.orders:effects_v2", "--effect", "orders",
-            "--database-url", "postgresql+psycopg://nobody@127.0.0.1:1/none",
-            "--bootstrap-servers", "127.0.0.1:1", "--schemas-dir", str(tmp_path / "nowhere"),
-        ],
+    result = oncely_cli(
+        "consume", "tests.apps.orders:effects_v2", "--effect", "orders",
+        "--database-url", "postgresql+psycopg://nobody@127.0.0.1:1/none",
+        "--bootstrap-servers", "127.0.0.1:1", "--schemas-dir", str(tmp_path / "nowhere"),
     )  # fmt: skip
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]

@@ -10,11 +10,10 @@ import json
 
 import javaproperties
 import pytest
-from typer.testing import CliRunner
 
-from oncely.cli.debezium import app
 from oncely.debezium import ConnectorOptions, connector_config, render, to_properties
 from oncely.errors import ConfigurationError
+from tests.helpers import oncely_cli
 
 URL = "postgresql+psycopg://app:s3cret@db.internal:6432/shop?sslmode=require"
 
@@ -116,7 +115,7 @@ def test_the_properties_file_names_the_connector_first() -> None:
 
 
 def test_cli_prints_the_rest_api_body() -> None:
-    result = CliRunner().invoke(app, ["config", "--database-url", URL, "--slot-name", "s1"])
+    result = oncely_cli("debezium", "config", "--database-url", URL, "--slot-name", "s1")
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
     assert body["name"] == "oncely-outbox"
@@ -124,13 +123,13 @@ def test_cli_prints_the_rest_api_body() -> None:
 
 
 def test_cli_properties_and_errors() -> None:
-    runner = CliRunner()
-    properties = runner.invoke(app, ["config", "--database-url", URL, "--format", "properties"])
+    config = ("debezium", "config", "--database-url", URL)
+    properties = oncely_cli(*config, "--format", "properties")
     assert properties.exit_code == 0
     assert properties.stdout.startswith("name=oncely-outbox\n")
-    bad_format = runner.invoke(app, ["config", "--database-url", URL, "--format", "yaml"])
+    bad_format = oncely_cli(*config, "--format", "yaml")
     assert bad_format.exit_code == 2
     assert "use json or properties" in bad_format.stderr
-    bad_slot = runner.invoke(app, ["config", "--database-url", URL, "--slot-name", "A"])
+    bad_slot = oncely_cli(*config, "--slot-name", "A")
     assert bad_slot.exit_code == 2
     assert "slot name 'A'" in bad_slot.stderr

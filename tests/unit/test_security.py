@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from typer.testing import CliRunner
 
-from oncely.cli import app as cli
 from oncely.devstack.kafka import KafkaNodeConfig, KafkaSecurity, KafkaTls
 from oncely.errors import ConfigurationError, DevstackError, OncelyError
 from oncely.events import InvalidTopicNameError, Registry
@@ -30,6 +28,7 @@ from oncely.settings import (
 from oncely.storage.queries import query_names
 from oncely.storage.roles import COMPONENTS, grant_statements, privileges_of, validate_role_name
 from oncely.storage.tables import build_metadata, validate_schema_name
+from tests.helpers import oncely_cli
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "oncely"
 SECRET = "s3cr3t-Pa55"
@@ -127,9 +126,8 @@ def test_secrets_are_absent_from_repr_str_and_validation_errors() -> None:
 def test_cli_help_shows_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ONCELY_KAFKA_SASL_PASSWORD", SECRET)
     monkeypatch.setenv("ONCELY_DATABASE_URL", f"postgresql+psycopg://u:{SECRET}@h/db")
-    runner = CliRunner()
     for command in (["relay", "run"], ["consume"], ["status"], ["topics", "ensure"], ["verify"]):
-        result = runner.invoke(cli, [*command, "--help"])
+        result = oncely_cli(*command, "--help")
         assert result.exit_code == 0, result.output
         assert SECRET not in result.output
 
@@ -197,13 +195,12 @@ def test_hostile_topic_prefixes_are_refused(prefix: str) -> None:
 
 
 def test_cli_refuses_hostile_names_with_exit_2() -> None:
-    runner = CliRunner()
     for args in (
         ["db", "sql", "--roles", "--writer", "w; DROP ROLE postgres"],
         ["db", "sql", "--roles", "--schema", 'x"; --'],
         ["db", "upgrade", "--database-url", "postgresql+psycopg://u@h/d", "--schema", "a;b"],
     ):
-        result = runner.invoke(cli, args)
+        result = oncely_cli(*args)
         assert result.exit_code == 2, result.output
         assert "not a plain identifier" in result.output
 

@@ -1,13 +1,12 @@
 """The command line's one error boundary: every error a user can cause becomes one line.
 
-``error: <what is wrong>; <what to do>`` on stderr, exit status 2 for bad input or configuration
-(a bad option, a malformed ``ONCELY_*`` value, an application that does not load) and 1 for an
-operation that failed (the database or the broker unreachable, a refused change). With
-``ONCELY_DEBUG=1`` the traceback is shown instead.
+Commands raise; this module prints ``error: <what is wrong>; <what to do>`` on stderr and gives
+the :class:`ExitCode`. With ``ONCELY_DEBUG=1`` the traceback is shown instead.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 import sys
@@ -21,10 +20,35 @@ from oncely import settings
 from oncely.cli._environment import known_variables, unknown_variables
 from oncely.errors import ConfigurationError, OncelyError
 
-#: Bad input or configuration: the command did not start its work.
-BAD_INPUT = 2
-#: The operation failed.
-FAILED = 1
+
+class ExitCode(enum.IntEnum):
+    """Every exit status of ``oncely`` (their meanings: :data:`MEANINGS`)."""
+
+    OK = 0
+    FAILED = 1
+    BAD_INPUT = 2
+    KAFKA_UNAVAILABLE = 3
+    INTERRUPTED = 130
+
+
+#: What each exit status means, as docs/reference/cli.md lists them.
+MEANINGS: dict[ExitCode, str] = {
+    ExitCode.OK: "The command did what it was asked and found nothing wrong.",
+    ExitCode.FAILED: (
+        "The operation failed (the database or the broker unreachable, a change refused), or a "
+        "check found what it looks for (a verify problem, a schema break, a topic weaker than "
+        "declared, a stale file, no stack running)."
+    ),
+    ExitCode.BAD_INPUT: (
+        "Bad input or configuration (an option, an `ONCELY_*` value, an application that does "
+        "not load, a replay, verification or upgrade that cannot be carried out as asked): the "
+        "command did not start its work."
+    ),
+    ExitCode.KAFKA_UNAVAILABLE: (
+        "`oncely status` could not reach Kafka (the database part of its report is still shown)."
+    ),
+    ExitCode.INTERRUPTED: "Interrupted (Ctrl-C): every process the command started was stopped.",
+}
 
 
 def run(app: typer.Typer, argv: Sequence[str]) -> int:
@@ -37,7 +61,7 @@ def run(app: typer.Typer, argv: Sequence[str]) -> int:
         result = app(args=list(argv), prog_name="oncely", standalone_mode=False)
     except typer.Abort:
         sys.stderr.write("error: interrupted\n")
-        return 130
+        return ExitCode.INTERRUPTED
     except typer.TyperException as exc:  # click's ClickException family, as typer vendors it
         message = _one_line(exc.format_message())
         if not message:  # no arguments: the help was shown
@@ -63,19 +87,19 @@ def describe(exc: BaseException) -> tuple[str, int] | None:
     from confluent_kafka import KafkaError, KafkaException
 
     if isinstance(exc, ValidationError):
-        return _settings_error(exc), BAD_INPUT
+        return _settings_error(exc), ExitCode.BAD_INPUT
     if isinstance(exc, SettingsError):
-        return _unparsable_setting(exc), BAD_INPUT
-    if isinstance(exc, ConfigurationError):
-        return _one_line(str(exc)), BAD_INPUT
+        return _unparsable_setting(exc), ExitCode.BAD_INPUT
+    if isinstance(exc, _cannot_run_as_asked()):
+        return _one_line(str(exc)), ExitCode.BAD_INPUT
     if isinstance(exc, OncelyError):
-        return _one_line(str(exc)), FAILED
+        return _one_line(str(exc)), ExitCode.FAILED
     if isinstance(exc, sa.exc.DBAPIError):
         cause = _one_line(str(exc.orig)) if exc.orig is not None else type(exc).__name__
         return (
             f"database failure: {cause}; check --database-url (ONCELY_DATABASE_URL) and that "
             "PostgreSQL runs and accepts the connection"
-        ), FAILED
+        ), ExitCode.FAILED
     if isinstance(exc, KafkaException):
         error = exc.args[0] if exc.args else None
         cause = _one_line(error.str() if isinstance(error, KafkaError) else str(exc))
@@ -84,12 +108,24 @@ def describe(exc: BaseException) -> tuple[str, int] | None:
                 f"the Kafka client refused its configuration: {cause}; fix or remove the key "
                 "in ONCELY_KAFKA_EXTRA (raw librdkafka settings), or the ONCELY_KAFKA_* "
                 "setting that sets it"
-            ), BAD_INPUT
+            ), ExitCode.BAD_INPUT
         return (
             f"Kafka failure: {cause}; check --bootstrap-servers "
             "(ONCELY_KAFKA_BOOTSTRAP_SERVERS) and that the broker runs"
-        ), FAILED
+        ), ExitCode.FAILED
     return None
+
+
+def _cannot_run_as_asked() -> tuple[type[OncelyError], ...]:
+    """The errors that mean the request itself cannot be carried out (exit 2), besides bad
+    configuration: a replay or verification that cannot be planned, an upgrade the database's
+    state refuses, a dead-letter topic the consumer cannot create."""
+    from oncely.consumers.dlq import DeadLetterError
+    from oncely.consumers.replay import ReplayError
+    from oncely.ops.verify import VerifyError
+    from oncely.storage.migrations import UpgradeRefusedError
+
+    return ConfigurationError, ReplayError, VerifyError, UpgradeRefusedError, DeadLetterError
 
 
 def _settings_error(exc: ValidationError) -> str:

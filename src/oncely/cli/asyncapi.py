@@ -14,11 +14,10 @@ from rich.markup import escape
 
 from oncely.cli._imports import load_app
 from oncely.cli._options import RequiredApp
-from oncely.cli._output import err, out
+from oncely.cli._output import out
+from oncely.errors import OncelyError
 
 app = typer.Typer()
-
-_STALE = 1
 
 
 @app.command()
@@ -85,12 +84,9 @@ def asyncapi(
         current = output.read_text(encoding="utf-8") if output.is_file() else None
         if current != text:
             state = "missing" if current is None else "stale"
-            err.print(
-                f"[red]error:[/] {escape(str(output))} is {state}: run the same command "
-                "without --check and commit the file",
-                highlight=False,
+            raise OncelyError(
+                f"{output} is {state}: run the same command without --check and commit the file"
             )
-            raise typer.Exit(_STALE)
         out.print(f"up to date {escape(str(output))}", highlight=False)
         return
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from oncely.cli._imports import load_effects
 from oncely.cli._options import (
@@ -20,8 +19,6 @@ from oncely.cli._options import (
     settings_epilog,
     settings_with,
 )
-from oncely.cli._output import err
-from oncely.errors import ConfigurationError
 from oncely.runtime.logs import LogFormat, LogLevel, configure_logging
 from oncely.settings import ConsumerSettings, KafkaSettings, SchemaSettings
 
@@ -91,10 +88,8 @@ def consume(
     removed ones are dropped. A record whose writer schema is unknown is dead-lettered, and
     every dead-lettered record logs a WARNING with the reason and the fix.
     """
-    from oncely.consumers.dlq import DeadLetterError
     from oncely.consumers.service import run_consumers
     from oncely.schemas.loader import codec_for
-    from oncely.security import KafkaAuthenticationError
 
     configure_logging(level=log_level, log_format=log_format)
     loaded = load_effects(app_target(app, app_option))
@@ -102,24 +97,15 @@ def consume(
         loaded.get(name)  # ConfigurationError naming the effects it has
     flags: dict[str, Any] = {"batch_size": batch_size, "lanes": lanes, "metrics_port": metrics_port}
     settings = settings_with(ConsumerSettings, flags)
-    try:
-        codec = codec_for(
-            loaded.registry,
-            SchemaSettings(schemas_dir=schemas_dir, schema_registry_url=schema_registry_url),
-        )
-    except ConfigurationError as exc:  # CatalogError included
-        err.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
-    try:
-        run_consumers(
-            effects=loaded,
-            names=effect,
-            database_url=database_url,
-            kafka=KafkaSettings(bootstrap_servers=bootstrap_servers),
-            settings=settings,
-            codec=codec,
-        )
-    except (KafkaAuthenticationError, ConfigurationError, DeadLetterError) as exc:
-        # Refused credentials, bad ONCELY_TOPICS_* or a dead-letter topic it cannot create.
-        err.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+    codec = codec_for(
+        loaded.registry,
+        SchemaSettings(schemas_dir=schemas_dir, schema_registry_url=schema_registry_url),
+    )
+    run_consumers(
+        effects=loaded,
+        names=effect,
+        database_url=database_url,
+        kafka=KafkaSettings(bootstrap_servers=bootstrap_servers),
+        settings=settings,
+        codec=codec,
+    )

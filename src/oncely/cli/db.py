@@ -5,11 +5,9 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from oncely.cli._options import DatabaseUrl
-from oncely.cli._output import err, out
-from oncely.errors import ConfigurationError
+from oncely.cli._output import out
 
 app = typer.Typer(help="Create and migrate oncely's tables in PostgreSQL.")
 
@@ -40,24 +38,17 @@ def upgrade(database_url: DatabaseUrl, schema: Schema = None, shards: Shards = N
     """
     import sqlalchemy as sa
 
-    from oncely.storage.migrations import UpgradeRefusedError, validate_shards
     from oncely.storage.migrations import upgrade as apply_migrations
+    from oncely.storage.migrations import validate_shards
     from oncely.storage.tables import validate_schema_name
 
-    try:
-        if schema is not None:
-            validate_schema_name(schema)  # before connecting: a bad name fails at once
-        if shards is not None:
-            validate_shards(shards)
-    except ConfigurationError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+    if schema is not None:
+        validate_schema_name(schema)  # before connecting: a bad name fails at once
+    if shards is not None:
+        validate_shards(shards)
     engine = sa.create_engine(database_url)
     try:
         applied = apply_migrations(engine, schema=schema, shards=shards)
-    except (ConfigurationError, UpgradeRefusedError) as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
     finally:
         engine.dispose()
     if applied:
@@ -122,9 +113,5 @@ def sql(
         names["task_worker"] = task_worker
     if operator is not None:
         names["operator"] = operator
-    try:
-        text = grant_statements(names, schema=schema)
-    except ConfigurationError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+    text = grant_statements(names, schema=schema)
     typer.echo(text, nl=False)

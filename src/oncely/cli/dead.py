@@ -17,7 +17,8 @@ import typer
 from rich.markup import escape
 
 from oncely.cli._options import DatabaseUrl, Execute, ExecuteNamed
-from oncely.cli._output import JsonFlag, err, out, print_dry_run, print_json
+from oncely.cli._output import JsonFlag, out, print_dry_run, print_json
+from oncely.errors import ConfigurationError
 from oncely.storage.stores.outbox import dead
 from oncely.storage.stores.outbox.dead import ChangedRow, DeadRow
 
@@ -114,13 +115,11 @@ def requeue(
     (or --yes, for row ids named): it lists the rows it would requeue, and changes nothing.
     """
     if not ids and topic is None and not all_:
-        err.print("[red]error:[/] name row ids, --topic T or --all")
-        raise typer.Exit(2)
+        raise ConfigurationError("name row ids, --topic T or --all")
     if yes and not ids:
-        err.print(
-            "[red]error:[/] --yes confirms the row ids named; use --execute with --topic or --all"
+        raise ConfigurationError(
+            "--yes confirms the row ids named; use --execute with --topic or --all"
         )
-        raise typer.Exit(2)
     if not (execute or yes):
         plan = _with_engine(
             database_url, lambda e: dead.matching_dead(e, ids=ids or None, topic=topic)

@@ -19,11 +19,12 @@ import typer
 from rich.markup import escape
 
 from oncely import debezium
+from oncely.cli._errors import ExitCode
 from oncely.cli._options import DatabaseUrl, Execute, check_database_url, parse_duration
 from oncely.cli._output import JsonFlag, err, out, print_dry_run, print_json
 from oncely.devstack import default_stack_dir
 from oncely.devstack.connect import DEFAULT_DEBEZIUM_VERSION, ConnectNode
-from oncely.errors import ConfigurationError, DevstackError
+from oncely.errors import ConfigurationError
 
 app = typer.Typer(
     help="Relay the outbox with Debezium's Outbox Event Router instead of `oncely relay run`."
@@ -71,11 +72,7 @@ CloudEventsSource = Annotated[
 
 
 def _options(database_url: str, **options: Any) -> debezium.ConnectorOptions:
-    try:
-        return debezium.ConnectorOptions.from_database_url(database_url, **options)
-    except ConfigurationError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+    return debezium.ConnectorOptions.from_database_url(database_url, **options)
 
 
 @app.command()
@@ -107,8 +104,7 @@ def config(
     through Debezium when Kafka Connect has the OpenTelemetry SDK (see docs/how-to/debezium.md).
     """
     if output not in ("json", "properties"):
-        err.print(f"[red]error:[/] --format {output!r}: use json or properties")
-        raise typer.Exit(2)
+        raise ConfigurationError(f"--format {output!r}: use json or properties")
     options = _options(
         database_url,
         schema=schema,
@@ -208,12 +204,6 @@ def purge(
         result = debezium.purge(
             engine, older_than_seconds=horizon, slot_name=slot_name, wait_seconds=wait
         )
-    except ConfigurationError as exc:
-        err.print(f"[red]refused:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
-    except debezium.PurgeRefusedError as exc:
-        err.print(f"[red]refused:[/] {escape(str(exc))}")
-        raise typer.Exit(1) from None
     finally:
         engine.dispose()
     if as_json:
@@ -244,12 +234,6 @@ def drop_slot(
     engine = sa.create_engine(database_url)
     try:
         dropped = debezium.drop_slot(engine, slot_name, timeout=wait)
-    except debezium.SlotInUseError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(1) from None
-    except ConfigurationError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
     finally:
         engine.dispose()
     out.print(f"dropped slot {slot_name}" if dropped else f"no slot {slot_name}")
@@ -270,9 +254,6 @@ def slot(
     engine = sa.create_engine(database_url)
     try:
         status = debezium.slot_status(engine, slot_name)
-    except ConfigurationError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
     finally:
         engine.dispose()
     if as_json:
@@ -286,7 +267,7 @@ def slot(
             f"{status['retained_wal_bytes']} bytes of WAL retained"
         )
     if status is None:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)
 
 
 def _raise_exit(signum: int, frame: FrameType | None) -> None:
@@ -348,11 +329,10 @@ def connect(
     database_url = database_url or (stack.database_url if stack else None)
     bootstrap_servers = bootstrap_servers or (stack.kafka_bootstrap if stack else None)
     if database_url is None or bootstrap_servers is None:
-        err.print(
-            f"[red]error:[/] no stack runs in {directory}: start one with `oncely dev up`, or "
+        raise ConfigurationError(
+            f"no stack runs in {directory}: start one with `oncely dev up`, or "
             "pass --database-url and --bootstrap-servers"
         )
-        raise typer.Exit(2)
     options = _options(
         database_url,
         schema=schema,
@@ -369,12 +349,8 @@ def connect(
     engine = sa.create_engine(database_url)
     try:
         err.print("starting Kafka Connect with Debezium (the first run downloads it) ...")
-        try:
-            node.start()
-            node.add_connector(options.name, debezium.connector_config(options))
-        except DevstackError as exc:
-            err.print(f"[red]error:[/] {exc}")
-            raise typer.Exit(1) from None
+        node.start()
+        node.add_connector(options.name, debezium.connector_config(options))
         out.print(f"Kafka Connect REST API: {node.rest_url}")
         err.print(
             f"[green]up[/]: connector {options.name} relays {options.schema}.oncely_outbox "

@@ -14,9 +14,9 @@ from typing import Annotated
 
 import typer
 
+from oncely.cli._errors import ExitCode
 from oncely.cli._imports import ImportTargetError, load_object
 from oncely.cli._output import err, out
-from oncely.errors import DevstackError, OncelyError
 
 
 @contextlib.contextmanager
@@ -66,24 +66,14 @@ def run(
         demo = load_object("examples.payments.demo:run_demo")
         options_type = load_object("examples.payments.demo:Options")
     except ImportTargetError as exc:
-        err.print(
-            f"[red]error:[/] {exc}\nRun `oncely demo` from a checkout of the oncely repository: "
-            "the demo drives examples/payments."
-        )
-        raise typer.Exit(2) from None
+        raise ImportTargetError(
+            f"{exc}; run `oncely demo` from a checkout of the oncely repository: the demo drives "
+            "examples/payments"
+        ) from exc
     assert callable(demo) and callable(options_type)
     options = options_type(
         events=events, chaos=chaos, writers=writers, rate=rate, keep_running=keep_running
     )
-    try:
-        with _services() as (database_url, bootstrap):
-            code = demo(
-                database_url=database_url, bootstrap=bootstrap, options=options, console=out
-            )
-    except KeyboardInterrupt:
-        err.print("interrupted: every process was stopped")
-        raise typer.Exit(130) from None
-    except (DevstackError, OncelyError) as exc:
-        err.print(f"[red]demo failed:[/] {exc}")
-        raise typer.Exit(1) from None
-    raise typer.Exit(code)
+    with _services() as (database_url, bootstrap):
+        code = demo(database_url=database_url, bootstrap=bootstrap, options=options, console=out)
+    raise typer.Exit(ExitCode.OK if code == 0 else ExitCode.FAILED)

@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from oncely.cli._errors import ExitCode
 from oncely.cli._output import JsonFlag, err, out
 from oncely.cli.debezium import connect
 from oncely.devstack import DevStack, default_stack_dir
@@ -69,21 +70,16 @@ def up(
     """
     running = read_state(directory)
     if running is not None:
-        err.print(
-            f"[red]a stack already runs in {directory} (pid {running.supervisor_pid}).[/] "
-            "Stop it with `oncely dev down` or pass another --dir."
+        raise DevstackError(
+            f"a stack already runs in {directory} (pid {running.supervisor_pid}); stop it with "
+            "`oncely dev down` or pass another --dir"
         )
-        raise typer.Exit(1)
     signal.signal(signal.SIGTERM, _raise_exit)
     stack = DevStack(directory=directory, kafka_version=kafka_version, brokers=brokers)
     try:
         nodes = f"{brokers} Kafka nodes" if brokers > 1 else "Kafka"
         err.print(f"starting {nodes} and PostgreSQL in {directory} ...")
-        try:
-            info = stack.start()
-        except DevstackError as exc:
-            err.print(f"[red]error:[/] {exc}")
-            raise typer.Exit(1) from None
+        info = stack.start()
         write_state(directory, info)
         sys.stdout.write(info.exports())
         sys.stdout.flush()
@@ -104,11 +100,7 @@ def up(
 @app.command()
 def down(directory: StackDir) -> None:
     """Stop the stack that `oncely dev up` runs in --dir (and delete its data)."""
-    try:
-        info = stop_recorded(directory)
-    except DevstackError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(1) from None
+    info = stop_recorded(directory)
     if info is None:
         out.print(f"no stack runs in {directory}")
     else:
@@ -164,4 +156,4 @@ def status(
             highlight=False,
         )
     if info is None:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)

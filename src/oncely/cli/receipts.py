@@ -16,7 +16,7 @@ from oncely.cli._options import (
     RequiredApp,
     parse_duration,
 )
-from oncely.cli._output import JsonFlag, err, out, print_dry_run, print_json
+from oncely.cli._output import JsonFlag, out, print_dry_run, print_json
 
 app = typer.Typer(help="Effect receipts: the evidence that keeps effects single.")
 
@@ -45,7 +45,6 @@ def purge(
     from confluent_kafka.admin import AdminClient
 
     from oncely.consumers.receipts import (
-        UnsafePurgeError,
         check_horizon,
         preview_receipts,
         purge_receipts,
@@ -56,11 +55,7 @@ def purge(
     declared = load_effects(app_).get(effect)
     admin = AdminClient(reached(bootstrap_servers).client_config())
     retention = topic_retention(admin, declared.topics)
-    try:
-        check_horizon(horizon, retention, force=force)
-    except UnsafePurgeError as exc:
-        err.print(f"[red]refused:[/] {exc}")
-        raise typer.Exit(1) from None
+    check_horizon(horizon, retention, force=force)
     engine = sa.create_engine(database_url)
     try:
         if not execute:

@@ -17,7 +17,7 @@ from oncely.cli._options import (
     settings_epilog,
     settings_with,
 )
-from oncely.cli._output import JsonFlag, err, out, print_dry_run, print_json
+from oncely.cli._output import JsonFlag, out, print_dry_run, print_json
 from oncely.runtime.logs import LogFormat, LogLevel, configure_logging
 from oncely.settings import KafkaSettings, RelaySettings
 
@@ -48,7 +48,6 @@ def run(
     ONCELY_KAFKA_EXTRA. Exits 2 when Kafka refuses the credentials.
     """
     from oncely.relay.service import run_relay
-    from oncely.security import KafkaAuthenticationError
 
     configure_logging(level=log_level, log_format=log_format)
     flags: dict[str, Any] = {
@@ -60,11 +59,7 @@ def run(
     }
     settings = settings_with(RelaySettings, flags)
     kafka = KafkaSettings(bootstrap_servers=bootstrap_servers)
-    try:
-        run_relay(database_url=database_url, kafka=kafka, settings=settings)
-    except KafkaAuthenticationError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
+    run_relay(database_url=database_url, kafka=kafka, settings=settings)
 
 
 @app.command()

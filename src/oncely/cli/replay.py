@@ -28,8 +28,7 @@ from oncely.consumers.replay import (
     members_note,
     plan_reset,
 )
-from oncely.errors import ConfigurationError
-from oncely.ops.republish import RepublishError, RepublishPlan, plan_republish, republish
+from oncely.ops.republish import RepublishPlan, plan_republish, republish
 from oncely.settings import RelaySettings
 
 
@@ -92,35 +91,28 @@ def replay(
     of the window were purged, belong to a parked key (see oncely dead list) or are not
     published yet. Both print the plan and change nothing without --execute.
     """
-    try:
-        if from_outbox:
-            _from_outbox(
-                database_url,
-                bootstrap_servers,
-                since,
-                until,
-                event_type,
-                execute=execute,
-                as_json=as_json,
-            )
-        else:
-            _reset(
-                app,
-                effect,
-                to_earliest,
-                to_datetime,
-                to_offset,
-                bootstrap_servers,
-                execute,
-                allow_skip=allow_skip,
-                as_json=as_json,
-            )
-    except (ReplayError, ConfigurationError) as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(2) from None
-    except RepublishError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(1) from None
+    if from_outbox:
+        _from_outbox(
+            database_url,
+            bootstrap_servers,
+            since,
+            until,
+            event_type,
+            execute=execute,
+            as_json=as_json,
+        )
+    else:
+        _reset(
+            app,
+            effect,
+            to_earliest,
+            to_datetime,
+            to_offset,
+            bootstrap_servers,
+            execute,
+            allow_skip=allow_skip,
+            as_json=as_json,
+        )
 
 
 def _reset(

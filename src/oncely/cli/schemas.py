@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
+from oncely.cli._errors import ExitCode
 from oncely.cli._imports import load_registry
 from oncely.cli._options import APP_HELP
 from oncely.cli._output import JsonFlag, err, out, print_json
@@ -54,8 +55,6 @@ CatalogDir = Annotated[
     Path,
     typer.Option("--dir", envvar="ONCELY_SCHEMAS_DIR", help="The committed catalog folder."),
 ]
-_BROKEN = 1
-_CANNOT_RUN = 2
 
 
 def _registry_client(url: str | None) -> SchemaRegistryClient:
@@ -82,14 +81,9 @@ def export(
     written and the command exits 1 naming the files.
     """
     from oncely.schemas.catalog import export_schemas
-    from oncely.schemas.errors import CatalogError
 
     event_registry = load_registry(registry)
-    try:
-        outcomes = export_schemas(event_registry, out_dir)
-    except CatalogError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(_BROKEN) from None
+    outcomes = export_schemas(event_registry, out_dir)
     for path, outcome in outcomes:
         out.print(f"{outcome.value:9} {escape(str(path))}", highlight=False)
 
@@ -126,14 +120,9 @@ def check(
     subject under the registry's compatibility level for it.
     """
     from oncely.schemas.catalog import SchemaCatalog
-    from oncely.schemas.errors import CatalogError
 
     event_registry = load_registry(registry)
-    try:
-        catalog = SchemaCatalog.load(directory)
-    except CatalogError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(_CANNOT_RUN) from None
+    catalog = SchemaCatalog.load(directory)
     found = check_compatibility(event_registry, catalog, mode=mode, transitive=transitive)
     verdicts: list[RegistryVerdict] | None = None
     if schema_registry_url is not None:
@@ -160,7 +149,7 @@ def check(
             }
         )
         if found or refused:
-            raise typer.Exit(_BROKEN)
+            raise typer.Exit(ExitCode.FAILED)
         return
     for problem in found:
         out.print(f"BREAK {escape(str(problem))}", highlight=False)
@@ -177,7 +166,7 @@ def check(
             err.print(f"[red]{len(found)} incompatibilities[/] ({mode.value}, against {scope})")
         if refused:
             err.print(f"[red]{len(refused)} refused by the schema registry[/]")
-        raise typer.Exit(_BROKEN)
+        raise typer.Exit(ExitCode.FAILED)
     for event_type in event_registry:
         versions = [entry.version for entry in catalog.versions(event_type.name)]
         committed = ", ".join(f"v{version}" for version in versions) or "nothing committed"

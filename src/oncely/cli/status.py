@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from oncely.cli._errors import ExitCode
 from oncely.cli._imports import load_app
 from oncely.cli._options import APP_HELP, DatabaseUrl
 from oncely.cli._output import JsonFlag, out, print_json
@@ -24,7 +25,6 @@ from oncely.ops.status import Status, collect_status
 from oncely.settings import KafkaSettings
 
 #: The exit status of a report printed without Kafka's columns.
-KAFKA_UNAVAILABLE = 3
 
 app = typer.Typer()
 
@@ -106,7 +106,7 @@ def status(
     finally:
         engine.dispose()
     if report.kafka_error is not None:
-        raise typer.Exit(KAFKA_UNAVAILABLE)
+        raise typer.Exit(ExitCode.KAFKA_UNAVAILABLE)
 
 
 def _watch(

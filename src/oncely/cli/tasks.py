@@ -31,7 +31,8 @@ from oncely.cli._options import (
     settings_epilog,
     settings_with,
 )
-from oncely.cli._output import JsonFlag, err, out, print_dry_run, print_json
+from oncely.cli._output import JsonFlag, out, print_dry_run, print_json
+from oncely.errors import ConfigurationError
 from oncely.runtime.logs import LogFormat, LogLevel, configure_logging
 from oncely.settings import TaskSettings
 from oncely.storage.tables import TASK_STATUSES
@@ -40,9 +41,6 @@ app = typer.Typer(
     help="Run durable tasks (emails, webhooks, API calls) and manage stale and dead ones.",
     no_args_is_help=True,
 )
-
-_FAILED = 1
-_CANNOT_RUN = 2
 
 
 @contextmanager
@@ -99,7 +97,7 @@ def run(
     log_level: LogLevelOption = LogLevel.INFO,
 ) -> None:
     """Run the tasks of an app until SIGTERM; refuse to start if a task name lacks a handler."""
-    from oncely.tasks import MissingHandlerError, run_worker
+    from oncely.tasks import run_worker
 
     tasks = load_tasks(app_target(target, app_option))
     flags: dict[str, Any] = {
@@ -114,11 +112,7 @@ def run(
     }
     settings = settings_with(TaskSettings, flags, names={"retention_seconds": "--retention"})
     configure_logging(level=log_level, log_format=log_format)
-    try:
-        run_worker(tasks, database_url=database_url, settings=settings)
-    except MissingHandlerError as exc:
-        err.print(f"[red]error:[/] refusing to start: {escape(str(exc))}")
-        raise typer.Exit(_CANNOT_RUN) from None
+    run_worker(tasks, database_url=database_url, settings=settings)
 
 
 @app.command(name="list")
@@ -136,8 +130,7 @@ def list_tasks(
     from oncely.tasks.rules import iso_z
 
     if state is not None and state not in TASK_STATUSES:
-        err.print(f"[red]error:[/] unknown state {escape(state)!r}: use {', '.join(TASK_STATUSES)}")
-        raise typer.Exit(_CANNOT_RUN)
+        raise ConfigurationError(f"unknown state {state!r}: use {', '.join(TASK_STATUSES)}")
     with _database(database_url) as engine:
         records = TaskStore(engine=engine).list_tasks(status=state, limit=limit)
     if as_json:
@@ -175,20 +168,14 @@ def reclaim(
     idempotency key, its id) that the effect did not happen.
     """
     from oncely.tasks import TaskStore
-    from oncely.tasks.errors import TaskError
 
     try:
         parsed = uuid.UUID(task_id)
     except ValueError:
-        err.print(f"[red]error:[/] {escape(task_id)!r} is not a task id (a UUID)")
-        raise typer.Exit(_CANNOT_RUN) from None
+        raise ConfigurationError(f"{task_id!r} is not a task id (a UUID)") from None
     with _database(database_url) as engine:
         store = TaskStore(engine=engine)
-        try:
-            record = store.reclaim(parsed) if execute else store.reclaimable(parsed)
-        except TaskError as exc:
-            err.print(f"[red]error:[/] {escape(str(exc))}")
-            raise typer.Exit(_FAILED) from None
+        record = store.reclaim(parsed) if execute else store.reclaimable(parsed)
     if as_json:
         print_json({"executed": execute, "task": record})
         return

@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from pydantic import ValidationError
 
+from oncely.cli._errors import ExitCode
 from oncely.cli._imports import load_app, load_effects
 from oncely.cli._kafka import reached
 from oncely.cli._options import APP_HELP, BootstrapServers
-from oncely.cli._output import JsonFlag, err, out, print_json
-from oncely.errors import ConfigurationError
+from oncely.cli._output import JsonFlag, out, print_json
 from oncely.settings import TopicSettings
 
 app = typer.Typer(help="Provision Kafka topics for the registered event types.")
@@ -76,12 +75,8 @@ def ensure(
         "replication_factor": replication_factor,
         "min_insync_replicas": min_insync_replicas,
     }
-    try:
-        settings = TopicSettings(**{k: v for k, v in flags.items() if v is not None})
-        specs = planned_topics(event_registry, settings, effects=[e for app in apps for e in app])
-    except (ValidationError, ConfigurationError) as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+    settings = TopicSettings(**{k: v for k, v in flags.items() if v is not None})
+    specs = planned_topics(event_registry, settings, effects=[e for app in apps for e in app])
     admin = AdminClient(reached(bootstrap_servers).client_config())
     report = ensure_topics(admin, specs)
     declared = {spec.name: spec for spec in specs}
@@ -95,7 +90,7 @@ def ensure(
             }
         )
         if report.mismatches or report.failed:
-            raise typer.Exit(1)
+            raise typer.Exit(ExitCode.FAILED)
         return
     for name in report.created:
         out.print(f"created   {name} ({declared[name].describe()})", highlight=False)
@@ -106,4 +101,4 @@ def ensure(
     for problem in report.failed:
         out.print(f"[red]failed[/]    {problem}", highlight=False)
     if report.mismatches or report.failed:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.FAILED)

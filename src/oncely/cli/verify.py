@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from oncely.cli._errors import ExitCode
 from oncely.cli._imports import load_effects
 from oncely.cli._kafka import reached
 from oncely.cli._options import (
@@ -23,11 +24,7 @@ from oncely.cli._options import (
     parse_moment,
 )
 from oncely.cli._output import JsonFlag, err, out, print_json
-from oncely.errors import ConfigurationError
-from oncely.ops.verify import Report, VerifyError, verify_window
-
-_PROBLEM = 1
-_BAD_ARGUMENTS = 2
+from oncely.ops.verify import Report, verify_window
 
 _REASONS = {
     "topic_missing": "the topic does not exist",
@@ -79,12 +76,8 @@ def verify(
     start = parse_moment(since)
     end = None if until is None else parse_moment(until)
     threshold = parse_duration(max_pending_age).total_seconds()
-    try:
-        effects = load_effects(app)
-        chosen = [effects.get(name) for name in effect] if effect else list(effects)
-    except ConfigurationError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(_BAD_ARGUMENTS) from None
+    effects = load_effects(app)
+    chosen = [effects.get(name) for name in effect] if effect else list(effects)
     kafka = reached(bootstrap_servers).client_config()
     engine = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
     progress = Progress(
@@ -108,9 +101,6 @@ def verify(
                 limit=show,
                 progress=lambda done, total: progress.update(task, completed=done, total=total),
             )
-    except VerifyError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")
-        raise typer.Exit(_BAD_ARGUMENTS) from None
     finally:
         engine.dispose()
     if as_json:
@@ -118,7 +108,7 @@ def verify(
     else:
         _print(report)
     if not report.ok:
-        raise typer.Exit(_PROBLEM)
+        raise typer.Exit(ExitCode.FAILED)
 
 
 def _print(report: Report) -> None:

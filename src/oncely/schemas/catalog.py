@@ -21,7 +21,7 @@ from fastavro.schema import SchemaParseException, parse_schema
 
 from oncely.events import EventType
 from oncely.events.canonical import dump_avsc, fingerprint
-from oncely.schemas.errors import CatalogError
+from oncely.schemas.errors import CatalogError, CommittedVersionChangedError
 
 __all__ = ["FileChange", "SchemaCatalog", "SchemaEntry", "export_schemas", "schema_path"]
 
@@ -165,8 +165,8 @@ def export_schemas(
     All-or-nothing: files are only written if no committed version would change.
 
     Raises:
-        CatalogError: an existing file holds different content for its version (the message
-            names each such file: bump the version, or revert the model).
+        CommittedVersionChangedError: an existing file holds different content for its version
+            (the message names each such file: bump the version, or revert the model).
     """
     plan = [
         (schema_path(directory, event_type.name, event_type.version), dump_avsc(event_type.schema))
@@ -176,7 +176,7 @@ def export_schemas(
         path for path, text in plan if path.exists() and path.read_text(encoding="utf-8") != text
     ]
     if conflicts:
-        raise CatalogError(
+        raise CommittedVersionChangedError(
             "refusing to rewrite committed schema versions: "
             + ", ".join(str(path) for path in conflicts)
             + "; a changed schema needs a new version (bump version=... in the declaration)"

@@ -18,6 +18,11 @@ class CatalogError(ConfigurationError):
     """The schema catalog is malformed or disagrees with the code."""
 
 
+class CommittedVersionChangedError(OncelyError):
+    """The code's schema of a version differs from the committed file of that version: a
+    break (bump the version), found by ``oncely schemas export``."""
+
+
 class EncodeError(OncelyError):
     """An event could not be encoded."""
 

@@ -37,6 +37,7 @@ class MissingHandlerError(ConfigurationError):
     def __init__(self, names: Iterable[str]) -> None:
         self.names = tuple(sorted(names))
         super().__init__(
-            f"no handler for task name(s) {', '.join(map(repr, self.names))}: register them "
-            "with @tasks.handler(name) before starting the worker"
+            "refusing to start: no handler for task name(s) "
+            f"{', '.join(map(repr, self.names))}: register them with @tasks.handler(name) before "
+            "starting the worker"
         )
