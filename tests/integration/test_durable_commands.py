@@ -22,6 +22,7 @@ from oncely.producer.commands import (
     PostCommitTaskError,
 )
 from oncely.storage import DuplicateTaskKeyError
+from oncely.storage.transactional import DuplicateInTransactionError
 from oncely.tasks import LeaseLostError, Task, TaskError, Tasks, TaskStore, TaskWorker
 from oncely.tasks.rules import NOT_CONFIRMED, Backoff
 
@@ -142,7 +143,7 @@ def test_duplicate_task_keys_in_one_transaction_commit_nothing(
         PostCommitTask(name="receipt.send", payload={"order": 1}, task_key="receipt-1"),
         PostCommitTask(name="receipt.mail", payload={"order": 1}, task_key="receipt-1"),
     ]
-    with pytest.raises(DuplicateTaskKeyError, match="receipt-1"):
+    with pytest.raises(DuplicateInTransactionError, match="receipt-1"):
         command.execute(_place(1), effects)
     assert (_orders_in(engine), _tasks(engine)) == ([], [])
 

@@ -17,10 +17,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from oncely.producer.staging import DuplicateInTransactionError, stage, stage_many
+from oncely.producer.staging import stage, stage_many
 from oncely.schemas.codec import Codec
 from oncely.storage import DuplicateEventError
 from oncely.storage.tables import DEFAULT_SHARDS, NOTIFY_CHANNEL, shard_of
+from oncely.storage.transactional import DuplicateInTransactionError
 
 pytestmark = pytest.mark.integration
 

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from oncely.errors import ConfigurationError
 from oncely.storage import DuplicateTaskKeyError
+from oncely.storage.transactional import DuplicateInTransactionError
 from oncely.tasks import (
     LeaseLostError,
     MissingHandlerError,
@@ -132,12 +133,17 @@ def test_the_default_key_makes_the_same_task_once(engine: sa.Engine) -> None:
     assert (row["policy"], row["max_attempts"], row["expires_at"]) == ("retry_safe", 5, None)
     with pytest.raises(DuplicateTaskKeyError, match="already exists"):
         _enqueue(engine, "email.send", {"template": "welcome", "to": "a@example.com"})
-    # Twice in one transaction is refused at once, before any I/O.
+    # Twice in one transaction is refused at once, before any I/O, as stage() refuses a key.
     with Session(engine) as session, session.begin():
         enqueue_task(session, "email.send", {"to": "b@example.com"})
-        with pytest.raises(DuplicateTaskKeyError, match="twice in one transaction"):
+        with pytest.raises(DuplicateInTransactionError, match="twice in one transaction"):
             enqueue_task(session, "email.send", {"to": "b@example.com"})
-    # On a connection the database refuses it.
+    # On a connection the same rule holds, before the database would refuse the second.
+    with engine.begin() as conn:
+        enqueue_task(conn, "email.send", {"to": "c@example.com"})
+        with pytest.raises(DuplicateInTransactionError, match="task key 'email.send:"):
+            enqueue_task(conn, "email.send", {"to": "c@example.com"})
+    # A key an earlier transaction used: the database refuses it, at once.
     with pytest.raises(DuplicateTaskKeyError), engine.begin() as conn:
         enqueue_task(conn, "email.send", {"to": "a@example.com", "template": "welcome"})
 

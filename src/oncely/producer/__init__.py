@@ -10,8 +10,9 @@ from oncely.producer.idempotency import (
     IdempotencyMismatchError,
     InvalidIdempotencyKeyError,
 )
-from oncely.producer.staging import DuplicateInTransactionError, stage, stage_many
+from oncely.producer.staging import stage, stage_many
 from oncely.storage.stores.outbox.writes import StagedEvent
+from oncely.storage.transactional import DuplicateInTransactionError
 
 __all__ = [
     "AsyncIdempotencyKeys",

@@ -5,7 +5,8 @@ immediate delivery of the tasks that can be tried at once.
 transaction; the function may stage Kafka events itself (``stage(session, event)``) and
 enqueue tasks; the command then enqueues the ``tasks`` (:class:`PostCommitTask`) and commits.
 Any error before the commit rolls everything back, and is raised as is. Two tasks with the
-same task key in one transaction are refused (:class:`~oncely.storage.DuplicateTaskKeyError`).
+same task key in one transaction are refused
+(:class:`~oncely.storage.transactional.DuplicateInTransactionError`).
 
 After the commit, each task with a ``deliver`` callable is leased by its key, delivered, and
 settled with the same fence as the worker's (attempt and owner, on the database clock):
@@ -110,7 +111,7 @@ _Staged = list[tuple[str, TaskHandler | None]]
 
 
 def _stage(session: Session | AsyncSession, tasks: PostCommitTasks[T], value: T) -> _Staged:
-    """Enqueue the tasks in the session's transaction (no I/O); keys paired with deliver."""
+    """Enqueue the tasks in the session's transaction; keys paired with deliver."""
     resolved = tasks(value) if callable(tasks) else tasks
     return [
         (

@@ -2,10 +2,10 @@
 
 The outbox row is written in the transaction of the caller's ``Session``, ``AsyncSession`` or
 ``Connection`` and commits or rolls back with the business rows: nothing here commits. With a
-``Session`` or a ``Connection`` the INSERT runs at once (one statement for a batch, compiled
-once and sent on the DBAPI connection of the caller's transaction or savepoint), so a
+``Session`` or a ``Connection`` the INSERT runs at once (one statement for a batch), so a
 duplicate event key fails right at ``stage()``; with an ``AsyncSession`` the row joins the unit
-of work and is inserted at the next flush, so ``stage()`` stays a plain call without I/O.
+of work and is inserted at the next flush, so ``stage()`` stays a plain call without I/O
+(:mod:`oncely.storage.transactional`, as ``enqueue_task()``).
 
 An insert trigger notifies ``oncely_outbox`` at commit while a relay sleeps, so it wakes at
 once.
@@ -18,16 +18,12 @@ headers) before anything is added: an event the relay could never publish fails 
 from __future__ import annotations
 
 import weakref
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from functools import cache
 from typing import Any
 
-import sqlalchemy as sa
 from pydantic import BaseModel
-from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import Session
 
 from oncely.errors import OncelyError
 from oncely.events import registry_of
@@ -35,16 +31,9 @@ from oncely.producer.ids import uuid7
 from oncely.runtime.tracing import current_context_text
 from oncely.schemas.codec import Codec
 from oncely.settings import StageLimits
-from oncely.storage.errors import translate_errors_of
 from oncely.storage.stores.outbox.writes import StagedEvent, add_rows
 from oncely.storage.tables import TRACE_CONTEXT_COLUMN
-
-Transactional = Session | AsyncSession | sa.Connection
-"""What ``stage()`` writes through: the caller's session or connection."""
-
-
-class DuplicateInTransactionError(OncelyError):
-    """The same event key was staged twice in one transaction."""
+from oncely.storage.transactional import Transactional
 
 
 class StageLimitError(OncelyError):
@@ -110,7 +99,6 @@ def check_limits(row: Mapping[str, Any], limits: StageLimits) -> None:
 
 
 _codecs: weakref.WeakKeyDictionary[Any, Codec] = weakref.WeakKeyDictionary()
-_keys_in_transaction: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
 def _codec_for(event: BaseModel) -> Codec:
@@ -119,12 +107,6 @@ def _codec_for(event: BaseModel) -> Codec:
     if codec is None:
         codec = _codecs[event_registry] = Codec(registry=event_registry)
     return codec
-
-
-def _transaction_of(target: Transactional) -> Any:
-    """The caller's current (root) transaction, or ``None`` before one has begun."""
-    sync = target.sync_session if isinstance(target, AsyncSession) else target
-    return sync.get_transaction()
 
 
 def _row(
@@ -224,23 +206,7 @@ def stage_many(
         limits=limits,
         trace_context=current_context_text(),
     )
-    before = _transaction_of(target)
-    seen = _keys_in_transaction.get(before, set()) if before is not None else set()
-    new_keys = [row["event_key"] for row in rows]
-    if len(new_keys) == 1:  # stage(): one key
-        repeated = [new_keys[0]] if new_keys[0] in seen else []
-    else:
-        repeated = sorted({k for k, n in Counter(new_keys).items() if n > 1 or k in seen})
-    if repeated:
-        raise DuplicateInTransactionError(
-            f"idempotency key {repeated[0]!r} is staged twice in one transaction; give each "
-            "event its own idempotency_key (or leave it None to use the event id)"
-        )
-    if isinstance(target, AsyncSession):
-        translate_errors_of(target)  # a key staged before: DuplicateEventError at flush/commit
     add_rows(target, rows)
-    # Adding or executing begins the transaction if none had begun: remember the keys there.
-    _keys_in_transaction.setdefault(_transaction_of(target), set()).update(new_keys)
     return [staged_event(row) for row in rows]
 
 

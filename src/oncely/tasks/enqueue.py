@@ -1,9 +1,10 @@
 """``enqueue_task()``: add a durable task inside the caller's own transaction.
 
 The task row is written through the caller's ``Session``, ``AsyncSession`` or ``Connection``
-and commits or rolls back with the business rows: there is no commit here. With a session the
-row is added to the unit of work (inserted at the next flush, no I/O now); with a
-``Connection`` it is inserted at once. The active OpenTelemetry context is stored with it: the
+and commits or rolls back with the business rows: there is no commit here. With a ``Session``
+or a ``Connection`` it is inserted at once; with an ``AsyncSession`` it joins the unit of work
+and is inserted at the next flush, so the call does no I/O (:mod:`oncely.storage.transactional`,
+as ``stage()``). The active OpenTelemetry context is stored with it: the
 worker's span for the task continues that trace (:mod:`oncely.runtime.tracing`). An insert
 trigger notifies ``oncely_tasks`` at commit, so an idle worker wakes immediately.
 """
@@ -16,12 +17,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import Session, registry
 
 from oncely.runtime.tracing import current_context_text
-from oncely.storage.errors import DuplicateTaskKeyError, translate_errors_of
-from oncely.storage.tables import TASK_POLICIES, TRACE_CONTEXT_COLUMN, tasks
+from oncely.storage.tables import TASK_POLICIES, TRACE_CONTEXT_COLUMN
+from oncely.storage.transactional import Transactional
 from oncely.tasks.model import QueuedTask
 from oncely.tasks.rules import (
     DEFAULT_MAX_ATTEMPTS,
@@ -29,19 +28,7 @@ from oncely.tasks.rules import (
     canonical_json,
     default_task_key,
 )
-
-Transactional = Session | AsyncSession | sa.Connection
-"""What ``enqueue_task()`` writes through: the caller's session or connection."""
-
-
-class _TaskRow:
-    """ORM mapping of ``oncely_tasks`` so sessions can ``add`` rows without I/O."""
-
-    def __init__(self, **columns: Any) -> None:
-        self.__dict__.update(columns)
-
-
-registry().map_imperatively(_TaskRow, tasks)
+from oncely.tasks.store import add_task
 
 
 def _db_now_plus(delay: timedelta) -> sa.ColumnElement[datetime]:
@@ -79,9 +66,9 @@ def enqueue_task(
     Raises:
         ValueError: an empty name, an unknown policy, ``max_attempts < 1`` or a payload that is
             not a JSON object.
-        DuplicateTaskKeyError: the key was already enqueued in this session's pending rows
-            (now), or by an earlier transaction (at the insert: at once with a ``Connection``,
-            at flush or commit with a session).
+        DuplicateInTransactionError: the key was already enqueued in this transaction.
+        DuplicateTaskKeyError: an earlier transaction enqueued the key (at once with a
+            ``Session`` or ``Connection``, at flush or commit with an ``AsyncSession``).
     """
     if not name:
         raise ValueError("a task needs a name")
@@ -114,20 +101,5 @@ def enqueue_task(
         row["available_at"] = _db_now_plus(available_at)
     elif available_at is not None:
         row["available_at"] = available_at
-    # A duplicate task_key found by the database (at flush, commit or a Connection's insert)
-    # is raised as DuplicateTaskKeyError.
-    translate_errors_of(target)
-    if isinstance(target, sa.Connection):
-        target.execute(sa.insert(tasks).values(row))
-    else:
-        session = target.sync_session if isinstance(target, AsyncSession) else target
-        if any(
-            isinstance(pending, _TaskRow) and pending.__dict__.get("task_key") == key
-            for pending in session.new
-        ):
-            raise DuplicateTaskKeyError(
-                f"task key {key!r} is enqueued twice in one transaction; give each task its "
-                "own task_key"
-            )
-        session.add(_TaskRow(**row))
+    add_task(target, row)
     return QueuedTask(id=row["id"], task_key=key, name=name)

@@ -1,4 +1,5 @@
-"""State changes of ``oncely_tasks``: each one named statement of ``storage/sql/tasks.sql``.
+"""State changes of ``oncely_tasks``: each one named statement of ``storage/sql/tasks.sql``,
+and the insert of a new task in its caller's transaction (:func:`add_task`).
 
 The step generators here hold the rules (what to execute, what a missing row means); the
 decisions come from :mod:`.rules`; :mod:`.steps` runs them sync or async. :class:`TaskStore` is
@@ -22,8 +23,10 @@ from oncely.errors import error_text
 from oncely.runtime.retry import Backoff
 from oncely.runtime.steps import Call, Ran, Sql, Step, drive
 from oncely.runtime.tracing import Tracing
+from oncely.storage.errors import translate_errors_of
 from oncely.storage.queries import purge_in_batches, query
-from oncely.storage.tables import TASK_STATUSES
+from oncely.storage.tables import TASK_STATUSES, tasks
+from oncely.storage.transactional import Transactional, TransactionalTable
 from oncely.tasks.errors import LeaseLostError, NotReclaimableError, TaskError, TaskNotFoundError
 from oncely.tasks.model import (
     Attempt,
@@ -44,6 +47,29 @@ from oncely.tasks.rules import (
 DEFAULT_LEASE_SECONDS = 60.0
 SWEEP_BATCH = 100
 PURGE_BATCH = 1000
+
+
+def _insert(connection: sa.Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+    translate_errors_of(connection)  # a key an earlier transaction used: DuplicateTaskKeyError
+    for row in rows:  # a row's values may be SQL (now() + a delay): one statement each
+        connection.execute(sa.insert(tasks).values(row))
+
+
+_TASKS = TransactionalTable(
+    tasks, key="task_key", what="task key", hint="give each task its own task_key", insert=_insert
+)
+
+
+def add_task(target: Transactional, row: Mapping[str, Any]) -> None:
+    """Insert a task ``row`` (column -> value or SQL expression) in ``target``'s transaction:
+    at once with a ``Session`` or ``Connection``, at the next flush with an ``AsyncSession``.
+
+    Raises:
+        DuplicateInTransactionError: its task key was given earlier in this transaction.
+        DuplicateTaskKeyError: an earlier transaction has a task with this key (with an
+            ``AsyncSession``: at flush or commit).
+    """
+    _TASKS.add(target, [row])
 
 
 def lease_sql(owner: str, names: Iterable[str], lease_seconds: float) -> Sql:

@@ -1,5 +1,5 @@
-"""How producers add outbox rows: in the caller's own transaction, never committing it; and
-what a transaction has added so far."""
+"""How producers add outbox rows: in the caller's own transaction, never committing it
+(:mod:`oncely.storage.transactional`); and what a transaction has added so far."""
 
 from __future__ import annotations
 
@@ -12,23 +12,11 @@ from uuid import UUID
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
-from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import Session, registry
+from sqlalchemy.orm import Session
 
 from oncely.storage.queries import query, run_on_driver
 from oncely.storage.tables import outbox
-
-
-class _OutboxRow:
-    """ORM mapping of ``oncely_outbox`` so an ``AsyncSession`` can ``add`` rows without I/O."""
-
-    def __init__(self, **columns: Any) -> None:
-        self.__dict__.update(columns)
-
-
-# eager_defaults=False: the flush sends no RETURNING of the server defaults (seq, shard, txid,
-# created_at...), which nothing reads.
-registry().map_imperatively(_OutboxRow, outbox, eager_defaults=False)
+from oncely.storage.transactional import Transactional, TransactionalTable
 
 #: Rows per statement at most (10 parameters each, PostgreSQL takes up to 65,535 in one).
 _MAX_ROWS = 1000
@@ -85,32 +73,9 @@ class StagedEvent:
     payload: bytes
 
 
-def add_rows(
-    target: Session | AsyncSession | sa.Connection, rows: Sequence[Mapping[str, Any]]
-) -> None:
-    """Add ``rows`` (column -> value) to the outbox in ``target``'s transaction.
-
-    An ``AsyncSession`` gets them as pending objects, written at its next flush (so this never
-    awaits). A ``Session`` or ``Connection`` sends one ``INSERT`` of all of them now
-    (``outbox_stage``), on the DBAPI connection of its current transaction (or savepoint): the
-    same transaction as the caller's rows, without SQLAlchemy's per-statement work. Either way
-    they become durable only when the caller commits.
-
-    Raises:
-        DuplicateEventError: a row's ``event_key`` is already in the outbox.
-        sqlalchemy.exc.DBAPIError: any other database error, wrapped as SQLAlchemy would.
-    """
-    if isinstance(target, AsyncSession):
-        target.add_all([_OutboxRow(**row) for row in rows])
-        return
-    if not rows:
-        return
-    if isinstance(target, sa.Connection):
-        connection = target
-        if not connection.in_transaction():
-            connection.begin()  # what execute() would have done: the caller's commit() ends it
-    else:
-        connection = target.connection(bind_arguments={"clause": outbox})
+def _insert(connection: sa.Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+    """One ``outbox_stage`` INSERT per 1,000 rows, on the DBAPI connection of the caller's
+    transaction (or savepoint), without SQLAlchemy's per-statement work."""
     _, _, names = _stage_parts()
     for start in range(0, len(rows), _MAX_ROWS):
         chunk = rows[start : start + _MAX_ROWS]
@@ -120,6 +85,30 @@ def add_rows(
             for name in names
         ]
         run_on_driver(connection, _stage_sql(len(chunk)), params)
+
+
+_OUTBOX = TransactionalTable(
+    outbox,
+    key="event_key",
+    what="idempotency key",
+    hint="give each event its own idempotency_key (or leave it None to use the event id)",
+    insert=_insert,
+)
+
+
+def add_rows(target: Transactional, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Add ``rows`` (column -> value) to the outbox in ``target``'s transaction: at once with a
+    ``Session`` or ``Connection`` (one statement per 1,000 rows), at the next flush with an
+    ``AsyncSession`` (this never awaits). They become durable when the caller commits.
+
+    Raises:
+        DuplicateInTransactionError: an ``event_key`` given earlier in this transaction, or
+            twice in ``rows``; nothing was added.
+        DuplicateEventError: a row's ``event_key`` is already in the outbox (with an
+            ``AsyncSession``: at flush or commit).
+        sqlalchemy.exc.DBAPIError: any other database error, wrapped as SQLAlchemy would.
+    """
+    _OUTBOX.add(target, rows)
 
 
 def staged_in(session: Session) -> list[StagedEvent]:
