@@ -152,9 +152,7 @@ def count_published(engine: sa.Engine) -> int:
                     """
                     SELECT count(*) FROM oncely_outbox AS o
                     JOIN oncely_relay_shards AS s ON s.shard = o.shard
-                    WHERE (pg_visible_in_snapshot(o.txid, s.done)
-                           OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
-                               AND pg_visible_in_snapshot(o.txid, s.reading)))
+                    WHERE oncely_passed(o.txid, o.seq, s.done, s.reading, s.after_seq)
                       AND o.id NOT IN (SELECT event_id FROM oncely_relay_held)
                       AND o.id NOT IN (SELECT event_id FROM oncely_relay_parked)
                     """

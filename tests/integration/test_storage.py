@@ -41,6 +41,7 @@ def test_migrations_and_metadata_build_the_same_database(
     assert {row[1] for row in migrated["triggers"]} == {"oncely_outbox_wake", "oncely_tasks_notify"}
     assert {row[0] for row in migrated["functions"]} == {
         "oncely_outbox_wake",
+        "oncely_passed",
         "oncely_tasks_notify",
     }
     assert [row[1] for row in migrated["shards"]] == list(range(DEFAULT_SHARDS))
@@ -168,3 +169,19 @@ def test_a_duplicate_event_key_is_translated_by_constraint_name(database_url: st
     with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
         conn.execute(sa.insert(outbox), {**row, "id": uuid.uuid4(), "event_key": None})
     engine.dispose()
+
+
+def test_the_passed_rule_is_inlined_where_it_is_called(engine: sa.Engine) -> None:
+    """``oncely_passed`` (migration 0007) is one SQL expression the planner inlines: the plan
+    names the snapshot functions, not a call of ours per row."""
+    with engine.connect() as conn:
+        plan = "\n".join(
+            conn.execute(
+                sa.text(
+                    "EXPLAIN (VERBOSE) SELECT count(*) FROM oncely_outbox AS o "
+                    "JOIN oncely_relay_shards AS s ON s.shard = o.shard "
+                    "WHERE oncely_passed(o.txid, o.seq, s.done, s.reading, s.after_seq)"
+                )
+            ).scalars()
+        )
+    assert "pg_visible_in_snapshot" in plan and "oncely_passed" not in plan, plan

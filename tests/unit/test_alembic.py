@@ -94,7 +94,8 @@ def test_every_oncely_table_starts_with_the_prefix() -> None:
 def test_the_drop_script_names_every_table_and_function_any_migration_creates() -> None:
     created = set()
     for migration in migrations():
-        created |= set(re.findall(r"CREATE (?:TABLE|FUNCTION) (\w+)", migration.sql))
+        found = re.findall(r"CREATE (?:OR REPLACE )?(?:TABLE|FUNCTION) (\w+)", migration.sql)
+        created |= set(found)
     created |= set(build_metadata().tables) | {"oncely_migrations"}
     assert {"oncely_outbox", "oncely_outbox_notify", "oncely_outbox_wake"} <= created
     dropped = set(re.findall(r"\b(oncely_\w+)\b[,;(]", drop_sql()))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from importlib import resources
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB, UUID
@@ -164,6 +165,24 @@ def _notify_on_insert(table: sa.Table, prefix: str, channel: str) -> None:
     sa.event.listen(table, "after_drop", _ddl(f"DROP FUNCTION IF EXISTS {function}()"))
 
 
+#: The argument types of ``oncely_passed`` (a function is dropped by its signature).
+PASSED_SIGNATURE = "xid8, bigint, pg_snapshot, pg_snapshot, bigint"
+
+
+def _passed_rule(table: sa.Table, prefix: str) -> None:
+    """Create (and drop) ``oncely_passed``, "the shard's progress has passed this row", from the
+    text of migration 0007, its one definition."""
+    text = resources.files(__package__).joinpath("migrations", "0007_passed_rule.sql").read_text()
+    create = text[text.index("CREATE OR REPLACE FUNCTION") :].strip().removesuffix(";")
+    create = create.replace("FUNCTION oncely_passed(", f"FUNCTION {prefix}oncely_passed(", 1)
+    sa.event.listen(table, "after_create", _ddl(create))
+    sa.event.listen(
+        table,
+        "after_drop",
+        _ddl(f"DROP FUNCTION IF EXISTS {prefix}oncely_passed({PASSED_SIGNATURE})"),
+    )
+
+
 def build_metadata(schema: str | None = None) -> sa.MetaData:
     """The oncely tables, in ``schema`` (``None``: the connection's ``search_path``)."""
     if schema is not None:
@@ -223,6 +242,7 @@ def build_metadata(schema: str | None = None) -> sa.MetaData:
             f"SELECT n, pg_current_snapshot() FROM generate_series(0, {DEFAULT_SHARDS - 1}) AS n"
         ),
     )
+    _passed_rule(shards, prefix)
     sa.Table(
         "oncely_relay_members",
         md,

@@ -17,6 +17,7 @@ DROP TABLE IF EXISTS
 
 DROP FUNCTION IF EXISTS oncely_outbox_wake();
 DROP FUNCTION IF EXISTS oncely_tasks_notify();
+DROP FUNCTION IF EXISTS oncely_passed(xid8, bigint, pg_snapshot, pg_snapshot, bigint);
 -- 0001's wake-up of every relay; 0003 replaced it with oncely_outbox_wake.
 DROP FUNCTION IF EXISTS oncely_outbox_notify();
 

@@ -168,9 +168,7 @@ SELECT s.shard, o.topic, count(*) AS unpublished,
 FROM oncely_relay_shards AS s
 JOIN oncely_outbox AS o
   ON o.shard = s.shard AND o.txid >= pg_snapshot_xmin(s.done)
-WHERE NOT pg_visible_in_snapshot(o.txid, s.done)
-  AND NOT (s.reading IS NOT NULL AND pg_visible_in_snapshot(o.txid, s.reading)
-           AND o.seq <= s.after_seq)
+WHERE NOT oncely_passed(o.txid, o.seq, s.done, s.reading, s.after_seq)
 GROUP BY s.shard, o.topic
 ORDER BY s.shard, o.topic
 
@@ -264,9 +262,7 @@ SELECT now()
 -- "stuck": not published and due (created, and available) longer than :max_pending_age ago.
 WITH w AS (
     SELECT o.created_at, o.available_at,
-           pg_visible_in_snapshot(o.txid, s.done)
-            OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
-                AND pg_visible_in_snapshot(o.txid, s.reading)) AS passed,
+           oncely_passed(o.txid, o.seq, s.done, s.reading, s.after_seq) AS passed,
            p.reason AS parked,
            EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id) AS held
     FROM oncely_outbox AS o
@@ -300,9 +296,7 @@ SELECT id, topic, aggregateid, state, error, age_seconds
 FROM (
     SELECT o.id, o.seq, o.topic, o.aggregateid, o.created_at, o.available_at, p.error,
            CAST(EXTRACT(EPOCH FROM now() - o.created_at) AS double precision) AS age_seconds,
-           CASE WHEN NOT (pg_visible_in_snapshot(o.txid, s.done)
-            OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
-                AND pg_visible_in_snapshot(o.txid, s.reading))) THEN 'unpublished'
+           CASE WHEN NOT oncely_passed(o.txid, o.seq, s.done, s.reading, s.after_seq) THEN 'unpublished'
                 WHEN p.reason = 'dead' THEN 'dead'
                 WHEN p.reason IS NOT NULL
                      OR EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id)
@@ -325,9 +319,7 @@ SELECT o.id, o.topic
 FROM oncely_outbox AS o
 JOIN oncely_relay_shards AS s ON s.shard = o.shard
 WHERE o.created_at >= :since AND o.created_at < :until
-  AND (pg_visible_in_snapshot(o.txid, s.done)
-            OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
-                AND pg_visible_in_snapshot(o.txid, s.reading)))
+  AND oncely_passed(o.txid, o.seq, s.done, s.reading, s.after_seq)
   AND NOT EXISTS (SELECT 1 FROM oncely_relay_parked AS p WHERE p.event_id = o.id)
   AND NOT EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id)
 ORDER BY o.topic
@@ -342,9 +334,7 @@ WITH rows AS (
            o.created_at >= :since
                AND (CAST(:until AS timestamptz) IS NULL OR o.created_at < :until)
                AND (CAST(:type AS text) IS NULL OR o.type = :type) AS in_window,
-           pg_visible_in_snapshot(o.txid, s.done)
-               OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
-                   AND pg_visible_in_snapshot(o.txid, s.reading)) AS passed,
+           oncely_passed(o.txid, o.seq, s.done, s.reading, s.after_seq) AS passed,
            EXISTS (SELECT 1 FROM oncely_relay_parked AS p
                    WHERE p.topic = o.topic AND p.aggregateid = o.aggregateid) AS parked
     FROM oncely_outbox AS o

@@ -66,9 +66,7 @@ JOIN oncely_relay_shards AS s ON s.shard = o.shard
 LEFT JOIN oncely_receipts AS r ON r.event_id = o.id AND r.effect = :effect
 WHERE o.created_at >= :since AND o.created_at < :until
   AND o.type = ANY (CAST(:types AS text[]))
-  AND (pg_visible_in_snapshot(o.txid, s.done)
-            OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
-                AND pg_visible_in_snapshot(o.txid, s.reading)))
+  AND oncely_passed(o.txid, o.seq, s.done, s.reading, s.after_seq)
   AND NOT EXISTS (SELECT 1 FROM oncely_relay_parked AS p WHERE p.event_id = o.id)
   AND NOT EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id)
 
@@ -79,9 +77,7 @@ FROM oncely_outbox AS o
 JOIN oncely_relay_shards AS s ON s.shard = o.shard
 WHERE o.created_at >= :since AND o.created_at < :until
   AND o.type = ANY (CAST(:types AS text[]))
-  AND (pg_visible_in_snapshot(o.txid, s.done)
-            OR (s.reading IS NOT NULL AND o.seq <= s.after_seq
-                AND pg_visible_in_snapshot(o.txid, s.reading)))
+  AND oncely_passed(o.txid, o.seq, s.done, s.reading, s.after_seq)
   AND NOT EXISTS (SELECT 1 FROM oncely_relay_parked AS p WHERE p.event_id = o.id)
   AND NOT EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id)
   AND NOT EXISTS (
