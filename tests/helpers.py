@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,10 +19,12 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 
-from oncely.relay import Relay, build_relay
-from oncely.runtime.metrics import RelayMetrics
+from oncely import testing
+from oncely.consumers.effects import Effects
+from oncely.consumers.runner import EffectConsumer
+from oncely.relay import Relay
 from oncely.runtime.tracing import Tracing
-from oncely.settings import KafkaSettings, RelaySettings
+from oncely.settings import ConsumerSettings, KafkaSettings, RelaySettings
 from oncely.storage import outbox
 
 
@@ -105,7 +107,6 @@ def fast_settings(**overrides: object) -> RelaySettings:
     return RelaySettings(**values)  # type: ignore[arg-type]
 
 
-@contextlib.contextmanager
 def running_relay(
     engine: sa.Engine,
     bootstrap: str,
@@ -113,26 +114,10 @@ def running_relay(
     *,
     tracing: Tracing | None = None,
     kafka: KafkaSettings | None = None,
-) -> Iterator[Relay]:
-    """A relay on a thread for the duration of the block, stopped and drained afterwards
-    (``kafka``: its client settings, instead of a PLAINTEXT ``bootstrap``)."""
-    stop = threading.Event()
-    relay = build_relay(
-        engine=engine,
-        kafka=kafka or KafkaSettings(bootstrap_servers=bootstrap),
-        settings=settings,
-        stop=stop,
-        metrics=RelayMetrics(),
-        tracing=tracing,
-    )
-    thread = threading.Thread(target=relay.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        yield relay
-    finally:
-        stop.set()
-        thread.join(timeout=60)
-        assert not thread.is_alive(), "the relay did not stop within 60 s"
+) -> contextlib.AbstractContextManager[Relay]:
+    """:func:`oncely.testing.running_relay` on a PLAINTEXT ``bootstrap`` (or ``kafka``)."""
+    kafka = kafka or KafkaSettings(bootstrap_servers=bootstrap)
+    return testing.running_relay(engine, kafka, settings, tracing=tracing)
 
 
 def wait_until(predicate: object, *, timeout: float, interval: float = 0.2) -> None:
@@ -250,9 +235,8 @@ def publish_events(
     assert producer.flush(30) == 0
 
 
-@contextlib.contextmanager
 def running_consumers(
-    effects: object,
+    effects: Effects,
     names: Sequence[str],
     engine: sa.Engine,
     bootstrap: str,
@@ -260,38 +244,18 @@ def running_consumers(
     lanes: int = 1,
     tracing: Tracing | None = None,
     **settings: object,
-) -> Iterator[list[object]]:
-    """Effect consumers on threads for the block; stopped (offsets committed) afterwards.
-
+) -> contextlib.AbstractContextManager[list[EffectConsumer]]:
+    """:func:`oncely.testing.running_consumers` with short polls and batches of 200;
     ``settings`` are more :class:`~oncely.settings.ConsumerSettings` fields."""
-    from oncely.consumers.effects import Effects
-    from oncely.consumers.service import build_consumers
-    from oncely.runtime.metrics import ConsumerMetrics
-    from oncely.settings import ConsumerSettings
-
-    assert isinstance(effects, Effects)
-    stop = threading.Event()
-    consumers = build_consumers(
-        effects=effects,
-        names=names,
-        engine=engine,
-        kafka=KafkaSettings(bootstrap_servers=bootstrap),
-        settings=ConsumerSettings(
-            **{"batch_size": 200, "poll_timeout_seconds": 0.2, "lanes": lanes, **settings}  # type: ignore[arg-type]
-        ),
-        metrics=ConsumerMetrics(),
+    values = {"batch_size": 200, "poll_timeout_seconds": 0.2, "lanes": lanes, **settings}
+    return testing.running_consumers(
+        effects,
+        names,
+        engine,
+        KafkaSettings(bootstrap_servers=bootstrap),
+        ConsumerSettings(**values),  # type: ignore[arg-type]
         tracing=tracing,
     )
-    threads = [threading.Thread(target=c.run, args=(stop,), daemon=True) for c in consumers]
-    for thread in threads:
-        thread.start()
-    try:
-        yield list(consumers)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=60)
-            assert not thread.is_alive(), "a consumer did not stop within 60 s"
 
 
 def scalar(engine: sa.Engine, sql: str, **params: object) -> object:

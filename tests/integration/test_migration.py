@@ -116,7 +116,7 @@ def test_upgrade_publishes_every_pending_row_once_and_parks_the_keys_of_dead_row
         behind_dead = [_old_row(conn, topic, "poison", "pending") for _ in range(2)]
         other = _old_row(conn, topic, "key-1", "pending")
     upgraded_at = time.monotonic()
-    assert [m.version for m in upgrade(old_engine)] == [3, 4, 5, 6]
+    assert [m.version for m in upgrade(old_engine)] == [m.version for m in migrations()][2:]
     assert _versions(old_engine) == [m.version for m in migrations()]
     # Nothing is published yet, and the dead row is listed (with its followers held once read).
     assert count_published(old_engine) == len(published) + 1  # the skipped row counts as settled
@@ -198,7 +198,7 @@ def test_upgrade_refuses_while_an_old_relay_holds_leases(old_engine: sa.Engine) 
     assert _versions(old_engine) == [1, 2]  # nothing of 0003 was applied
     with old_engine.begin() as conn:
         conn.execute(sa.text("UPDATE oncely_outbox SET lease_until = now() - interval '1 s'"))
-    assert [m.version for m in upgrade(old_engine)] == [3, 4, 5, 6]
+    assert [m.version for m in upgrade(old_engine)] == [m.version for m in migrations()][2:]
 
 
 def test_shards_fix_the_number_of_key_shards(

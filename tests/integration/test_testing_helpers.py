@@ -4,15 +4,17 @@ transaction's staged events are listed (its own only)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from oncely import stage
 from oncely.errors import ConfigurationError
-from oncely.testing import apply_event, staged_events
+from oncely.testing import apply_event, apply_event_async, staged_events
 from tests.apps.ledger import App, build, ledger
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ledger_tables")]
@@ -60,7 +62,7 @@ def test_a_failing_handler_raises_and_leaves_no_receipt(app: App, engine: sa.Eng
 def test_async_effects_and_foreign_events_are_refused(app: App, engine: sa.Engine) -> None:
     event = app.model(account_id="a", amount=1, n=1)
     with Session(engine) as session, session.begin():
-        with pytest.raises(ConfigurationError, match=r"'ledger\.async' is async"):
+        with pytest.raises(ConfigurationError, match=r"'ledger\.async' is async: apply it with"):
             apply_event(app.effects, "ledger.async", event, session)
         other = build("helpers-other.")
         with pytest.raises(ConfigurationError, match="no durable topic registered"):
@@ -75,3 +77,27 @@ def test_staged_events_lists_this_transaction_s_events_only(app: App, engine: sa
         first = stage(session, app.model(account_id="b", amount=2, n=1), idempotency_key="k-1")
         second = stage(session, app.model(account_id="c", amount=3, n=2))
         assert staged_events(session) == [first, second]
+
+
+def test_an_async_effect_is_applied_once_on_an_async_session(app: App, database_url: str) -> None:
+    async def run() -> list[tuple[uuid.UUID, str, int]]:
+        engine = create_async_engine(database_url)
+        event_id = uuid.uuid4()
+        event = app.model(account_id="a-1", amount=3, n=1)
+        try:
+            async with AsyncSession(engine) as session, session.begin():
+                effects = app.effects
+                assert await apply_event_async(
+                    effects, "ledger.async", event, session, event_id=event_id
+                )
+                assert not await apply_event_async(
+                    effects, "ledger.async", event, session, event_id=event_id
+                )
+                with pytest.raises(ConfigurationError, match="'ledger' is not async"):
+                    await apply_event_async(effects, "ledger", event, session)
+                rows = await session.execute(sa.select(ledger.c.event_id, ledger.c.effect))
+                return [tuple(row) for row in rows]  # type: ignore[misc]
+        finally:
+            await engine.dispose()
+
+    assert len(asyncio.run(run())) == 1

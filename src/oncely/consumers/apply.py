@@ -156,6 +156,19 @@ class Applier:
                 raise fallback.__cause__ from None
             raise ValueError(f"the record cannot be applied: {fallback}") from None
 
+    async def apply_in_async(self, session: AsyncSession, records: Sequence[Record]) -> BatchResult:
+        """:meth:`apply_in` for an ``async`` effect, inside ``session``'s transaction."""
+        for record in records:
+            if isinstance(record, Undecodable):
+                raise ValueError(f"the record cannot be applied: {record.reason}")
+        try:
+            async with session.begin_nested():
+                return await session.run_sync(self._apply_run, records, session)
+        except _FallBack as fallback:
+            if fallback.__cause__ is not None:
+                raise fallback.__cause__ from None
+            raise ValueError(f"the record cannot be applied: {fallback}") from None
+
     async def apply_async(self, records: Sequence[Record]) -> BatchResult:
         """:meth:`apply` for an ``async`` effect, on ``async_engine``; never raises."""
         assert self.async_engine is not None, "an async effect's Applier has an async engine"

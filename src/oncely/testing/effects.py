@@ -19,9 +19,10 @@ from typing import cast
 import sqlalchemy as sa
 from confluent_kafka import Message
 from pydantic import BaseModel
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-from oncely.consumers.apply import Applier
+from oncely.consumers.apply import Applier, Record
 from oncely.consumers.effects import Effects
 from oncely.consumers.records import read_envelope
 from oncely.errors import ConfigurationError
@@ -31,7 +32,7 @@ from oncely.schemas.codec import Codec
 from oncely.storage.stores.outbox.writes import StagedEvent, staged_in
 from oncely.wire import record_headers
 
-__all__ = ["apply_event", "staged_events"]
+__all__ = ["apply_event", "apply_event_async", "staged_events"]
 
 
 def apply_event(
@@ -48,22 +49,61 @@ def apply_event(
     ``(event_id, effect)`` already existed (a redelivery: the handler was not called).
 
     ``event_id`` defaults to a new one; pass the same id twice to test a redelivery. ``codec``
-    defaults to one over the effects' registry (without a schema catalog).
+    defaults to one over the effects' registry (without a schema catalog). An ``async``
+    effect takes :func:`apply_event_async`.
 
     Raises:
-        ConfigurationError: the effect is ``async`` (apply it through its consumer instead), or
-            does not consume ``event``'s type.
+        ConfigurationError: the effect is ``async``, or does not consume ``event``'s type.
         Exception: whatever the handler or its writes raise; the savepoint is rolled back, so
             neither the receipt nor the writes remain.
     """
     target = effects.get(effect)
     if target.is_async:
         raise ConfigurationError(
-            f"effect {effect!r} is async: apply_event runs sync effects only; test it through "
-            "its consumer"
+            f"effect {effect!r} is async: apply it with apply_event_async on an AsyncSession"
         )
+    record, codec = _record(effects, effect, event, event_id, codec)
+    engine = cast(sa.Engine, session.get_bind())
+    applier = Applier(target, engine, ConsumerMetrics(), codec)
+    return applier.apply_in(session, [record]).applied == 1
+
+
+async def apply_event_async(
+    effects: Effects,
+    effect: str,
+    event: BaseModel,
+    session: AsyncSession,
+    *,
+    event_id: uuid.UUID | None = None,
+    codec: Codec | None = None,
+) -> bool:
+    """:func:`apply_event` for an ``async`` effect, in ``session``'s transaction: its handler
+    gets ``ctx.session`` as this ``AsyncSession`` and is awaited, as its consumer does.
+
+    Raises:
+        ConfigurationError: the effect is not ``async`` (use :func:`apply_event`), or does not
+            consume ``event``'s type.
+        Exception: whatever the handler or its writes raise; the savepoint is rolled back.
+    """
+    target = effects.get(effect)
+    if not target.is_async:
+        raise ConfigurationError(f"effect {effect!r} is not async: apply it with apply_event")
+    record, codec = _record(effects, effect, event, event_id, codec)
+    async_engine = cast(AsyncEngine, session.bind)
+    applier = Applier(target, async_engine.sync_engine, ConsumerMetrics(), codec, async_engine)
+    return (await applier.apply_in_async(session, [record])).applied == 1
+
+
+def _record(
+    effects: Effects,
+    effect: str,
+    event: BaseModel,
+    event_id: uuid.UUID | None,
+    codec: Codec | None,
+) -> tuple[Record, Codec]:
+    """The record the relay would publish for ``event``, as the consumer reads it."""
     event_type = effects.registry.for_model(type(event))
-    if event_type not in target.event_types:
+    if event_type not in effects.get(effect).event_types:
         raise ConfigurationError(
             f"effect {effect!r} does not consume {event_type.name!r}: pass one of its events"
         )
@@ -78,10 +118,7 @@ def apply_event(
         value=value,
         headers=record_headers(str(event_id or uuid7()), event_type.name, own),
     )
-    record = read_envelope(message, types_by_topic={event_type.topic: event_type})
-    engine = cast(sa.Engine, session.get_bind())
-    applier = Applier(target, engine, ConsumerMetrics(), codec)
-    return applier.apply_in(session, [record]).applied == 1
+    return read_envelope(message, types_by_topic={event_type.topic: event_type}), codec
 
 
 def staged_events(session: Session) -> list[StagedEvent]:

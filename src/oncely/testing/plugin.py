@@ -14,6 +14,11 @@ Fixtures (all named ``oncely_*``, so they never shadow a project's own):
   cloned from a session template (``oncely db upgrade`` applied once), dropped after the test.
 - ``oncely_new_database`` (function): ``oncely_new_database(empty=False) -> url`` for more
   databases.
+- ``oncely_pipeline`` (function): ``with oncely_pipeline(app) as pipeline:`` runs ``app``'s
+  relay and consumers on threads against ``oncely_database_url`` and the broker, with
+  ``pipeline.wait_until_applied(events)`` (:func:`~oncely.testing.pipeline.running_pipeline`).
+  Create your own tables on ``pipeline.engine`` first, and give each test its own topics (a
+  random ``Registry(topic_prefix=...)``): the broker outlives the test.
 - ``oncely_schema_registry_url`` (session): the base URL of a Confluent-compatible schema
   registry (``ONCELY_TEST_SCHEMA_REGISTRY_URL``, else Apicurio Registry from Maven Central,
   started for the session only when a test asks for it). Tests share it: give each test its own
@@ -25,6 +30,8 @@ skips.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -36,6 +43,7 @@ from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from oncely.storage.migrations import upgrade
+from oncely.testing.pipeline import Pipeline, running_pipeline
 from oncely.testing.services import (
     SchemaRegistry,
     Services,
@@ -159,6 +167,17 @@ def oncely_new_database(
 def oncely_database_url(oncely_new_database: Callable[..., str]) -> str:
     """A fresh database with oncely's tables, for this test only (dropped afterwards)."""
     return oncely_new_database()
+
+
+@pytest.fixture
+def oncely_pipeline(
+    oncely_database_url: str, oncely_kafka_bootstrap: str
+) -> Callable[..., contextlib.AbstractContextManager[Pipeline]]:
+    """``oncely_pipeline(app, effects=None, relay=None, consumer=None)``: the context manager
+    of :func:`~oncely.testing.pipeline.running_pipeline` on this test's database and broker."""
+    return functools.partial(
+        running_pipeline, database_url=oncely_database_url, bootstrap_servers=oncely_kafka_bootstrap
+    )
 
 
 def pytest_terminal_summary(
