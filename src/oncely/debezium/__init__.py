@@ -1,0 +1,63 @@
+"""Debezium mode: relay ``oncely_outbox`` with Debezium's Outbox Event Router instead of
+``oncely relay run``. :mod:`.connector` builds the connector's configuration (pure);
+:mod:`.slots` reads and drops its replication slot and purges what the slot has confirmed."""
+
+from oncely.debezium.connector import (
+    CONNECTOR_CLASS,
+    DEFAULT_CONNECTOR_NAME,
+    DEFAULT_LOGICAL_NAME,
+    DEFAULT_PUBLICATION_NAME,
+    DEFAULT_ROUTE_REGEX,
+    DEFAULT_SLOT_NAME,
+    ConnectorOptions,
+    Format,
+    connector_config,
+    connector_request,
+    render,
+    snapshot_statement,
+    to_properties,
+)
+from oncely.debezium.slots import (
+    PurgePlan,
+    PurgeRefusedError,
+    PurgeResult,
+    PurgeSlot,
+    SlotBehindError,
+    SlotInUseError,
+    SlotNotFoundError,
+    drop_slot,
+    purge,
+    purge_marked,
+    purge_plan,
+    slot_status,
+    wait_for_slot,
+)
+
+__all__ = [
+    "CONNECTOR_CLASS",
+    "DEFAULT_CONNECTOR_NAME",
+    "DEFAULT_LOGICAL_NAME",
+    "DEFAULT_PUBLICATION_NAME",
+    "DEFAULT_ROUTE_REGEX",
+    "DEFAULT_SLOT_NAME",
+    "ConnectorOptions",
+    "Format",
+    "PurgePlan",
+    "PurgeRefusedError",
+    "PurgeResult",
+    "PurgeSlot",
+    "SlotBehindError",
+    "SlotInUseError",
+    "SlotNotFoundError",
+    "connector_config",
+    "connector_request",
+    "drop_slot",
+    "purge",
+    "purge_marked",
+    "purge_plan",
+    "render",
+    "slot_status",
+    "snapshot_statement",
+    "to_properties",
+    "wait_for_slot",
+]
