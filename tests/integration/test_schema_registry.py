@@ -38,7 +38,7 @@ from oncely.schemas.errors import SchemaIdNotLoadedError, SchemaNotRegisteredErr
 from oncely.schemas.loader import codec_for, schema_registry_client
 from oncely.schemas.registration import (
     IncompatibleVersionError,
-    RegistrationOutcome,
+    RegistrationResult,
     RegistryUnavailableError,
     RegistryVerdict,
     check_registry,
@@ -246,15 +246,15 @@ def test_register_is_idempotent_in_version_order(
 ) -> None:
     dry = list(register_catalog(client, orders.v2.registry, orders.catalog(), dry_run=True))
     assert [(r.version, r.outcome, r.schema_id) for r in dry] == [
-        (1, RegistrationOutcome.MISSING, None),
-        (2, RegistrationOutcome.MISSING, None),
+        (1, RegistrationResult.MISSING, None),
+        (2, RegistrationResult.MISSING, None),
     ]
     assert orders.subject not in client.get_subjects(), "a dry run registered"
 
     first = list(register_catalog(client, orders.v2.registry, orders.catalog()))
     assert [(r.version, r.outcome) for r in first] == [
-        (1, RegistrationOutcome.REGISTERED),
-        (2, RegistrationOutcome.REGISTERED),
+        (1, RegistrationResult.REGISTERED),
+        (2, RegistrationResult.REGISTERED),
     ]
     assert {r.subject for r in first} == {orders.subject}
     assert client.get_versions(orders.subject) == [1, 2]
@@ -263,7 +263,7 @@ def test_register_is_idempotent_in_version_order(
 
     again = list(register_catalog(client, orders.v2.registry, orders.catalog()))
     assert [(r.version, r.outcome, r.schema_id) for r in again] == [
-        (r.version, RegistrationOutcome.EXISTS, r.schema_id) for r in first
+        (r.version, RegistrationResult.EXISTS, r.schema_id) for r in first
     ]
     assert client.get_versions(orders.subject) == [1, 2]
 
@@ -307,8 +307,8 @@ def test_the_registry_refuses_an_incompatible_version_and_check_reports_it(
     assert "'order.placed' v3" in message and repr(orders.subject) in message
     assert "\n" not in message
     assert [(r.version, r.outcome) for r in outcomes] == [
-        (1, RegistrationOutcome.EXISTS),
-        (2, RegistrationOutcome.EXISTS),
+        (1, RegistrationResult.EXISTS),
+        (2, RegistrationResult.EXISTS),
     ]
     assert client.get_versions(orders.subject) == [1, 2]
 
@@ -383,7 +383,7 @@ def test_the_client_built_from_settings_reaches_a_registry_behind_tls_and_basic_
     settings = _secured_settings(secured)
     client = schema_registry_client(settings)
     registered = list(register_catalog(client, orders.v2.registry, orders.catalog()))
-    assert [r.outcome for r in registered] == [RegistrationOutcome.REGISTERED] * 2
+    assert [r.outcome for r in registered] == [RegistrationResult.REGISTERED] * 2
     codec = codec_for(orders.v2.registry, settings)
     assert codec.warm() == {"order.placed": registered[1].schema_id}
     value, headers = codec.encode(orders.v2.model(order_id="o-1", amount=3, currency="CHF"))

@@ -204,7 +204,7 @@ def register(
     event type is not in the catalog (run `oncely schemas export`).
     """
     from oncely.schemas.catalog import SchemaCatalog
-    from oncely.schemas.registration import RegistrationOutcome, confluent_types, register_catalog
+    from oncely.schemas.registration import RegistrationResult, confluent_types, register_catalog
 
     event_registry = load_registry(registry)
     catalog = SchemaCatalog.load(directory)
@@ -227,8 +227,8 @@ def register(
     if as_json:
         print_json({"dry_run": dry_run, "registrations": done})
         return
-    new = sum(item.outcome is RegistrationOutcome.REGISTERED for item in done)
-    missing = sum(item.outcome is RegistrationOutcome.MISSING for item in done)
+    new = sum(item.outcome is RegistrationResult.REGISTERED for item in done)
+    missing = sum(item.outcome is RegistrationResult.MISSING for item in done)
     if dry_run:
         err.print(
             f"dry run: nothing registered; {missing} version(s) to register "

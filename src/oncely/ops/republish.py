@@ -64,7 +64,7 @@ class RepublishPlan:
         return sum(self.topics.values())
 
 
-Progress = Callable[[int, int], None]
+Tally = Callable[[int, int], None]
 """Called with (records delivered so far, records to deliver)."""
 
 
@@ -146,7 +146,7 @@ def republish(
     since: datetime,
     until: datetime | None,
     event_type: str | None,
-    progress: Progress | None = None,
+    progress: Tally | None = None,
     timeout: float = 60.0,
 ) -> RepublishPlan:
     """Send the window's rows to Kafka again, in ``seq`` order, with their original event ids.

@@ -165,7 +165,7 @@ class Report:
         }
 
 
-Progress = Callable[[int, int], None]
+Tally = Callable[[int, int], None]
 """Called with (rows checked against Kafka so far, rows to check)."""
 
 
@@ -178,7 +178,7 @@ def verify_window(
     until: datetime | None = None,
     max_pending_age_seconds: float = 60.0,
     limit: int = 20,
-    progress: Progress | None = None,
+    progress: Tally | None = None,
     timeout: float = 30.0,
 ) -> Report:
     """Reconcile the rows created in ``[since, until)`` (aware datetimes; ``until``: now, on the

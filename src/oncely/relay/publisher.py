@@ -33,7 +33,7 @@ from oncely.wire import check_cloudevents_source, trace_context_fields
 
 log = logging.getLogger(__name__)
 
-Report = Callable[[KafkaError | None, Message | None], None]
+OnDelivery = Callable[[KafkaError | None, Message | None], None]
 
 _LIMITS_TTL = 60.0
 
@@ -114,7 +114,7 @@ class Publisher:
         else:
             log.warning("producer error: %s", error.str(), extra={"code": error.name()})
 
-    def produce(self, row: OutboxRow, report: Report) -> KafkaError | None:
+    def produce(self, row: OutboxRow, report: OnDelivery) -> KafkaError | None:
         """Hand ``row`` to the producer; its result comes later, to ``report``, from a poll.
 
         Returns the error when the client refuses the record at once (larger than
@@ -146,7 +146,7 @@ class Publisher:
         self,
         row: OutboxRow,
         headers: list[tuple[str, str | bytes | None]] | dict[str, str | bytes | None],
-        report: Report,
+        report: OnDelivery,
     ) -> KafkaError | None:
         while True:
             try:

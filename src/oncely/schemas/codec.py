@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # the schema registry's client is an extra: oncely[confluent]
 __all__ = [
     "CONTENT_TYPES",
     "Codec",
-    "Headers",
+    "HeaderInput",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -59,7 +59,7 @@ _ENCODING_OF = {content_type: encoding for encoding, content_type in CONTENT_TYP
 _BODY_ERRORS = (EOFError, StopIteration, IndexError, ValueError, OverflowError, UnicodeDecodeError)
 
 HeaderValue = str | bytes | None
-Headers = Mapping[str, HeaderValue] | Sequence[tuple[str, HeaderValue]] | None
+HeaderInput = Mapping[str, HeaderValue] | Sequence[tuple[str, HeaderValue]] | None
 """Headers as a mapping, or as confluent-kafka's list of ``(name, bytes)`` pairs."""
 
 
@@ -197,15 +197,15 @@ class Codec:
         return event_type, headers, parsed, single_object.frame(event_type.fingerprint, b"")
 
     @overload
-    def decode(self, value: bytes, headers: Headers = None, *, expected: type[M]) -> M: ...
+    def decode(self, value: bytes, headers: HeaderInput = None, *, expected: type[M]) -> M: ...
 
     @overload
     def decode(
-        self, value: bytes, headers: Headers = None, *, expected: None = None
+        self, value: bytes, headers: HeaderInput = None, *, expected: None = None
     ) -> BaseModel: ...
 
     def decode(
-        self, value: bytes, headers: Headers = None, *, expected: type[M] | None = None
+        self, value: bytes, headers: HeaderInput = None, *, expected: type[M] | None = None
     ) -> BaseModel:
         """Return the event held by a Kafka ``value``, validated by its model.
 
@@ -429,7 +429,7 @@ def _check_committed(event_type: EventType[Any], committed: SchemaEntry | None) 
         )
 
 
-def _header_map(headers: Headers) -> Mapping[str, str]:
+def _header_map(headers: HeaderInput) -> Mapping[str, str]:
     if type(headers) is dict and all(type(v) is str for v in headers.values()):
         return cast(Mapping[str, str], headers)  # already text (a consumer's): not parsed again
     pairs = headers.items() if isinstance(headers, Mapping) else (headers or ())

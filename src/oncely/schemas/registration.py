@@ -31,7 +31,7 @@ from oncely.schemas.errors import CatalogError
 __all__ = [
     "IncompatibleVersionError",
     "Registration",
-    "RegistrationOutcome",
+    "RegistrationResult",
     "RegistryUnavailableError",
     "RegistryVerdict",
     "check_registry",
@@ -50,7 +50,7 @@ class IncompatibleVersionError(OncelyError):
     """The schema registry refused a version as incompatible with the subject's versions."""
 
 
-class RegistrationOutcome(StrEnum):
+class RegistrationResult(StrEnum):
     """What :func:`register_catalog` found or did for one version."""
 
     REGISTERED = "registered"
@@ -67,7 +67,7 @@ class Registration:
     version: int
     subject: str
     schema_id: int | None
-    outcome: RegistrationOutcome
+    outcome: RegistrationResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,13 +132,13 @@ def register_catalog(
         with _registry_failures(f"subject {subject!r} v{version}"):
             found = _lookup(client, subject, schema)
         if found is not None or dry_run:
-            outcome = RegistrationOutcome.MISSING if found is None else RegistrationOutcome.EXISTS
+            outcome = RegistrationResult.MISSING if found is None else RegistrationResult.EXISTS
             yield Registration(event_type.name, version, subject, found, outcome)
             continue
         with _registry_failures(f"subject {subject!r} v{version}"):
             schema_id = _register(client, subject, schema, f"{event_type.name!r} v{version}")
         yield Registration(
-            event_type.name, version, subject, schema_id, RegistrationOutcome.REGISTERED
+            event_type.name, version, subject, schema_id, RegistrationResult.REGISTERED
         )
 
 

@@ -82,7 +82,7 @@ class Held:
 
 
 @dataclass(frozen=True, slots=True)
-class Membership:
+class Heartbeat:
     alive: int
     shards: int
     kept: frozenset[int] = frozenset()
@@ -394,9 +394,9 @@ class RelayStore:
 
     def heartbeat(
         self, *, ttl_seconds: float, asleep: bool, leases: Sequence[tuple[int, int]] = ()
-    ) -> Membership:
+    ) -> Heartbeat:
         """Mark this relay alive for ``ttl_seconds`` (and asleep or not) and extend its
-        ``(shard, epoch)`` leases as long; :attr:`Membership.kept`: the shards still held.
+        ``(shard, epoch)`` leases as long; :attr:`Heartbeat.kept`: the shards still held.
         One statement on the read connection (autocommit: no BEGIN and COMMIT around it)."""
         ((alive, shards, kept),) = self._fetch(
             "relay_heartbeat",
@@ -408,7 +408,7 @@ class RelayStore:
                 "epochs": [e for _, e in leases],
             },
         )
-        return Membership(int(alive), int(shards), frozenset(kept))
+        return Heartbeat(int(alive), int(shards), frozenset(kept))
 
     def sleep(self, *, asleep: bool) -> None:
         """Ask staging to NOTIFY this relay (``asleep``) or stop asking, committed on return."""
