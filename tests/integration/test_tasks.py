@@ -141,7 +141,7 @@ def test_the_default_key_makes_the_same_task_once(engine: sa.Engine) -> None:
     # On a connection the same rule holds, before the database would refuse the second.
     with engine.begin() as conn:
         enqueue_task(conn, "email.send", {"to": "c@example.com"})
-        with pytest.raises(DuplicateInTransactionError, match="task key 'email.send:"):
+        with pytest.raises(DuplicateInTransactionError, match=r"task key 'email\.send:"):
             enqueue_task(conn, "email.send", {"to": "c@example.com"})
     # A key an earlier transaction used: the database refuses it, at once.
     with pytest.raises(DuplicateTaskKeyError), engine.begin() as conn:
