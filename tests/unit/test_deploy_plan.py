@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from dockerfile_parse import DockerfileParser
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
@@ -101,6 +102,23 @@ def fenced(path: Path, *languages: str) -> Iterator[str]:
     for token in markdown(path):
         if token.type == "fence" and token.info.strip() in languages:
             yield token.content
+
+
+def image_uid() -> int:
+    """The uid the Dockerfile's last USER runs as: a number, or a name its `useradd --uid` made."""
+    structure = DockerfileParser(path=str(ROOT / "Dockerfile")).structure
+    user = [item["value"] for item in structure if item["instruction"] == "USER"][-1]
+    name = user.partition(":")[0]
+    if name.isdigit():
+        return int(name)
+    for item in structure:
+        words = shlex.split(item["value"]) if item["instruction"] == "RUN" else []
+        for start in (i for i, word in enumerate(words) if word == "useradd"):
+            command = words[start:]
+            command = command[: command.index("&&")] if "&&" in command else command
+            if command[-1] == name and "--uid" in command:
+                return int(command[command.index("--uid") + 1])
+    raise AssertionError(f"the Dockerfile gives user {name!r} no --uid")
 
 
 @pytest.fixture(scope="module")
@@ -256,12 +274,13 @@ def test_kubernetes_pods_are_hardened_and_budgeted(rendered: list[dict[str, Any]
     }
     secrets = yaml.safe_load_all((KUBERNETES / "secrets.example.yaml").read_text())
     secret_keys = {doc["metadata"]["name"]: set(doc["stringData"]) for doc in secrets}
+    uid = image_uid()
     for doc in rendered:
         if doc["kind"] not in {"Deployment", "Job"}:
             continue
         name, pod = doc["metadata"]["name"], doc["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True, name
-        assert pod["securityContext"]["runAsUser"] == 10001, f"{name}: not the image's user"
+        assert pod["securityContext"]["runAsUser"] == uid, f"{name}: not the image's user {uid}"
         assert pod["automountServiceAccountToken"] is False, name
         for container in pod["containers"]:
             assert container["securityContext"] == {
