@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-lint: install
+lint: install kubernetes-tools
 	$(BIN)/ruff check src tests examples bench tools
 	$(BIN)/ruff format --check src tests examples bench tools
 	$(BIN)/mypy
@@ -28,6 +28,9 @@ lint: install
 	$(BIN)/oncely schemas check --registry examples.payments.events:registry --dir schemas
 	$(BIN)/oncely asyncapi --app examples.payments.app:app --title 'oncely payments example' \
 	  --output docs/asyncapi/payments.json --check
+	kubectl kustomize deploy/kubernetes > $(VENV)/kubernetes.yaml
+	$(BIN)/kubernetes-validate --kubernetes-version $(KUBERNETES_VERSION) --strict --quiet \
+	  $(VENV)/kubernetes.yaml deploy/kubernetes/secrets.example.yaml
 
 format: install
 	$(BIN)/ruff format src tests examples bench tools
@@ -43,13 +46,26 @@ test-tools:
 	  $(APT) install -y -qq --no-install-recommends prometheus >/dev/null || \
 	  { $(APT) update -qq && $(APT) install -y -qq --no-install-recommends prometheus >/dev/null; }; }
 
+# kubectl, whose `kubectl kustomize` renders deploy/kubernetes for make lint and the unit tests:
+# the one on PATH, else Debian's kubernetes-client package. make lint validates the rendered
+# manifests offline against this Kubernetes version's schemas (kubernetes-validate bundles them).
+KUBERNETES_VERSION := 1.30.0
+.PHONY: kubernetes-tools
+kubernetes-tools:
+	@command -v kubectl >/dev/null || { \
+	  echo "installing Debian's kubernetes-client package (kubectl, to render deploy/kubernetes)"; \
+	  $(APT) install -y -qq --no-install-recommends kubernetes-client >/dev/null || \
+	  { $(APT) update -qq && $(APT) install -y -qq --no-install-recommends kubernetes-client >/dev/null; }; }
+	@kubectl kustomize --help >/dev/null 2>&1 || \
+	  { echo "error: $$(command -v kubectl) cannot run 'kubectl kustomize': install kubectl 1.14 or later"; exit 1; }
+
 test: lint test-tools test-floors
 	$(BIN)/pytest
 
 # The declared floors hold: the unit tests run against the lowest version of every direct
 # dependency that pyproject.toml allows (uv's lowest-direct resolution), in a venv of their own.
 FLOORS := .venv-floors
-test-floors: install
+test-floors: install kubernetes-tools
 	$(BIN)/pip install --quiet uv
 	$(BIN)/uv venv --quiet --allow-existing --python $(BIN)/python $(FLOORS)
 	$(BIN)/uv pip compile --quiet --resolution lowest-direct --extra dev \
