@@ -1,8 +1,10 @@
-"""docker-compose.yml and the Dockerfile cannot run here (no Docker engine): check their shape."""
+"""The shape of docker-compose.yml and the Dockerfile; tests/container runs them with podman."""
 
 from __future__ import annotations
 
 import json
+import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +86,24 @@ def test_dockerfile_image_runs_the_oncely_cli_as_a_non_root_user() -> None:
     entrypoints = [value for name, value in instructions if name == "ENTRYPOINT"]
     assert [json.loads(value) for value in entrypoints] == [["oncely"]]
     users = [value for name, value in instructions if name == "USER"]
-    assert users and users[-1] not in {"root", "0"}
+    assert users and users[-1].split(":")[0] not in {"root", "0"}
+    # A numeric user, so that Kubernetes' runAsNonRoot can verify it.
+    assert users[-1].split(":")[0].isdigit()
     for name, value in instructions:
         if name == "COPY" and "--from" not in value:
             *sources, _dest = value.split()
             for source in sources:
                 assert (ROOT / source).exists(), f"COPY source {source} is missing"
+
+
+def test_dockerfile_pins_its_base_labels_its_version_and_checks_health() -> None:
+    parser = DockerfileParser(path=str(ROOT / "Dockerfile"))
+    # The default base is a public image pinned to a patch release.
+    assert re.fullmatch(r"python:3\.\d+\.\d+-slim-\w+", parser.baseimage)
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        version = tomllib.load(file)["project"]["version"]
+    assert parser.labels["org.opencontainers.image.version"] == version
+    assert "org.opencontainers.image.source" in parser.labels
+    checks = [i["value"] for i in parser.structure if i["instruction"] == "HEALTHCHECK"]
+    assert len(checks) == 1
+    assert checks[0].endswith('CMD ["oncely", "healthcheck"]')

@@ -1,0 +1,239 @@
+"""Build oncely's image, and local Kafka and PostgreSQL images for the compose file, with podman.
+
+Run from the repository root (``make image`` runs the first)::
+
+    python -m tools.images oncely [--tag oncely:dev] [--extras confluent]
+    python -m tools.images kafka     # localhost/oncely-kafka:<version>: apache/kafka's interface
+    python -m tools.images postgres  # localhost/oncely-postgres:15: the postgres image's interface
+    python -m tools.images base      # the Debian base the three are built on
+
+No container registry is reachable on this repository's machines, so every base is built here:
+``debootstrap --variant=minbase`` of Debian bookworm with python3, imported into podman. Its
+root file system is cached as a tarball in ``<oncely cache>/images`` and the image in podman's
+own store, so only the first run pays for it (about a minute). Kafka's jars are the ones the
+devstack resolves from Maven Central; Java and PostgreSQL are Debian's packages.
+
+Package registries are reached through the host's CA bundle (``PIP_CERT`` or the system one): a
+build mounts it read-only and points pip at it; it is never copied into an image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import tarfile
+import tempfile
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+
+from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION, cache_root, resolve_kafka_libs
+from oncely.errors import ToolMissingError
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTAINERS_CONF = ROOT / "deploy" / "podman" / "containers.conf"
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+BASE_IMAGE = f"localhost/oncely-base:debian-{SUITE}"
+BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
+KAFKA_IMAGE = f"localhost/oncely-kafka:{DEFAULT_KAFKA_VERSION}"
+POSTGRES_IMAGE = "localhost/oncely-postgres:15"
+#: Left out of the base's root file system: documentation, locales, package lists.
+_TRIMMED = (
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/info",
+    "usr/share/locale",
+    "var/lib/apt/lists",
+    "var/cache/apt",
+)
+
+
+def podman_environment() -> dict[str, str]:
+    """The environment for podman: the repository's containers.conf unless one is chosen."""
+    env = dict(os.environ)
+    env.setdefault("CONTAINERS_CONF", str(CONTAINERS_CONF))
+    return env
+
+
+def podman(*args: str, capture: bool = False) -> str:
+    """Run ``podman ARGS``; its output when ``capture``. Raises ``CalledProcessError``."""
+    if shutil.which("podman") is None:
+        raise ToolMissingError(
+            "`podman` was not found on PATH (Debian: apt-get install podman runc)"
+        )
+    result = subprocess.run(
+        ["podman", *args],
+        env=podman_environment(),
+        check=True,
+        text=True,
+        stdout=subprocess.PIPE if capture else None,
+    )
+    return result.stdout if capture else ""
+
+
+def image_exists(name: str) -> bool:
+    return (
+        subprocess.run(
+            ["podman", "image", "exists", name], env=podman_environment(), check=False
+        ).returncode
+        == 0
+    )
+
+
+def ca_bundle() -> Path | None:
+    """The host's CA bundle that pip uses (``PIP_CERT``, else the system default), if any."""
+    configured = os.environ.get("PIP_CERT") or ssl.get_default_verify_paths().cafile
+    return Path(configured) if configured and Path(configured).is_file() else None
+
+
+def registry_access() -> list[str]:
+    """``podman build`` options that let a ``RUN pip install`` trust the host's CA bundle."""
+    bundle = ca_bundle()
+    if bundle is None:
+        return []
+    return ["--volume", f"{bundle}:{bundle}:ro", "--build-arg", f"PIP_CERT={bundle}"]
+
+
+def build_base() -> str:
+    """The Debian base image, imported from the cached root file system (built if missing)."""
+    if image_exists(BASE_IMAGE):
+        return BASE_IMAGE
+    cached = cache_root() / "images" / f"debian-{SUITE}-python3.tar"
+    if not cached.exists():
+        if shutil.which("debootstrap") is None:
+            raise ToolMissingError(
+                "`debootstrap` was not found on PATH: it builds the images' Debian base "
+                "(Debian: apt-get install debootstrap)"
+            )
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="oncely-rootfs-") as scratch:
+            rootfs = Path(scratch) / SUITE
+            print(f"debootstrap {SUITE} into {rootfs} (about a minute, once)", flush=True)
+            subprocess.run(
+                [
+                    "debootstrap",
+                    "--variant=minbase",
+                    f"--include={','.join(BASE_PACKAGES)}",
+                    SUITE,
+                    str(rootfs),
+                    MIRROR,
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+            for trimmed in _TRIMMED:
+                shutil.rmtree(rootfs / trimmed, ignore_errors=True)
+            partial = cached.with_suffix(".partial")
+            with tarfile.open(partial, "w") as tar:
+                tar.add(rootfs, arcname=".")
+            partial.rename(cached)
+    podman(
+        "import",
+        "--change",
+        'CMD ["/bin/bash"]',
+        "--change",
+        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        str(cached),
+        BASE_IMAGE,
+    )
+    return BASE_IMAGE
+
+
+def project_version() -> str:
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        return str(tomllib.load(file)["project"]["version"])
+
+
+def git(*args: str) -> str:
+    result = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+    return result.stdout.strip()
+
+
+def build_oncely(tag: str, extras: str) -> None:
+    base = build_base()
+    podman(
+        "build",
+        "--format",
+        "docker",
+        "--tag",
+        tag,
+        "--build-arg",
+        f"BASE_IMAGE={base}",
+        "--build-arg",
+        f"EXTRAS={extras}",
+        "--build-arg",
+        f"VERSION={project_version()}",
+        "--build-arg",
+        f"SOURCE={git('remote', 'get-url', 'origin')}",
+        "--build-arg",
+        f"REVISION={git('rev-parse', 'HEAD')}",
+        *registry_access(),
+        str(ROOT),
+    )
+
+
+def build_kafka() -> None:
+    base = build_base()
+    libs = resolve_kafka_libs(DEFAULT_KAFKA_VERSION)
+    context = ROOT / "deploy" / "images" / "kafka"
+    with tempfile.TemporaryDirectory(prefix="oncely-kafka-image-") as scratch:
+        shutil.copytree(context, scratch, dirs_exist_ok=True)
+        shutil.copytree(libs, Path(scratch) / "libs")
+        podman(
+            "build",
+            "--tag",
+            KAFKA_IMAGE,
+            "--build-arg",
+            f"BASE_IMAGE={base}",
+            "--build-arg",
+            f"KAFKA_VERSION={DEFAULT_KAFKA_VERSION}",
+            scratch,
+        )
+
+
+def build_postgres() -> None:
+    podman(
+        "build",
+        "--tag",
+        POSTGRES_IMAGE,
+        "--build-arg",
+        f"BASE_IMAGE={build_base()}",
+        str(ROOT / "deploy" / "images" / "postgres"),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.images", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("image", choices=["oncely", "kafka", "postgres", "base"])
+    parser.add_argument("--tag", default="oncely:dev", help="the oncely image's tag")
+    parser.add_argument("--extras", default="confluent", help="oncely's extras in the image")
+    args = parser.parse_args(argv)
+    try:
+        if args.image == "oncely":
+            build_oncely(args.tag, args.extras)
+        elif args.image == "kafka":
+            build_kafka()
+        elif args.image == "postgres":
+            build_postgres()
+        else:
+            build_base()
+    except ToolMissingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except subprocess.CalledProcessError as exc:
+        print(
+            f"error: {' '.join(map(str, exc.cmd[:3]))} ... exited {exc.returncode}", file=sys.stderr
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
