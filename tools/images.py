@@ -10,8 +10,8 @@ Run from the repository root (``make image`` runs the first)::
 No container registry is reachable on this repository's machines, so every base is built here:
 ``debootstrap --variant=minbase`` of Debian bookworm with python3, imported into podman. Its
 root file system is cached as a tarball in ``<oncely cache>/images`` and the image in podman's
-own store, so only the first run pays for it (about a minute). Kafka's jars are the ones the
-devstack resolves from Maven Central; Java and PostgreSQL are Debian's packages.
+own store, so only the first run pays for it (about a minute). Kafka's jars come from Maven
+Central (deploy/images/kafka/pom.xml, cached beside the base); Java and PostgreSQL are Debian's.
 
 Package registries are reached through the host's CA bundle (``PIP_CERT`` or the system one): a
 build mounts it read-only and points pip at it; it is never copied into an image.
@@ -31,7 +31,7 @@ import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
-from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION, cache_root, resolve_kafka_libs
+from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION, cache_root
 from oncely.errors import ToolMissingError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +42,7 @@ BASE_IMAGE = f"localhost/oncely-base:debian-{SUITE}"
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 KAFKA_IMAGE = f"localhost/oncely-kafka:{DEFAULT_KAFKA_VERSION}"
 POSTGRES_IMAGE = "localhost/oncely-postgres:15"
+KAFKA_CONTEXT = ROOT / "deploy" / "images" / "kafka"
 #: Left out of the base's root file system: documentation, locales, package lists.
 _TRIMMED = (
     "usr/share/doc",
@@ -177,28 +178,59 @@ def build_oncely(tag: str, extras: str) -> None:
     )
 
 
+def kafka_libs() -> Path:
+    """The local Kafka image's jars (the broker and kafka-tools), resolved once with Maven."""
+    libs = cache_root() / "images" / f"kafka-{DEFAULT_KAFKA_VERSION}-libs"
+    if libs.is_dir():
+        return libs
+    if shutil.which("mvn") is None:
+        raise ToolMissingError("`mvn` was not found on PATH (Debian: apt-get install maven)")
+    partial = libs.with_suffix(".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    subprocess.run(
+        [
+            "mvn",
+            "-q",
+            "-B",
+            "-f",
+            str(KAFKA_CONTEXT / "pom.xml"),
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-Dkafka.version={DEFAULT_KAFKA_VERSION}",
+            f"-DoutputDirectory={partial}",
+        ],
+        check=True,
+    )
+    partial.rename(libs)
+    return libs
+
+
 def build_kafka() -> None:
     base = build_base()
-    libs = resolve_kafka_libs(DEFAULT_KAFKA_VERSION)
-    context = ROOT / "deploy" / "images" / "kafka"
+    libs = kafka_libs()
     with tempfile.TemporaryDirectory(prefix="oncely-kafka-image-") as scratch:
-        shutil.copytree(context, scratch, dirs_exist_ok=True)
-        shutil.copytree(libs, Path(scratch) / "libs")
+        context = Path(scratch)
+        shutil.copytree(KAFKA_CONTEXT, context, dirs_exist_ok=True)
+        shutil.copytree(libs, context / "libs")
         podman(
             "build",
+            "--format",
+            "docker",
             "--tag",
             KAFKA_IMAGE,
             "--build-arg",
             f"BASE_IMAGE={base}",
             "--build-arg",
             f"KAFKA_VERSION={DEFAULT_KAFKA_VERSION}",
-            scratch,
+            str(context),
         )
 
 
 def build_postgres() -> None:
     podman(
         "build",
+        "--format",
+        "docker",
         "--tag",
         POSTGRES_IMAGE,
         "--build-arg",

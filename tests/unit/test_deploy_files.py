@@ -22,13 +22,21 @@ def _compose() -> dict[str, Any]:
     return data
 
 
+def _image(service: dict[str, Any], variable: str) -> str:
+    """The service's image by default: ``${VARIABLE:-default}`` lets the podman path swap it."""
+    match = re.fullmatch(r"\$\{(\w+):-([^}]+)\}", service["image"])
+    assert match, service["image"]
+    assert match.group(1) == variable
+    return match.group(2)
+
+
 def test_compose_runs_postgres_with_logical_wal_and_a_kraft_broker() -> None:
     services = _compose()["services"]
     postgres, kafka = services["postgres"], services["kafka"]
-    assert postgres["image"].startswith("postgres:")
+    assert _image(postgres, "ONCELY_POSTGRES_IMAGE").startswith("postgres:")
     assert "wal_level=logical" in postgres["command"]
     assert "5432:5432" in postgres["ports"]
-    assert kafka["image"].startswith("apache/kafka:4.")
+    assert _image(kafka, "ONCELY_KAFKA_IMAGE").startswith("apache/kafka:4.")
     env = kafka["environment"]
     assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
@@ -54,6 +62,15 @@ def test_compose_pipeline_services_read_oncely_settings_from_the_network() -> No
             "migrate": "service_completed_successfully",
             "topics": "service_completed_successfully",
         }
+    for name in ("migrate", "topics", "relay", "consumer", "send-receipt", "task-worker"):
+        service = services[name]
+        # One image, built from the Dockerfile by whichever service comes first, run read-only.
+        assert _image(service, "ONCELY_IMAGE") == "oncely:dev"
+        assert service["build"]["context"] == "."
+        assert service["read_only"] is True
+        # The app comes from ONCELY_APP: no positional module:attribute, no --registry.
+        assert service["environment"]["ONCELY_APP"] == "examples.payments.app:app"
+        assert not any(":" in word or word == "--registry" for word in service["command"])
     assert services["migrate"]["command"] == ["db", "upgrade"]
     # The relay's SIGTERM drain takes up to 30 s: Docker must not SIGKILL it first.
     assert services["relay"]["stop_grace_period"] == "45s"
