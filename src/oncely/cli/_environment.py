@@ -42,7 +42,14 @@ OTHER_VARIABLES = frozenset(
         "ONCELY_FAILPOINTS",
         "ONCELY_TEST_DATABASE_URL",
         "ONCELY_TEST_KAFKA",
+        "ONCELY_TEST_KAFKA_IMAGE",
+        "ONCELY_TEST_POSTGRES_IMAGE",
         "ONCELY_TEST_SCHEMA_REGISTRY_URL",
+        "ONCELY_TEST_SERVICES",
+        # docker-compose.yml's image names
+        "ONCELY_IMAGE",
+        "ONCELY_KAFKA_IMAGE",
+        "ONCELY_POSTGRES_IMAGE",
     }
 )
 
