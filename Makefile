@@ -91,3 +91,12 @@ container-tools: install
 	  $(APT) install -y -qq --no-install-recommends $(CONTAINER_PACKAGES) >/dev/null || \
 	  { $(APT) update -qq && $(APT) install -y -qq --no-install-recommends $(CONTAINER_PACKAGES) >/dev/null; }; }
 	@$(BIN)/python -c 'import podman_compose' 2>/dev/null || $(BIN)/pip install --quiet 'podman-compose>=1.3'
+
+# The image as containers (tests/container, marker `container`): the payments pipeline against
+# the devstack, docker-compose.yml's pipeline profile with podman-compose, and the pytest
+# plugin's testcontainers path on podman's Docker API. Builds the images it runs first: oncely's
+# (make image) and local Kafka and PostgreSQL images, none pulled from a registry.
+test-container: image
+	$(BIN)/python -m tools.images kafka
+	$(BIN)/python -m tools.images postgres
+	$(BIN)/pytest -m container tests/container

@@ -28,13 +28,15 @@ import oncely.failpoints
 from tests.apps import ledger
 
 #: The ``ONCELY_*`` variables taken from the developer's shell: the services the
-#: ``oncely.testing`` plugin documents, and the long fuzz tests' example count.
+#: ``oncely.testing`` plugin documents, the container tests' images, and the long fuzz tests'
+#: example count.
 INHERITED = frozenset(
     {
         "ONCELY_TEST_KAFKA",
         "ONCELY_TEST_DATABASE_URL",
         "ONCELY_TEST_SCHEMA_REGISTRY_URL",
         "ONCELY_TEST_SERVICES",
+        "ONCELY_TEST_IMAGE",
         "ONCELY_TEST_KAFKA_IMAGE",
         "ONCELY_TEST_POSTGRES_IMAGE",
         "ONCELY_FUZZ_EXAMPLES",
