@@ -14,8 +14,7 @@ WORKDIR /src
 RUN python3 -m venv /opt/oncely
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN /opt/oncely/bin/pip install --no-cache-dir --disable-pip-version-check ".${EXTRAS:+[$EXTRAS]}" \
- && /opt/oncely/bin/pip uninstall --yes --quiet pip
+RUN /opt/oncely/bin/pip install --no-cache-dir --disable-pip-version-check ".${EXTRAS:+[$EXTRAS]}"
 
 FROM ${BASE_IMAGE}
 ARG VERSION=0.1.0.dev0
