@@ -93,10 +93,11 @@ container-tools: install
 	@$(BIN)/python -c 'import podman_compose' 2>/dev/null || $(BIN)/pip install --quiet 'podman-compose>=1.3'
 
 # The image as containers (tests/container, marker `container`): the payments pipeline against
-# the devstack, docker-compose.yml's pipeline profile with podman-compose, and the pytest
-# plugin's testcontainers path on podman's Docker API. Builds the images it runs first: oncely's
-# (make image) and local Kafka and PostgreSQL images, none pulled from a registry.
+# the devstack, docker-compose.yml's pipeline and debezium profiles with podman-compose, and the
+# pytest plugin's testcontainers path on podman's Docker API. Builds the images it runs first:
+# oncely's (make image) and local Kafka, PostgreSQL and Kafka Connect images, none pulled.
 test-container: image
 	$(BIN)/python -m tools.images kafka
 	$(BIN)/python -m tools.images postgres
+	$(BIN)/python -m tools.images connect
 	$(BIN)/pytest -m container tests/container

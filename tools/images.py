@@ -1,11 +1,12 @@
-"""Build oncely's image, and local Kafka and PostgreSQL images for the compose file, with podman.
+"""Build oncely's image and local Kafka, PostgreSQL and Kafka Connect images, with podman.
 
 Run from the repository root (``make image`` runs the first)::
 
     python -m tools.images oncely [--tag oncely:dev] [--extras confluent]
     python -m tools.images kafka     # localhost/oncely-kafka:<version>: apache/kafka's interface
     python -m tools.images postgres  # localhost/oncely-postgres:15: the postgres image's interface
-    python -m tools.images base      # the Debian base the three are built on
+    python -m tools.images connect   # localhost/oncely-connect:<debezium>: debezium/connect's
+    python -m tools.images base      # the Debian base they are all built on
 
 No container registry is reachable on this repository's machines, so every base is built here:
 ``debootstrap --variant=minbase`` of Debian bookworm with python3, imported into podman. Its
@@ -31,8 +32,9 @@ import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
+from oncely.devstack.connect import DEFAULT_DEBEZIUM_VERSION, resolve_connect
 from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION, cache_root
-from oncely.errors import ToolMissingError
+from oncely.errors import DevstackError, ToolMissingError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTAINERS_CONF = ROOT / "deploy" / "podman" / "containers.conf"
@@ -42,6 +44,7 @@ BASE_IMAGE = f"localhost/oncely-base:debian-{SUITE}"
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 KAFKA_IMAGE = f"localhost/oncely-kafka:{DEFAULT_KAFKA_VERSION}"
 POSTGRES_IMAGE = "localhost/oncely-postgres:15"
+CONNECT_IMAGE = f"localhost/oncely-connect:{DEFAULT_DEBEZIUM_VERSION}"
 KAFKA_CONTEXT = ROOT / "deploy" / "images" / "kafka"
 #: Left out of the base's root file system: documentation, locales, package lists.
 _TRIMMED = (
@@ -226,6 +229,28 @@ def build_kafka() -> None:
         )
 
 
+def build_connect() -> None:
+    base = build_base()
+    libs, plugins = resolve_connect()
+    with tempfile.TemporaryDirectory(prefix="oncely-connect-image-") as scratch:
+        context = Path(scratch)
+        shutil.copytree(ROOT / "deploy" / "images" / "connect", context, dirs_exist_ok=True)
+        shutil.copytree(libs, context / "libs")
+        shutil.copytree(plugins, context / "plugins")
+        podman(
+            "build",
+            "--format",
+            "docker",
+            "--tag",
+            CONNECT_IMAGE,
+            "--build-arg",
+            f"BASE_IMAGE={base}",
+            "--build-arg",
+            f"DEBEZIUM_VERSION={DEFAULT_DEBEZIUM_VERSION}",
+            str(context),
+        )
+
+
 def build_postgres() -> None:
     podman(
         "build",
@@ -243,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.images", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("image", choices=["oncely", "kafka", "postgres", "base"])
+    parser.add_argument("image", choices=["oncely", "kafka", "postgres", "connect", "base"])
     parser.add_argument("--tag", default="oncely:dev", help="the oncely image's tag")
     parser.add_argument("--extras", default="confluent", help="oncely's extras in the image")
     args = parser.parse_args(argv)
@@ -254,9 +279,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             build_kafka()
         elif args.image == "postgres":
             build_postgres()
+        elif args.image == "connect":
+            build_connect()
         else:
             build_base()
-    except ToolMissingError as exc:
+    except DevstackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except subprocess.CalledProcessError as exc:

@@ -1,21 +1,23 @@
 """docker-compose.yml, as Docker users run it, brought up by podman-compose on local images:
 ``--profile pipeline`` runs the payments example from oncely's image, events reach their
-effects and their task, ``oncely verify`` passes, and ``down`` leaves nothing running."""
+effects and their task, ``oncely verify`` passes, and ``down`` leaves nothing running;
+``--profile debezium`` does the same with Kafka Connect and Debezium in place of the relay."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from examples.payments.models import ledger_entries, metadata, provider_emails
 from examples.payments.service import TransferService
-from tools.images import KAFKA_IMAGE, POSTGRES_IMAGE, podman_environment
+from tools.images import CONNECT_IMAGE, KAFKA_IMAGE, POSTGRES_IMAGE, podman_environment
 
 from tests.container.podman import IMAGE, ROOT, podman, wait_for
 
@@ -32,6 +34,7 @@ class Compose:
             "ONCELY_IMAGE": IMAGE,
             "ONCELY_POSTGRES_IMAGE": POSTGRES_IMAGE,
             "ONCELY_KAFKA_IMAGE": KAFKA_IMAGE,
+            "ONCELY_CONNECT_IMAGE": CONNECT_IMAGE,
         }
 
     def __call__(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -69,22 +72,21 @@ def compose(image: str) -> Iterator[Compose]:
     try:
         yield project
     finally:
-        project("--profile", "pipeline", "down", "--timeout", "60")
+        project("--profile", "pipeline", "--profile", "debezium", "down", "--timeout", "60")
 
 
 def _healthy(container: str) -> bool:
     return podman("healthcheck", "run", container, check=False).returncode == 0
 
 
-@pytest.mark.timeout(600)
-def test_the_pipeline_profile_runs_the_payments_example_from_the_image(compose: Compose) -> None:
-    # In the order `depends_on` gives, one stage at a time: Debian's podman (4.3) has no
-    # `wait --condition=healthy` (podman-compose then ignores service_healthy) and fails to
-    # start a container whose dependencies have dependencies (hence --no-deps).
+def _up(compose: Compose, profile: str, processes: Sequence[str]) -> None:
+    """Bring the profile up in the order `depends_on` gives, one stage at a time: Debian's
+    podman (4.3) has no `wait --condition=healthy` (podman-compose then ignores service_healthy)
+    and fails to start a container whose dependencies have dependencies (hence --no-deps)."""
     compose("up", "-d", "postgres", "kafka")
     for service in ("postgres", "kafka"):  # the compose file's own health checks
         wait_for(f"{service} healthy", lambda s=service: _healthy(compose.container(s)), 120, 1)
-    compose("--profile", "pipeline", "up", "-d", "--no-deps", "migrate", "topics")
+    compose("--profile", profile, "up", "-d", "--no-deps", "migrate", "topics")
     for job in ("migrate", "topics"):
         wait_for(
             f"{job} done",
@@ -96,20 +98,20 @@ def test_the_pipeline_profile_runs_the_payments_example_from_the_image(compose: 
         )
         code = podman("inspect", "--format={{.State.ExitCode}}", compose.container(job))
         assert code.stdout.strip() == "0", podman("logs", compose.container(job)).stderr
-    compose("--profile", "pipeline", "up", "-d", "--no-deps", *PROCESSES)
-    for name in PROCESSES:
-        wait_for(f"{name} healthy", lambda n=name: _healthy(compose.container(n)), 60, 1)
+    compose("--profile", profile, "up", "-d", "--no-deps", *processes)
+    for name in processes:
+        wait_for(f"{name} healthy", lambda n=name: _healthy(compose.container(n)), 120, 1)
 
+
+def _events_reach_their_effects() -> None:
+    """Stage transfers in the compose database; wait until the ledger and the emails have them."""
     engine = sa.create_engine(DATABASE_URL)
     try:
         metadata.create_all(engine)
         service = TransferService(engine)
         completed = sum(
             service.request_transfer(
-                idempotency_key=f"compose-{i}",
-                from_account=f"a{i}",
-                to_account="b",
-                amount=10 + i,
+                idempotency_key=f"compose-{i}", from_account=f"a{i}", to_account="b", amount=10 + i
             )["status"]
             == "completed"
             for i in range(30)
@@ -124,6 +126,12 @@ def test_the_pipeline_profile_runs_the_payments_example_from_the_image(compose: 
         wait_for("the effects and the task", lambda: applied() == (2 * completed, completed), 120)
     finally:
         engine.dispose()
+
+
+@pytest.mark.timeout(600)
+def test_the_pipeline_profile_runs_the_payments_example_from_the_image(compose: Compose) -> None:
+    _up(compose, "pipeline", PROCESSES)
+    _events_reach_their_effects()
     for name in PROCESSES:
         assert _healthy(compose.container(name)), name
     verify = subprocess.run(
@@ -138,4 +146,48 @@ def test_the_pipeline_profile_runs_the_payments_example_from_the_image(compose: 
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
     compose("--profile", "pipeline", "down", "--timeout", "60")
+    assert compose.running() == []
+
+
+@pytest.mark.timeout(600)
+def test_the_debezium_profile_relays_with_kafka_connect_instead(compose: Compose) -> None:
+    consumers = ("consumer", "send-receipt", "task-worker")
+    _up(compose, "debezium", ("connect", *consumers))
+    connect = compose.container("connect")
+    # The compose file's own instructions: the connector configuration it mounts, POSTed.
+    podman(
+        "exec",
+        connect,
+        "curl",
+        "-fsS",
+        "-X",
+        "POST",
+        "-H",
+        "Content-Type: application/json",
+        "--data",
+        "@/oncely/debezium/oncely-outbox.json",
+        "http://localhost:8083/connectors",
+    )
+
+    def running() -> bool:
+        status = podman(
+            "exec",
+            connect,
+            "curl",
+            "-fsS",
+            "http://localhost:8083/connectors/oncely-outbox/status",
+            check=False,
+        )
+        if status.returncode != 0:
+            return False
+        states = json.loads(status.stdout)
+        return states["connector"]["state"] == "RUNNING" and [
+            task["state"] for task in states["tasks"]
+        ] == ["RUNNING"]
+
+    wait_for("the connector and its task running", running, 120, 1)
+    _events_reach_their_effects()
+    for name in consumers:
+        assert _healthy(compose.container(name)), name
+    compose("--profile", "debezium", "down", "--timeout", "60")
     assert compose.running() == []

@@ -83,7 +83,9 @@ def test_compose_connect_service_runs_debezium_with_the_generated_connector_conf
     connect = services["connect"]
     # Debezium mode replaces the relay: never in the same profile.
     assert "debezium" not in services["relay"]["profiles"]
-    assert connect["image"] == f"quay.io/debezium/connect:{DEFAULT_DEBEZIUM_VERSION}"
+    assert _image(connect, "ONCELY_CONNECT_IMAGE") == (
+        f"quay.io/debezium/connect:{DEFAULT_DEBEZIUM_VERSION}"
+    )
     assert connect["environment"]["BOOTSTRAP_SERVERS"] == "kafka:29092"
     assert set(connect["depends_on"]) == {"postgres", "kafka"}
     assert "./deploy/debezium:/oncely/debezium:ro" in connect["volumes"]

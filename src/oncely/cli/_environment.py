@@ -48,6 +48,7 @@ OTHER_VARIABLES = frozenset(
         "ONCELY_TEST_SCHEMA_REGISTRY_URL",
         "ONCELY_TEST_SERVICES",
         # docker-compose.yml's image names
+        "ONCELY_CONNECT_IMAGE",
         "ONCELY_IMAGE",
         "ONCELY_KAFKA_IMAGE",
         "ONCELY_POSTGRES_IMAGE",
