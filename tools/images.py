@@ -64,29 +64,18 @@ def podman_environment() -> dict[str, str]:
     return env
 
 
-def podman(*args: str, capture: bool = False) -> str:
-    """Run ``podman ARGS``; its output when ``capture``. Raises ``CalledProcessError``."""
+def podman(*args: str, check: bool = True) -> int:
+    """Run ``podman ARGS`` and return its exit status (``CalledProcessError`` if ``check``)."""
     if shutil.which("podman") is None:
         raise ToolMissingError(
-            "`podman` was not found on PATH (Debian: apt-get install podman runc)"
+            "`podman` was not found on PATH (Debian: apt-get install podman runc; "
+            "`make image` installs them)"
         )
-    result = subprocess.run(
-        ["podman", *args],
-        env=podman_environment(),
-        check=True,
-        text=True,
-        stdout=subprocess.PIPE if capture else None,
-    )
-    return result.stdout if capture else ""
+    return subprocess.run(["podman", *args], env=podman_environment(), check=check).returncode
 
 
 def image_exists(name: str) -> bool:
-    return (
-        subprocess.run(
-            ["podman", "image", "exists", name], env=podman_environment(), check=False
-        ).returncode
-        == 0
-    )
+    return podman("image", "exists", name, check=False) == 0
 
 
 def ca_bundle() -> Path | None:
