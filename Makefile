@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test-tools lint format test test-floors chaos demo bench clean
+.PHONY: install test-tools lint format test test-floors chaos demo bench clean image container-tools test-container
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -88,3 +88,32 @@ clean:
 bench: install
 	$(BIN)/pip install --quiet matplotlib
 	$(BIN)/python -m bench
+
+# The container image (oncely:dev, IMAGE=... for another tag), built with podman on a Debian base
+# made here by debootstrap (cached in ~/.cache/oncely/images and podman's store; no registry is
+# needed). Docker users: `docker build -t oncely:dev --build-arg EXTRAS=confluent .`.
+IMAGE ?= oncely:dev
+export CONTAINERS_CONF ?= $(CURDIR)/deploy/podman/containers.conf
+CONTAINER_PACKAGES := podman runc debootstrap golang-github-containernetworking-plugin-dnsname
+image: install container-tools
+	$(BIN)/python -m tools.images oncely --tag $(IMAGE)
+
+# What the container tests and `make image` need beyond make test's: podman with runc (and
+# CNI's DNS plugin, for compose's service names), debootstrap, and podman-compose (PyPI).
+container-tools: install
+	@command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null \
+	  && [ -e /usr/lib/cni/dnsname ] || { \
+	  echo "installing Debian's podman, runc, debootstrap and the CNI dnsname plugin"; \
+	  $(APT) install -y -qq --no-install-recommends $(CONTAINER_PACKAGES) >/dev/null || \
+	  { $(APT) update -qq && $(APT) install -y -qq --no-install-recommends $(CONTAINER_PACKAGES) >/dev/null; }; }
+	@$(BIN)/python -c 'import podman_compose' 2>/dev/null || $(BIN)/pip install --quiet 'podman-compose>=1.3'
+
+# The image as containers (tests/container, marker `container`): the payments pipeline against
+# the devstack, docker-compose.yml's pipeline and debezium profiles with podman-compose, and the
+# pytest plugin's testcontainers path on podman's Docker API. Builds the images it runs first:
+# oncely's (make image) and local Kafka, PostgreSQL and Kafka Connect images, none pulled.
+test-container: image
+	$(BIN)/python -m tools.images kafka
+	$(BIN)/python -m tools.images postgres
+	$(BIN)/python -m tools.images connect
+	$(BIN)/pytest -m container tests/container

@@ -28,12 +28,17 @@ import oncely.failpoints
 from tests.apps import ledger
 
 #: The ``ONCELY_*`` variables taken from the developer's shell: the services the
-#: ``oncely.testing`` plugin documents, and the long fuzz tests' example count.
+#: ``oncely.testing`` plugin documents, the container tests' images, and the long fuzz tests'
+#: example count.
 INHERITED = frozenset(
     {
         "ONCELY_TEST_KAFKA",
         "ONCELY_TEST_DATABASE_URL",
         "ONCELY_TEST_SCHEMA_REGISTRY_URL",
+        "ONCELY_TEST_SERVICES",
+        "ONCELY_TEST_IMAGE",
+        "ONCELY_TEST_KAFKA_IMAGE",
+        "ONCELY_TEST_POSTGRES_IMAGE",
         "ONCELY_FUZZ_EXAMPLES",
     }
 )
@@ -48,6 +53,9 @@ def hermetic_environment(environ: MutableMapping[str, str], scratch: Path) -> No
     for name in [n for n in environ if n.startswith("ONCELY_") and n not in INHERITED]:
         del environ[name]
     environ["ONCELY_CACHE_DIR"] = str(TEST_CACHE)
+    # The devstack, not testcontainers, unless the shell chose: a Docker or podman socket that
+    # happens to answer changes no test (`make test-container` runs the testcontainers path).
+    environ.setdefault("ONCELY_TEST_SERVICES", "devstack")
     environ["ONCELY_DEVSTACK_DIR"] = str(scratch / "devstack")
     environ["XDG_CACHE_HOME"] = str(scratch / "xdg-cache")
 

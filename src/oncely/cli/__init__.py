@@ -49,6 +49,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "debezium",
         "Relay the outbox with Debezium's Outbox Event Router instead of `oncely relay run`.",
     ),
+    "healthcheck": (
+        "healthcheck",
+        "Exit 0 when this container's oncely process answers /healthz: the image's HEALTHCHECK.",
+    ),
     "dev": ("dev", "Run a local Kafka broker and PostgreSQL (no Docker needed)."),
     "receipts": ("receipts", "Effect receipts: the evidence that keeps effects single."),
     "relay": ("relay", "Publish staged outbox rows to Kafka."),
@@ -66,7 +70,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 #: The commands that are one command, not a group of subcommands.
-SINGLE = frozenset({"asyncapi", "demo", "consume", "replay", "status", "verify"})
+SINGLE = frozenset({"asyncapi", "demo", "consume", "healthcheck", "replay", "status", "verify"})
 
 
 def load_command(name: str) -> Any:

@@ -41,8 +41,17 @@ OTHER_VARIABLES = frozenset(
         "ONCELY_DEBUG",
         "ONCELY_FAILPOINTS",
         "ONCELY_TEST_DATABASE_URL",
+        "ONCELY_TEST_IMAGE",
         "ONCELY_TEST_KAFKA",
+        "ONCELY_TEST_KAFKA_IMAGE",
+        "ONCELY_TEST_POSTGRES_IMAGE",
         "ONCELY_TEST_SCHEMA_REGISTRY_URL",
+        "ONCELY_TEST_SERVICES",
+        # docker-compose.yml's image names
+        "ONCELY_CONNECT_IMAGE",
+        "ONCELY_IMAGE",
+        "ONCELY_KAFKA_IMAGE",
+        "ONCELY_POSTGRES_IMAGE",
     }
 )
 

@@ -1,8 +1,14 @@
 """Where the test services come from: environment, then testcontainers, then the devstack.
 
 1. ``ONCELY_TEST_KAFKA`` and ``ONCELY_TEST_DATABASE_URL`` (both set): services you run yourself.
-2. testcontainers, when a Docker engine answers.
+2. testcontainers, when a Docker engine answers (the Docker API at ``DOCKER_HOST``, or the
+   default socket): ``ONCELY_TEST_KAFKA_IMAGE`` (default ``apache/kafka:4.1.0``) and
+   ``ONCELY_TEST_POSTGRES_IMAGE`` (default ``postgres:18``), or images with their interfaces.
 3. :class:`oncely.devstack.DevStack`: a real broker from Maven Central and embedded PostgreSQL.
+
+``ONCELY_TEST_SERVICES`` makes the choice deterministic: ``testcontainers`` uses only 1 or 2
+(and fails when no engine answers), ``devstack`` only 1 or 3, ``auto`` (the default) the order
+above.
 
 A schema registry (for ``avro-confluent`` event types) is provided on its own, only to the tests
 that ask for it: ``ONCELY_TEST_SCHEMA_REGISTRY_URL`` (one you run yourself), else an Apicurio
@@ -17,16 +23,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+from confluent_kafka.admin import AdminClient
 from sqlalchemy.engine import make_url
 
 from oncely.devstack import DevStack
+from oncely.devstack._process import free_port
 from oncely.devstack.registry import DEFAULT_APICURIO_VERSION, SchemaRegistryNode
 from oncely.errors import DevstackError, OncelyError
 
@@ -82,39 +88,72 @@ def _from_environment() -> Services | None:
     )
 
 
+#: ``ONCELY_TEST_SERVICES``'s values.
+SOURCES = ("auto", "testcontainers", "devstack")
+DEFAULT_KAFKA_IMAGE = "apache/kafka:4.1.0"
+DEFAULT_POSTGRES_IMAGE = "postgres:18"
+
+
 def _docker_engine_answers() -> str | None:
-    """``None`` when a Docker engine answers, else the reason it does not."""
-    if shutil.which("docker") is None:
-        return "no `docker` client on PATH"
+    """``None`` when a Docker engine answers testcontainers' client, else the reason it does not."""
     try:
-        probe = subprocess.run(
-            ["docker", "version", "--format", "{{.Server.Version}}"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return "the Docker engine did not answer within 10 s"
-    if probe.returncode != 0:
-        return f"no Docker engine answered ({probe.stderr.strip().splitlines()[-1:]})"
+        import docker
+        from docker.errors import DockerException
+    except ImportError:
+        return "the `docker` package is not installed (pip install testcontainers)"
+    try:
+        client = docker.from_env(timeout=10)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except DockerException as exc:
+        where = os.environ.get("DOCKER_HOST", "the default socket")
+        return f"no Docker engine answered at {where} ({exc})"
     return None
 
 
 @contextlib.contextmanager
 def _from_testcontainers() -> Iterator[Services]:
-    from testcontainers.community.kafka import KafkaContainer
     from testcontainers.community.postgres import PostgresContainer
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
-    postgres = PostgresContainer("postgres:18", driver="psycopg").with_command(
-        "postgres -c wal_level=logical -c max_replication_slots=8 -c max_wal_senders=8"
+    postgres = PostgresContainer(
+        os.environ.get("ONCELY_TEST_POSTGRES_IMAGE", DEFAULT_POSTGRES_IMAGE), driver="psycopg"
+    ).with_command("postgres -c wal_level=logical -c max_replication_slots=8 -c max_wal_senders=8")
+    kafka_image = os.environ.get("ONCELY_TEST_KAFKA_IMAGE", DEFAULT_KAFKA_IMAGE)
+    # The broker advertises the address clients reach it at, so the host port is chosen first
+    # and mapped to the same port in the container.
+    port = free_port()
+    kafka = (
+        DockerContainer(kafka_image)
+        .with_envs(
+            KAFKA_NODE_ID="1",
+            KAFKA_PROCESS_ROLES="broker,controller",
+            KAFKA_LISTENERS=f"PLAINTEXT://0.0.0.0:{port},CONTROLLER://0.0.0.0:9093",
+            KAFKA_ADVERTISED_LISTENERS=f"PLAINTEXT://127.0.0.1:{port}",
+            KAFKA_LISTENER_SECURITY_PROTOCOL_MAP="CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            KAFKA_CONTROLLER_LISTENER_NAMES="CONTROLLER",
+            KAFKA_CONTROLLER_QUORUM_VOTERS="1@localhost:9093",
+            KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR="1",
+            KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR="1",
+            KAFKA_TRANSACTION_STATE_LOG_MIN_ISR="1",
+            KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR="1",
+            KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR="1",
+            KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS="0",
+            KAFKA_AUTO_CREATE_TOPICS_ENABLE="false",
+        )
+        .with_bind_ports(port, port)
+        .waiting_for(LogMessageWaitStrategy("Kafka Server started").with_startup_timeout(120))
     )
-    kafka = KafkaContainer("confluentinc/cp-kafka:7.9.0").with_kraft()
     with postgres, kafka:
         url = postgres.get_connection_url()
+        bootstrap = f"127.0.0.1:{port}"
+        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=60)  # it answers
         yield Services(
-            kafka_bootstrap=kafka.get_bootstrap_server(),
-            kafka_version="confluentinc/cp-kafka:7.9.0 (Apache Kafka 3.9)",
+            kafka_bootstrap=bootstrap,
+            kafka_version=f"{kafka_image} (testcontainers)",
             database_url=url,
             postgres_version=postgres_version(url),
             origin="testcontainers",
@@ -135,12 +174,25 @@ def provide_services() -> Iterator[Services]:
         yield from_env
         return
     reasons.append("ONCELY_TEST_KAFKA / ONCELY_TEST_DATABASE_URL are not both set")
-    no_docker = _docker_engine_answers()
-    if no_docker is None:
-        with _from_testcontainers() as services:
-            yield services
-        return
-    reasons.append(no_docker)
+    source = os.environ.get("ONCELY_TEST_SERVICES", "auto")
+    if source not in SOURCES:
+        raise ServicesUnavailableError(
+            f"ONCELY_TEST_SERVICES={source!r} is none of {', '.join(SOURCES)}"
+        )
+    if source == "devstack":
+        reasons.append("ONCELY_TEST_SERVICES=devstack leaves testcontainers out")
+    else:
+        no_docker = _docker_engine_answers()
+        if no_docker is None:
+            with _from_testcontainers() as services:
+                yield services
+            return
+        reasons.append(no_docker)
+        if source == "testcontainers":
+            raise ServicesUnavailableError(
+                "no Kafka and PostgreSQL for the tests (ONCELY_TEST_SERVICES=testcontainers):\n- "
+                + "\n- ".join(reasons)
+            )
     stack = DevStack()
     try:
         info = stack.start()
