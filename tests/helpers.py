@@ -97,8 +97,8 @@ def fast_settings(**overrides: object) -> RelaySettings:
     values: dict[str, object] = {
         "lease_seconds": 10.0,
         "poll_interval_seconds": 0.2,
-        "backoff_base_seconds": 0.2,
-        "backoff_max_seconds": 2.0,
+        "initial_backoff_seconds": 0.2,
+        "max_backoff_seconds": 2.0,
         "delivery_timeout_ms": 10_000,
         "purge_interval_seconds": 3600.0,
         "shutdown_timeout_seconds": 15.0,

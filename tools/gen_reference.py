@@ -35,6 +35,7 @@ import oncely
 import oncely.settings
 from oncely.cli import app as cli_app
 from oncely.cli._errors import MEANINGS
+from oncely.settings import RenamableSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "docs" / "reference"
@@ -371,6 +372,15 @@ def settings_env_vars() -> dict[str, tuple[type[BaseModel], str, FieldInfo]]:
     return dict(sorted(found.items()))
 
 
+def renamed_env_vars() -> dict[str, str]:
+    """Each deprecated ``ONCELY_*`` variable still read -> its replacement, sorted."""
+    found: dict[str, str] = {}
+    for model in _settings_models():
+        if issubclass(model, RenamableSettings):
+            found.update(model.renamed_variables())
+    return dict(sorted(found.items()))
+
+
 def _package_files() -> list[tuple[str, str]]:
     """(path relative to the package's parent, text) of oncely's Python sources, sorted."""
     package = Path(oncely.__file__).resolve().parent
@@ -429,6 +439,17 @@ def render_settings() -> str:
         ]
         lines += _table(["Variable", "Type", "Default", "Constraints", "Description"], rows)
         lines.append("")
+    lines += [
+        "## Renamed variables",
+        "",
+        "Still read, with a one-line deprecation warning, and to be removed; the new name wins "
+        "when both are set. The same holds for the keyword arguments and command-line options "
+        "of the old names.",
+        "",
+    ]
+    rows = [[f"`{old}`", f"`{new}`"] for old, new in renamed_env_vars().items()]
+    lines += _table(["Old variable", "Use instead"], rows)
+    lines.append("")
     cli_vars = cli_env_vars()
     lines += [
         "## Variables read by command-line options",

@@ -13,13 +13,19 @@ errors; only :meth:`KafkaSettings.client_config` reveals them, to hand them to l
 from __future__ import annotations
 
 import logging
+import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from oncely.errors import ConfigurationError
 
@@ -75,6 +81,79 @@ CLOUDEVENTS_SOURCE_PATTERN = r"^[!-~]+$"
 def redact_config(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with the values of secret-looking keys (see :data:`SECRET_KEY`) masked."""
     return {key: _MASK if SECRET_KEY.search(key) else value for key, value in config.items()}
+
+
+logger = logging.getLogger(__name__)
+
+
+def _deprecation(prefix: str, old: str, new: str) -> str:
+    return (
+        f"the setting {old} ({prefix}{old.upper()}, --{old.replace('_', '-')}) is deprecated and"
+        f" will be removed: use {new} ({prefix}{new.upper()}, --{new.replace('_', '-')})"
+    )
+
+
+class _OldNames(PydanticBaseSettingsSource):
+    """The ``ONCELY_*`` variables of a group's renamed settings, under their new names (so the
+    new variable wins when both are set)."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        raise NotImplementedError  # __call__ reads the variables itself
+
+    def __call__(self) -> dict[str, Any]:
+        settings_cls: type[RenamableSettings] = self.settings_cls  # type: ignore[assignment]
+        prefix = str(self.config.get("env_prefix", "")).upper()
+        found: dict[str, Any] = {}
+        for old, new in settings_cls.renamed.items():
+            value = os.environ.get(prefix + old.upper())
+            if value is not None:
+                logger.warning(_deprecation(prefix, old, new))
+                found[new] = value
+        return found
+
+
+class RenamableSettings(BaseSettings):
+    """A settings group whose renamed settings still work under their old names (``renamed``:
+    old name -> new name), as ``ONCELY_*`` variables, keyword arguments or command-line options,
+    each with a one-line deprecation warning on the ``oncely.settings`` logger. Precedence is
+    unchanged: a keyword argument (an option) over a variable, and the new variable over the old.
+    """
+
+    renamed: ClassVar[Mapping[str, str]] = {}
+
+    @classmethod
+    def renamed_variables(cls) -> dict[str, str]:
+        """Each old ``ONCELY_*`` variable still read -> the variable that replaces it."""
+        prefix = str(cls.model_config.get("env_prefix", "")).upper()
+        return {prefix + old.upper(): prefix + new.upper() for old, new in cls.renamed.items()}
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (
+            init_settings,
+            env_settings,
+            _OldNames(settings_cls),
+            dotenv_settings,
+            file_secret_settings,
+        )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_keywords(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            prefix = str(cls.model_config.get("env_prefix", ""))
+            for old, new in cls.renamed.items():
+                if old in data:
+                    logger.warning(_deprecation(prefix, old, new))
+                    data[new] = data.pop(old)
+        return data
 
 
 class KafkaSettings(BaseSettings):
@@ -162,13 +241,20 @@ class KafkaSettings(BaseSettings):
         return {**config, **self.extra}
 
 
-class RelaySettings(BaseSettings):
+class RelaySettings(RenamableSettings):
     """How the relay reads, publishes and records outbox rows (``ONCELY_RELAY_*``)."""
 
     model_config = SettingsConfigDict(env_prefix="ONCELY_RELAY_", extra="ignore")
+    renamed: ClassVar[Mapping[str, str]] = {
+        "relay_id": "owner_id",
+        "backoff_base_seconds": "initial_backoff_seconds",
+        "backoff_max_seconds": "max_backoff_seconds",
+    }
 
-    relay_id: str | None = Field(
-        default=None, description="This relay's lease owner id (default: hostname-pid-random)."
+    owner_id: str | None = Field(
+        default=None,
+        description="This relay's id as the owner of its shard leases (default: "
+        "hostname-pid-random; two relays must never share one).",
     )
     batch_size: int = Field(
         default=1000,
@@ -187,8 +273,10 @@ class RelaySettings(BaseSettings):
     max_attempts: int = Field(
         default=10, ge=1, description="Failed deliveries before a row is dead (broker errors)."
     )
-    backoff_base_seconds: float = Field(default=1.0, gt=0, description="First retry delay.")
-    backoff_max_seconds: float = Field(default=300.0, gt=0, description="Longest retry delay.")
+    initial_backoff_seconds: float = Field(
+        default=1.0, gt=0, description="First retry delay (then doubling)."
+    )
+    max_backoff_seconds: float = Field(default=300.0, gt=0, description="Longest retry delay.")
     poll_interval_seconds: float = Field(
         default=10.0,
         gt=0,
@@ -466,13 +554,17 @@ class ConsumerSettings(BaseSettings):
         return self
 
 
-class TaskSettings(BaseSettings):
+class TaskSettings(RenamableSettings):
     """How the task worker leases, retries and purges tasks (``ONCELY_TASKS_*``)."""
 
     model_config = SettingsConfigDict(env_prefix="ONCELY_TASKS_", extra="ignore")
+    renamed: ClassVar[Mapping[str, str]] = {
+        "worker_id": "owner_id",
+        "poll_seconds": "poll_interval_seconds",
+    }
 
     lease_seconds: float = Field(default=60.0, ge=0.1, description="Lease of one attempt.")
-    poll_seconds: float = Field(
+    poll_interval_seconds: float = Field(
         default=2.0,
         ge=0.01,
         description="Longest idle wait between sweeps (NOTIFY wakes the worker sooner).",
@@ -485,13 +577,16 @@ class TaskSettings(BaseSettings):
     purge_interval_seconds: float = Field(
         default=60.0, gt=0, description="How often the worker purges finished tasks."
     )
-    max_backoff_seconds: float = Field(
-        default=3600.0,
-        ge=0,
-        description="Longest wait between retries (the first is 1 s, doubling).",
+    initial_backoff_seconds: float = Field(
+        default=1.0, gt=0, description="First wait before a retry (then doubling)."
     )
-    worker_id: str | None = Field(
-        default=None, description="Lease owner name (default: hostname-pid-random)."
+    max_backoff_seconds: float = Field(
+        default=3600.0, ge=0, description="Longest wait between retries."
+    )
+    owner_id: str | None = Field(
+        default=None,
+        description="This worker's id as the owner of its task leases (default: "
+        "hostname-pid-random).",
     )
     metrics_port: int | None = Field(
         default=None,

@@ -235,7 +235,7 @@ def test_a_paused_relay_cannot_record_progress_on_shards_another_relay_took_over
         wait_until(lambda: len(read_topics(kafka_bootstrap, [topic])) == 20, timeout=15)
         assert count_published(engine) == 0
         wait_until(lambda: _shards(engine).get("zombie", 0) == 0, timeout=10)  # lease expired
-        with running_relay(engine, kafka_bootstrap, fast_settings(relay_id="owner")):
+        with running_relay(engine, kafka_bootstrap, fast_settings(owner_id="owner")):
             wait_until(lambda: count_published(engine) == 20, timeout=30)
             # The takeover bumped every shard's epoch: the zombie's writes are fenced.
             assert scalar(engine, "SELECT sum(epoch) FROM oncely_relay_shards") == epochs + 32

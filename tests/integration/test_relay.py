@@ -331,7 +331,7 @@ def test_a_record_the_client_refuses_parks_its_key_and_skip_releases_it(
     rows = outbox_rows(12, topics=[topic], keys=4)  # key-0 .. key-3, three rows each
     rows[0]["payload"] = b"x" * 1_100_000  # over message.max.bytes: the first of key-0
     insert_rows(engine, rows)
-    settings = fast_settings(max_attempts=2, backoff_base_seconds=0.1, backoff_max_seconds=0.2)
+    settings = fast_settings(max_attempts=2, initial_backoff_seconds=0.1, max_backoff_seconds=0.2)
     with running_relay(engine, kafka_bootstrap, settings) as relay:
         wait_until(lambda: count_published(engine) == 9, timeout=60)
         wait_until(lambda: len(_held(engine)) == 2, timeout=30)
@@ -421,7 +421,7 @@ def test_the_relay_rides_out_a_broker_outage(engine: sa.Engine, tmp_path: Path) 
         admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
         admin.create_topics([NewTopic("outage", num_partitions=2)])["outage"].result(30)
         insert_rows(engine, outbox_rows(200, topics=["outage"], keys=10))
-        settings = fast_settings(delivery_timeout_ms=2000, backoff_max_seconds=1.0)
+        settings = fast_settings(delivery_timeout_ms=2000, max_backoff_seconds=1.0)
         with running_relay(engine, broker.bootstrap_servers, settings) as relay:
             wait_until(lambda: count_published(engine) == 200, timeout=60)
             broker.stop()

@@ -530,7 +530,7 @@ def test_list_shows_the_newest_tasks_by_state(engine: sa.Engine) -> None:
 
 def test_the_running_worker_wakes_on_notify_and_stops_after_its_task(engine: sa.Engine) -> None:
     calls = _Calls()
-    worker = TaskWorker(engine=engine, tasks=_app(calls), poll_seconds=30)
+    worker = TaskWorker(engine=engine, tasks=_app(calls), poll_interval_seconds=30)
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:

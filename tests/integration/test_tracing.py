@@ -93,7 +93,7 @@ def spans() -> tuple[TracerProvider, InMemorySpanExporter]:
 
 
 def _run_tasks(engine: sa.Engine, tasks: Tasks, tracing: Tracing, done: Callable[[], bool]) -> None:
-    worker = TaskWorker(engine=engine, tasks=tasks, poll_seconds=0.2, tracing=tracing)
+    worker = TaskWorker(engine=engine, tasks=tasks, poll_interval_seconds=0.2, tracing=tracing)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import typer
-from tools.gen_reference import cli_env_vars, other_env_vars, settings_env_vars
+from tools.gen_reference import cli_env_vars, other_env_vars, renamed_env_vars, settings_env_vars
 
 import oncely
 import oncely.cli._kafka
@@ -196,7 +196,7 @@ def test_an_unknown_variable_is_warned_about_with_the_closest_known_one(
 
 
 def test_the_known_variables_are_those_the_reference_documents() -> None:
-    documented = set(settings_env_vars()) | set(cli_env_vars())
+    documented = set(settings_env_vars()) | set(cli_env_vars()) | set(renamed_env_vars())
     assert known_variables() == documented | other_env_vars(documented).keys()
     assert set(option_variables(typer.main.get_command(app))) == OPTION_VARIABLES
     assert other_env_vars(documented).keys() == OTHER_VARIABLES

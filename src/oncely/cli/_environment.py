@@ -64,6 +64,8 @@ def _settings_variables() -> Iterator[str]:
         for name, field in model.model_fields.items():
             alias = field.validation_alias if isinstance(field.validation_alias, str) else None
             yield (alias or prefix + name).upper()
+        if issubclass(model, settings.RenamableSettings):
+            yield from model.renamed_variables()
 
 
 def option_variables(command: Any) -> Iterator[str]:

@@ -28,9 +28,10 @@ app = typer.Typer(help="Publish staged outbox rows to Kafka.")
 def run(
     database_url: DatabaseUrl,
     bootstrap_servers: BootstrapServers,
-    relay_id: Annotated[
+    owner_id: Annotated[
         str | None, typer.Option(help="Shard lease owner id (default hostname-pid-random).")
     ] = None,
+    relay_id: Annotated[str | None, typer.Option(hidden=True)] = None,
     batch_size: Annotated[int | None, typer.Option(help="Rows read per page.")] = None,
     lease_seconds: Annotated[float | None, typer.Option(help="Shard lease.")] = None,
     max_attempts: Annotated[int | None, typer.Option(help="Failures before dead.")] = None,
@@ -51,6 +52,7 @@ def run(
 
     configure_logging(level=log_level, log_format=log_format)
     flags: dict[str, Any] = {
+        "owner_id": owner_id,
         "relay_id": relay_id,
         "batch_size": batch_size,
         "lease_seconds": lease_seconds,

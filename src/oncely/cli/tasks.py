@@ -62,7 +62,7 @@ def run(
     lease_seconds: Annotated[
         float | None, typer.Option(help="Lease of one attempt.", min=0.1, show_default=False)
     ] = None,
-    poll_seconds: Annotated[
+    poll_interval_seconds: Annotated[
         float | None,
         typer.Option(
             help="Longest idle wait between sweeps (NOTIFY wakes the worker sooner).",
@@ -79,16 +79,16 @@ def run(
     ] = None,
     max_backoff_seconds: Annotated[
         float | None,
+        typer.Option(help="Longest wait between retries.", min=0, show_default=False),
+    ] = None,
+    owner_id: Annotated[
+        str | None,
         typer.Option(
-            help="Longest wait between retries (the first is 1 s, doubling).",
-            min=0,
-            show_default=False,
+            help="Task lease owner id (default: hostname-pid-random).", show_default=False
         ),
     ] = None,
-    worker_id: Annotated[
-        str | None,
-        typer.Option(help="Lease owner name (default: hostname-pid-random).", show_default=False),
-    ] = None,
+    poll_seconds: Annotated[float | None, typer.Option(hidden=True)] = None,
+    worker_id: Annotated[str | None, typer.Option(hidden=True)] = None,
     metrics_port: Annotated[
         int | None,
         typer.Option(help="Serve /metrics, /healthz, /readyz on this port.", show_default=False),
@@ -102,11 +102,13 @@ def run(
     tasks = load_tasks(app_target(target, app_option))
     flags: dict[str, Any] = {
         "lease_seconds": lease_seconds,
+        "poll_interval_seconds": poll_interval_seconds,
         "poll_seconds": poll_seconds,
         "retention_seconds": None
         if retention is None
         else parse_duration(retention).total_seconds(),
         "max_backoff_seconds": max_backoff_seconds,
+        "owner_id": owner_id,
         "worker_id": worker_id,
         "metrics_port": metrics_port,
     }

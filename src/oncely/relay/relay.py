@@ -192,7 +192,7 @@ class Relay:
         self.metrics = metrics
         self._wakeup = wakeup
         self._backoff = Backoff(
-            first=settings.backoff_base_seconds, maximum=settings.backoff_max_seconds, jitter=0.5
+            first=settings.initial_backoff_seconds, maximum=settings.max_backoff_seconds, jitter=0.5
         )
         self._publisher = publisher_factory()
         self._shards: dict[int, _Shard] = {}
@@ -204,8 +204,8 @@ class Relay:
         self._topics = TopicWatch(
             probe=self._publisher.topic_state,
             backoff=Backoff(
-                first=settings.backoff_base_seconds,
-                maximum=min(settings.backoff_max_seconds, _TOPIC_CHECK_MAX),
+                first=settings.initial_backoff_seconds,
+                maximum=min(settings.max_backoff_seconds, _TOPIC_CHECK_MAX),
                 jitter=0.5,
             ),
         )

@@ -69,7 +69,7 @@ def build_relay(
     Raises :class:`~oncely.security.KafkaAuthenticationError` when the broker refuses the
     credentials (checked before anything is read; an unreachable broker is not an error).
     """
-    owner = settings.relay_id or process_id()
+    owner = settings.owner_id or process_id()
     config = producer_config(kafka, settings)
 
     def publisher() -> Publisher:

@@ -4,7 +4,8 @@ A sync process that loops: purge terminal tasks past the retention period (every
 sweep (TTLs and expired leases, see :mod:`.rules`), lease the oldest due task it has a handler
 for (``FOR UPDATE SKIP LOCKED``, so workers run side by side), run its handler outside any
 transaction, and settle the result fenced by attempt and owner. When nothing is due it waits
-for ``NOTIFY oncely_tasks`` (sent at the commit of every enqueue) for at most ``poll_seconds``.
+for ``NOTIFY oncely_tasks`` (sent at the commit of every enqueue) for at most
+``poll_interval_seconds``.
 :func:`run_worker` runs it as a process, with ``/metrics``, ``/healthz`` and ``/readyz``.
 
 Guarantees: it refuses to start while a queued or leased task's name (or a required name) has
@@ -55,11 +56,11 @@ class TaskWorker:
         engine: sa.Engine,
         tasks: Tasks,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        poll_seconds: float = 2.0,
+        poll_interval_seconds: float = 2.0,
         retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         backoff: Backoff | None = None,
         observer: Observer | None = None,
-        worker_id: str | None = None,
+        owner_id: str | None = None,
         purge_interval_seconds: float = PURGE_EVERY_SECONDS,
         metrics: TaskMetrics | None = None,
         tracing: Tracing | None = None,
@@ -72,10 +73,10 @@ class TaskWorker:
             backoff=backoff,
             tracing=tracing or Tracing(),
         )
-        self.poll_seconds = poll_seconds
+        self.poll_interval_seconds = poll_interval_seconds
         self.retention_seconds = retention_seconds
         self.observer = observer
-        self.worker_id = worker_id or process_id()
+        self.owner_id = owner_id or process_id()
         self.purge_interval_seconds = purge_interval_seconds
         self.metrics = metrics or TaskMetrics()
         #: When the loop last turned (``time.monotonic()``).
@@ -85,7 +86,7 @@ class TaskWorker:
 
     def healthy(self) -> bool:
         """The loop turned recently: within a lease and a poll (a task runs at most its lease)."""
-        limit = self.store.lease_seconds + max(30.0, self.poll_seconds)
+        limit = self.store.lease_seconds + max(30.0, self.poll_interval_seconds)
         return time.monotonic() - self.heartbeat < limit
 
     def ready(self) -> bool:
@@ -103,7 +104,7 @@ class TaskWorker:
 
     def run_once(self) -> Attempt | None:
         """Lease one due task, run it and settle it; ``None`` if nothing was due."""
-        lease = lease_sql(self.worker_id, self.tasks.names, self.store.lease_seconds)
+        lease = lease_sql(self.owner_id, self.tasks.names, self.store.lease_seconds)
         attempt = self.store.run(lease, self.tasks.dispatch)
         if attempt is not None:
             self.metrics.attempts.labels(attempt.task.name, attempt.outcome).inc()
@@ -163,12 +164,12 @@ class TaskWorker:
             wakeup.listen()
             logger.info(
                 "task worker %s serving %s",
-                self.worker_id,
+                self.owner_id,
                 ", ".join(sorted(self.tasks.names)),
-                extra={"worker_id": self.worker_id},
+                extra={"worker_id": self.owner_id},
             )
             purge = Every(self.purge_interval_seconds)
-            sweep = Every(self.poll_seconds)
+            sweep = Every(self.poll_interval_seconds)
             self._running = True
             try:
                 while not stop.is_set():
@@ -181,7 +182,7 @@ class TaskWorker:
                         wakeup.wait(sweep.remaining())
             finally:
                 self._running = False
-        logger.info("task worker %s stopped", self.worker_id, extra={"worker_id": self.worker_id})
+        logger.info("task worker %s stopped", self.owner_id, extra={"worker_id": self.owner_id})
 
     def _report(self, attempt: Attempt) -> None:
         task = attempt.task
@@ -238,11 +239,13 @@ def run_worker(tasks: Tasks, *, database_url: str, settings: TaskSettings) -> No
             engine=engine,
             tasks=tasks,
             lease_seconds=settings.lease_seconds,
-            poll_seconds=settings.poll_seconds,
+            poll_interval_seconds=settings.poll_interval_seconds,
             retention_seconds=settings.retention_seconds,
             purge_interval_seconds=settings.purge_interval_seconds,
-            backoff=Backoff(first=1.0, maximum=settings.max_backoff_seconds),
-            worker_id=settings.worker_id,
+            backoff=Backoff(
+                first=settings.initial_backoff_seconds, maximum=settings.max_backoff_seconds
+            ),
+            owner_id=settings.owner_id,
         )
         with serving(
             settings.metrics_port,
