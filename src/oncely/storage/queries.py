@@ -1,7 +1,8 @@
 """Named SQL statements, kept in the packaged ``sql/*.sql`` files (one per area) and loaded once.
 
 A statement starts with a ``-- name: <name>`` line; the comment lines after it document it.
-Names are unique across all files.
+Names are unique across all files. A piece of SQL several statements share is written once,
+after a ``-- fragment: <name>`` line, and a statement includes it as ``{name}``.
 Code refers to statements by name (``query("idempotency_insert")``), so every claim, settle and
 receipt statement is one reviewed piece of SQL with bound ``:parameters``.
 """
@@ -20,21 +21,31 @@ from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
 from oncely.storage.errors import translate
 
-_NAME = re.compile(r"^-- name: ([a-z0-9_]+)\s*$", re.MULTILINE)
+_NAME = re.compile(r"^-- (name|fragment): ([a-z0-9_]+)\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"\{([a-z0-9_]+)\}")
 
 
 @cache
 def _load() -> dict[str, str]:
     statements: dict[str, str] = {}
+    fragments: dict[str, str] = {}
     for entry in sorted(resources.files(__package__).joinpath("sql").iterdir(), key=str):
         if not entry.name.endswith(".sql"):
             continue
         parts = _NAME.split(entry.read_text())
-        for name, body in zip(parts[1::2], parts[2::2], strict=True):
-            if name in statements:
+        for kind, name, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+            if name in statements or name in fragments:
                 raise RuntimeError(f"SQL statement {name!r} is defined twice ({entry.name})")
-            statements[name] = body.strip()
-    return statements
+            if kind == "name":
+                statements[name] = body.strip()
+            else:
+                fragments[name] = "\n".join(
+                    line for line in body.strip().splitlines() if not line.startswith("--")
+                )
+    return {
+        name: _INCLUDE.sub(lambda m: fragments[m.group(1)], body)
+        for name, body in statements.items()
+    }
 
 
 @cache

@@ -2,21 +2,26 @@
 -- First the relay's statements: snapshot reads per leased shard, progress, leases, parked keys
 -- and held rows. Each starts with "-- name: <name>".
 
+-- fragment: row_to_publish
+-- The columns of a row to publish (of the outbox row "o"), in the order OutboxRow.of reads them
+-- (rows.py); each statement adds the row's delay, available_at, last.
+CAST(o.id AS text) AS id, o.seq, o.shard, o.topic, o.aggregateid, o.type, o.payload,
+CAST(o.headers AS text) AS headers,
+CAST(extract(epoch FROM o.created_at) * 1000000 AS bigint) AS created_us,
+o.tracingspancontext
+
 -- name: relay_snapshot
 -- The snapshot a read compares with the shards' progress, and the database clock.
 SELECT CAST(pg_current_snapshot() AS text) AS snapshot, now() AS now
 
 -- name: relay_read
--- One page of the rows of :shards (columns in OutboxRow's field order, as records.py says) visible in the reading snapshot and not in the shards' done
+-- One page of the rows of :shards visible in the reading snapshot and not in the shards' done
 -- snapshot, after :after_seq, in seq order. The caller passes the difference as PgQ does:
 -- txids in [done.xmax, reading.xmax) not running in reading, plus the txids that were running
 -- in done and are visible in reading. Below done.xmax nothing else can be new, so a long-open
 -- transaction never makes a read rescan the rows written since it began.
-SELECT CAST(o.id AS text) AS id, o.seq, o.shard, o.topic, o.aggregateid, o.type, o.payload,
-       CAST(o.headers AS text) AS headers,
-       CAST(extract(epoch FROM o.created_at) * 1000000 AS bigint) AS created_us,
-       CASE WHEN o.available_at > now() THEN o.available_at END AS available_at,
-       o.tracingspancontext
+SELECT {row_to_publish},
+       CASE WHEN o.available_at > now() THEN o.available_at END AS available_at
 FROM oncely_outbox AS o
 WHERE o.shard = ANY (CAST(:shards AS smallint[]))
   AND o.seq > :after_seq
@@ -28,11 +33,7 @@ LIMIT :page_size
 
 -- name: relay_rows
 -- Outbox rows by id, for releasing a parked key (its own row and the rows held behind it).
-SELECT CAST(o.id AS text) AS id, o.seq, o.shard, o.topic, o.aggregateid, o.type, o.payload,
-       CAST(o.headers AS text) AS headers,
-       CAST(extract(epoch FROM o.created_at) * 1000000 AS bigint) AS created_us,
-       CAST(NULL AS timestamptz) AS available_at,
-       o.tracingspancontext
+SELECT {row_to_publish}, CAST(NULL AS timestamptz) AS available_at
 FROM oncely_outbox AS o
 WHERE o.id = ANY (CAST(:ids AS uuid[]))
 
@@ -362,11 +363,7 @@ LIMIT :limit
 
 -- name: republish_rows
 -- The window's rows in seq order, as the relay reads them (streamed from a server-side cursor).
-SELECT CAST(o.id AS text) AS id, o.seq, o.shard, o.topic, o.aggregateid, o.type, o.payload,
-       CAST(o.headers AS text) AS headers,
-       CAST(extract(epoch FROM o.created_at) * 1000000 AS bigint) AS created_us,
-       CAST(NULL AS timestamptz) AS available_at,
-       o.tracingspancontext
+SELECT {row_to_publish}, CAST(NULL AS timestamptz) AS available_at
 FROM oncely_outbox AS o
 WHERE o.created_at >= :since
   AND (CAST(:until AS timestamptz) IS NULL OR o.created_at < :until)

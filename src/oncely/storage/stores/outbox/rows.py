@@ -3,8 +3,9 @@
 The relay never decodes a payload, so it needs no application code.
 
 The statements that read rows to publish (``relay_read``, ``relay_rows``, ``republish_rows``)
-select the same columns, in :class:`OutboxRow`'s field order: ``created_at`` (in microseconds)
-and the headers' text come from PostgreSQL, so each row costs one constructor call here.
+select the same columns (outbox.sql's ``row_to_publish``, then the row's delay): ``created_at``
+(in microseconds) and the headers' text come from PostgreSQL, so each row costs one constructor
+call here.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class OutboxRow:
     @classmethod
     def of(cls, columns: Sequence[Any]) -> OutboxRow:
         """The row from a statement's columns (``headers`` as ``jsonb`` text)."""
-        event_id, seq, shard, topic, key, type_, payload, headers, us, available_at, trace = columns
+        event_id, seq, shard, topic, key, type_, payload, headers, us, trace, available_at = columns
         return cls(
             event_id,
             seq,
