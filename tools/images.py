@@ -33,7 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from oncely.devstack.connect import DEFAULT_DEBEZIUM_VERSION, resolve_connect
-from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION, cache_root
+from oncely.devstack.jvm import cache_root
+from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION
 from oncely.errors import DevstackError, ToolMissingError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from oncely.devstack.kafka import KafkaNodeConfig, check_java, new_cluster_id, resolve_kafka_libs
+from oncely.devstack.jvm import check_java
+from oncely.devstack.kafka import KafkaNodeConfig, new_cluster_id, resolve_kafka_libs
 from oncely.errors import DevstackError, ToolMissingError
 
 

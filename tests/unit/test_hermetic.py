@@ -13,7 +13,7 @@ import pytest
 
 from oncely.cli import app
 from oncely.cli._errors import run
-from oncely.devstack.kafka import cache_root
+from oncely.devstack.jvm import cache_root
 from oncely.devstack.stack import StackInfo, default_stack_dir, write_state
 from tests.conftest import INHERITED
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from oncely.devstack import kafka, registry
+from oncely.devstack import jvm, registry
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Where a reader learns what to install (the CHANGELOG is history and stays as written).
@@ -30,12 +30,12 @@ def _text(path: Path) -> str:
 
 
 def test_every_stated_java_version_is_the_one_the_devstack_checks() -> None:
-    assert (kafka._MIN_JAVA, registry._MIN_JAVA) == (17, 21)
+    assert (jvm._MIN_JAVA, registry._MIN_JAVA) == (17, 21)
     stated = {
         f"{path.relative_to(ROOT)}: Java {version}+"
         for path in STATED_IN
         for version in re.findall(r"Java (\d+)\+", path.read_text(encoding="utf-8"))
-        if int(version) not in (kafka._MIN_JAVA, registry._MIN_JAVA)
+        if int(version) not in (jvm._MIN_JAVA, registry._MIN_JAVA)
     }
     assert not stated, "a Java version the code does not check"
     stale = [path for path in STATED_IN if "openjdk-17" in path.read_text(encoding="utf-8")]

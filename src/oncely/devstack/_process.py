@@ -1,4 +1,5 @@
-"""Child processes of the devstack: free ports, parent-death signals, bounded stops, log tails."""
+"""Child processes of the devstack: free ports, tools run to completion, parent-death signals,
+bounded stops, log tails."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import signal
 import socket
 import subprocess
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+from oncely.errors import DevstackError
 
 _PR_SET_PDEATHSIG = 1
 
@@ -31,6 +35,18 @@ def free_ports(count: int) -> list[int]:
         if port not in ports:
             ports.append(port)
     return ports
+
+
+def run_tool(args: Sequence[str], *, doing: str, **options: Any) -> None:
+    """Run a command to completion; raise :class:`DevstackError` saying it failed ``doing``
+    what, with its exit status and the end of its output, when it exits non-zero. ``options``
+    go to :func:`subprocess.run`."""
+    result = subprocess.run(args, capture_output=True, text=True, check=False, **options)
+    if result.returncode != 0:
+        raise DevstackError(
+            f"{doing} failed (exit {result.returncode}):\n"
+            + (result.stdout + result.stderr)[-4000:]
+        )
 
 
 def die_with_parent(sig: signal.Signals) -> Callable[[], None]:

@@ -27,13 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from oncely.devstack._process import die_with_parent, free_port, stop_process, tail
-from oncely.devstack.kafka import (
-    DEFAULT_KAFKA_VERSION,
-    cache_root,
-    check_java,
-    copy_dependencies,
-    jvm_command,
-)
+from oncely.devstack.jvm import cache_root, check_java, copy_dependencies, jvm_command
+from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION
 from oncely.errors import DevstackError
 
 DEFAULT_DEBEZIUM_VERSION = "3.6.1.Final"

@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 
-from oncely.devstack._process import die_with_parent, free_port, stop_process, tail
+from oncely.devstack._process import die_with_parent, free_port, run_tool, stop_process, tail
 from oncely.errors import DevstackError, ToolMissingError
 
 _SERVICE_USER = "embedded_postgres"
@@ -120,7 +120,7 @@ class PostgresNode:
             _open_path_to(self.data_dir)
             os.chown(self.data_dir, user.pw_uid, user.pw_gid)
         if not (pgdata / "PG_VERSION").exists():
-            init = subprocess.run(
+            run_tool(
                 [
                     str(bin_dir / "initdb"),
                     "-D",
@@ -131,15 +131,9 @@ class PostgresNode:
                     "--encoding=UTF8",
                     "--locale=C.UTF-8",
                 ],
-                capture_output=True,
-                text=True,
-                check=False,
+                doing="initdb",
                 **_as_user(user),
             )
-            if init.returncode != 0:
-                raise DevstackError(
-                    f"initdb failed (exit {init.returncode}):\n{init.stderr[-4000:]}"
-                )
         settings = [arg for key, value in self.settings.items() for arg in ("-c", f"{key}={value}")]
         log = self.log_file.open("ab")
         if user is not None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oncely.devstack._process import die_with_parent, free_ports, stop_process, tail
-from oncely.devstack.kafka import cache_root, copy_dependencies, java_version
+from oncely.devstack.jvm import cache_root, copy_dependencies, java_version
 from oncely.errors import DevstackError, ToolMissingError
 
 DEFAULT_APICURIO_VERSION = "3.3.3"

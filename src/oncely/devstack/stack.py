@@ -20,7 +20,8 @@ from types import TracebackType
 
 from oncely.devstack._process import pid_alive
 from oncely.devstack.cluster import KafkaCluster
-from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION, KafkaNode, KafkaSecurity, cache_root
+from oncely.devstack.jvm import cache_root
+from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION, KafkaNode, KafkaSecurity
 from oncely.devstack.postgres import PostgresNode
 from oncely.errors import DevstackError
 
