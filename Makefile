@@ -65,7 +65,7 @@ test: lint test-tools test-floors
 
 # The declared floors hold: the unit tests run against the lowest version of every direct
 # dependency that pyproject.toml allows (uv's lowest-direct resolution), in a venv of their own,
-# and the documentation site builds with the lowest mkdocs.
+# and the documentation site builds with the lowest mkdocs and mkdocstrings.
 FLOORS := .venv-floors
 test-floors: install kubernetes-tools
 	$(BIN)/pip install --quiet uv
