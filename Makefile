@@ -28,6 +28,7 @@ lint: install kubernetes-tools
 	$(BIN)/oncely schemas check --registry examples.payments.events:registry --dir schemas
 	$(BIN)/oncely asyncapi --app examples.payments.app:app --title 'oncely payments example' \
 	  --output docs/asyncapi/payments.json --check
+	$(BIN)/mkdocs build --strict --site-dir $(VENV)/site
 	kubectl kustomize deploy/kubernetes > $(VENV)/kubernetes.yaml
 	@# kubernetes-validate only warns about a kind it has no schema for (a misspelt kind): fail.
 	$(BIN)/kubernetes-validate --kubernetes-version $(KUBERNETES_VERSION) --strict --quiet \
@@ -65,7 +66,8 @@ test: lint test-tools test-floors
 	$(BIN)/pytest
 
 # The declared floors hold: the unit tests run against the lowest version of every direct
-# dependency that pyproject.toml allows (uv's lowest-direct resolution), in a venv of their own.
+# dependency that pyproject.toml allows (uv's lowest-direct resolution), in a venv of their own,
+# and the documentation site builds with the lowest mkdocs and mkdocstrings.
 FLOORS := .venv-floors
 test-floors: install kubernetes-tools
 	$(BIN)/pip install --quiet uv
@@ -75,6 +77,7 @@ test-floors: install kubernetes-tools
 	$(BIN)/uv pip sync --quiet --python $(FLOORS)/bin/python $(FLOORS)/floors.txt
 	$(BIN)/uv pip install --quiet --no-deps --python $(FLOORS)/bin/python -e .
 	$(FLOORS)/bin/pytest -q tests/unit
+	$(FLOORS)/bin/mkdocs build --strict --site-dir $(FLOORS)/site
 
 chaos: install
 	$(BIN)/pytest -m "chaos or not chaos" tests/chaos

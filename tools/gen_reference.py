@@ -70,10 +70,11 @@ _CLICK_TYPE_NAMES = {
 
 
 def _escape(text: str, *, table: bool = False) -> str:
-    """Escape Markdown/HTML specials outside backtick spans (``<x>`` would vanish as a tag)."""
+    """Escape Markdown/HTML specials outside backtick spans (``<x>`` would vanish as a tag, and
+    ``[a] [b]`` is a reference link to mkdocs' autorefs)."""
     parts = text.split("`")
     for index in range(0, len(parts), 2):  # even parts are outside code spans
-        part = parts[index].replace("<", "&lt;").replace("*", r"\*")
+        part = parts[index].replace("<", "&lt;").replace("*", r"\*").replace("[", r"\[")
         if table:
             part = part.replace("|", r"\|")
         parts[index] = part

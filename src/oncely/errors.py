@@ -14,8 +14,8 @@ class OncelyError(Exception):
         super().__init__(message or (self.__doc__ or "").strip())
 
 
-#: The most characters of an error's text oncely stores (a DLQ header, a dead row, a task).
 MAX_ERROR_TEXT = 4000
+"""The most characters of an error's text oncely stores (a DLQ header, a dead row, a task)."""
 
 
 def error_text(error: BaseException | str) -> str:

@@ -271,8 +271,8 @@ class EffectContext(Generic[S]):
         )
 
 
-#: ``AsyncEffectContext`` is the context of an ``async def`` handler.
 AsyncEffectContext = EffectContext[AsyncSession]
+"""The context of an ``async def`` handler: its ``session`` is an ``AsyncSession``."""
 
 #: ``handler(event, ctx)``, or with ``batch=True`` ``handler([(event, ctx), ...])``; sync or async.
 EffectHandler = Callable[..., Any]
@@ -388,6 +388,8 @@ class Effects:
         return declare
 
     def get(self, name: str) -> Effect:
+        """The effect declared as ``name``; :class:`EffectDeclarationError` naming the declared
+        ones when there is none."""
         try:
             return self._effects[name]
         except KeyError:
@@ -395,10 +397,12 @@ class Effects:
             raise EffectDeclarationError(f"no effect {name!r} (declared: {known})") from None
 
     def group_id(self, name: str) -> str:
+        """The consumer group of the effect ``name``: ``group_prefix`` + ``name``."""
         return self.group_prefix + self.get(name).name
 
     def __iter__(self) -> Iterator[Effect]:
         return iter(self._effects.values())
 
     def names(self) -> list[str]:
+        """The declared effects' names, sorted."""
         return sorted(self._effects)

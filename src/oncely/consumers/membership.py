@@ -10,7 +10,8 @@ Two facts are kept apart:
   group has more members than partitions or it is out of the group.
 - **in the group**: an assign callback (even an empty one) came after the consumer started or
   after it last lost its assignment. A consumer out of the group, without partitions, for longer
-  than ``bound`` is :meth:`stranded`: its client is not rejoining by itself and must be recreated.
+  than ``bound`` is :meth:`Membership.stranded`: its client is not rejoining by itself and must
+  be recreated.
   A member that the group gave nothing is in the group, and recreating it would not help.
 """
 

@@ -17,10 +17,10 @@ A sync effect with ``lanes`` > 1 has lanes that keep taking work (:mod:`.workers
 splits what it fetches by key onto each lane's queue, up to two batches of records in flight
 (at the bound it stops fetching and waits for a lane), and a lane applies what its queue holds
 in one transaction. A partition commits the contiguous prefix of records every lane has
-finished (:mod:`.progress`), so its committed offset never passes a record not applied, while
-a slow key holds back only its own lane; records of other keys after it that were applied are
-read again after a crash and suppressed by their receipts. Offsets are committed at most every
-0.2 s this way, and at once on a rebalance and at shutdown.
+finished (:mod:`.commit_points`), so its committed offset never passes a record not applied,
+while a slow key holds back only its own lane; records of other keys after it that were applied
+are read again after a crash and suppressed by their receipts. Offsets are committed at most
+every 0.2 s this way, and at once on a rebalance and at shutdown.
 
 A failing record stops its partition (in its lane), and the committed offset stops just before
 it; then the effect's failure policy acts (:mod:`.failures`: retry in place, dead-letter or

@@ -15,7 +15,8 @@ A record that fails stops its partition *in its lane* at once: the lane skips th
 later records of the same generation (they would overtake the failed record's key). The loop
 resets the partition in the tracker and seeks it back; records of it that other lanes apply
 meanwhile are read again and suppressed by their receipts. Records of partitions given up
-(revoked, lost, shutdown) are skipped by the lanes unless already started (:meth:`cancel`).
+(revoked, lost, shutdown) are skipped by the lanes unless already started
+(:meth:`LaneWorkers.cancel`).
 """
 
 from __future__ import annotations

@@ -78,8 +78,8 @@ class DevStack:
     Data lives in ``directory`` (a fresh temporary folder when not given) and is deleted by
     :meth:`stop` when ``keep_data`` is false. With ``kafka_security`` the broker also has SASL
     (SCRAM-SHA-512) listeners, and TLS if configured (see :class:`KafkaSecurity`). Raises
-    :class:`DevstackError` (or its subclass :class:`ToolMissingError`) when a service cannot
-    start.
+    :class:`DevstackError` (or its subclass :class:`~oncely.errors.ToolMissingError`) when a
+    service cannot start.
 
     With ``brokers`` > 1, Kafka is a :class:`~oncely.devstack.cluster.KafkaCluster` of that many
     combined broker+controller nodes (replication factor ``min(3, brokers)``, default

@@ -38,6 +38,7 @@ Encoding = Literal["avro", "avro-confluent", "json"]
 """How an event type's values are written: Avro single-object encoding (fingerprint of a
 catalogued schema, no registry), Confluent wire format (schema registry id) or JSON."""
 ENCODINGS: tuple[Encoding, ...] = ("avro", "avro-confluent", "json")
+"""Every :data:`Encoding`, for checking a value read at run time."""
 
 _TOPIC_CHARS = re.compile(r"[a-zA-Z0-9._-]+")
 _EVENT_TYPE_NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")

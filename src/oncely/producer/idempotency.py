@@ -2,21 +2,17 @@
 
 One row per ``(owner, key)`` in ``oncely_idempotency_keys``. The owner is whoever picks the
 keys: a webhook, or the *user* behind an API key (so rotating the key still recognises the same
-request). The rules, applied by :meth:`IdempotencyKeys.claim`:
+request). The rules, applied by :meth:`IdempotencyKeys.claim`, by the existing row:
 
-======================================  ================================================
-existing row                            result
-======================================  ================================================
-none (the insert wins)                  ``Claim(previous=None, reclaimed=False)``: process it
-``accepted``                            ``Claim(previous={..., "duplicate": True})``: do not
-``rejected``                            claimed again (a rejected request may be resent)
-``processing``, older than stale limit  ``Claim(previous=None, reclaimed=True)``: the first
-                                        worker most likely died; look for work already done
-``processing``, fresh                   :class:`IdempotencyBusyError` (HTTP 409)
-vanished between conflict and read      :class:`IdempotencyBusyError`
-different fingerprint, accepted or      :class:`IdempotencyMismatchError` (HTTP 422): never
-processing                              hand back another request's result
-======================================  ================================================
+- none (the insert wins): ``Claim(previous=None, reclaimed=False)``: process it;
+- ``accepted``: ``Claim(previous={..., "duplicate": True})``: do not process it;
+- ``rejected``: claimed again (a rejected request may be resent);
+- ``processing``, older than the stale limit: ``Claim(previous=None, reclaimed=True)``: the
+  first worker most likely died; look for work already done;
+- ``processing``, fresh: :class:`IdempotencyBusyError` (HTTP 409);
+- vanished between conflict and read: :class:`IdempotencyBusyError`;
+- a different fingerprint, accepted or processing: :class:`IdempotencyMismatchError` (HTTP
+  422): never hand back another request's result.
 
 Re-claiming is a conditional UPDATE (status and ``received_at`` must still match), so of two
 concurrent re-claims exactly one wins and the other gets :class:`IdempotencyBusyError`.

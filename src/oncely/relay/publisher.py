@@ -2,10 +2,11 @@
 
 Each row's result arrives through its delivery report, the only truth about whether the broker
 has the record. ``BufferError`` (the local queue is full) is backpressure: serve reports and
-try again. A fatal error of the idempotent producer is remembered in :attr:`fatal`; the relay
-then calls :meth:`recreate`, which fails every outstanding record (they retry) and starts a new
-producer. Refused credentials are remembered in :attr:`auth_failed`: librdkafka would retry
-them forever, so the relay stops instead (:class:`~oncely.security.KafkaAuthenticationError`).
+try again. A fatal error of the idempotent producer is remembered in :attr:`Publisher.fatal`;
+the relay then calls :meth:`Publisher.recreate`, which fails every outstanding record (they
+retry) and starts a new producer. Refused credentials are remembered in
+:attr:`Publisher.auth_failed`: librdkafka would retry them forever, so the relay stops instead
+(:class:`~oncely.security.KafkaAuthenticationError`).
 
 A row staged with a trace context is produced inside a PRODUCER span when the process records
 spans (:meth:`~oncely.runtime.tracing.Tracing.send`): the span is the active one while the

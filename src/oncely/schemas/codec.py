@@ -2,13 +2,11 @@
 
 Each event type is written in its registered encoding, named by the ``content-type`` header:
 
-==================  =================================  ========================================
-encoding            ``content-type``                   value
-==================  =================================  ========================================
-``avro``            ``application/vnd.oncely.avro``    ``C3 01`` + 8-byte fingerprint + body
-``avro-confluent``  ``application/vnd.confluent.avro``  ``00`` + 4-byte schema id + body
-``json``            ``application/json``               UTF-8 JSON of the model (field names)
-==================  =================================  ========================================
+| encoding | ``content-type`` | value |
+|---|---|---|
+| ``avro`` | ``application/vnd.oncely.avro`` | ``C3 01`` + 8-byte fingerprint + body |
+| ``avro-confluent`` | ``application/vnd.confluent.avro`` | ``00`` + 4-byte schema id + body |
+| ``json`` | ``application/json`` | UTF-8 JSON of the model (field names) |
 
 Decoding needs to know the event type: from ``expected``, else the ``eventType`` header the
 relay sets, else (``avro`` only) the writer schema's catalog entry. ``content-type`` is

@@ -28,8 +28,8 @@ __all__ = ["DEFAULT_SCHEMAS_DIR", "codec_for", "find_catalog", "schema_registry_
 
 log = logging.getLogger(__name__)
 
-#: The catalog folder used when none is given and it exists (relative to the working directory).
 DEFAULT_SCHEMAS_DIR = Path("schemas")
+"""The catalog folder used when none is given and it exists (relative to the working directory)."""
 
 
 def find_catalog(directory: Path | None) -> SchemaCatalog:

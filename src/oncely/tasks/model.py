@@ -106,6 +106,7 @@ class TaskRecord:
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> TaskRecord:
+        """The record of a row of ``oncely_tasks`` (a mapping with a key per field)."""
         return cls(**{name: row[name] for name in cls.__dataclass_fields__})
 
 

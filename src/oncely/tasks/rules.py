@@ -1,18 +1,16 @@
 """The decisions of durable tasks, as pure functions over values (no I/O, unit-tested).
 
-============================  =========================================================
-what happened                 next state
-============================  =========================================================
-handler returned, not False   ``completed``
-handler raised, or returned   ``queued`` again after ``min(cap, base ** (attempt - 1))``
-``False`` ("not confirmed")   seconds; ``dead`` once ``attempt >= max_attempts``
-lease expired, irreversible   ``stale``: the effect may have happened, so it never re-runs
-                              by itself; an operator checks and runs ``oncely tasks reclaim``
-lease expired, retry-safe     ``expired`` past the TTL (that wins over re-queueing);
-                              ``failed`` once ``attempt >= max_attempts`` ("leased N times
-                              without a result"); otherwise ``queued``, due at once
-queued past its TTL           ``expired`` (it never ran)
-============================  =========================================================
+What happened, and the task's next state:
+
+- the handler returned anything but ``False``: ``completed``;
+- the handler raised, or returned ``False`` ("not confirmed"): ``queued`` again after
+  ``min(cap, base ** (attempt - 1))`` seconds; ``dead`` once ``attempt >= max_attempts``;
+- the lease expired, irreversible: ``stale``: the effect may have happened, so it never re-runs
+  by itself; an operator checks and runs ``oncely tasks reclaim``;
+- the lease expired, retry-safe: ``expired`` past the TTL (that wins over re-queueing);
+  ``failed`` once ``attempt >= max_attempts`` ("leased N times without a result"); otherwise
+  ``queued``, due at once;
+- queued past its TTL: ``expired`` (it never ran).
 
 So a retry-safe handler must finish within its lease (or it runs twice, and the first result
 is refused), and an irreversible one renews its lease while it works.
@@ -29,10 +27,12 @@ from typing import Any, Literal
 
 from oncely.runtime.retry import Backoff
 
-#: A task's retries: 1 s after the first failure, doubling, at most an hour.
 DEFAULT_BACKOFF = Backoff(first=1.0, maximum=3600.0)
+"""A task's retries: 1 s after the first failure, doubling, at most an hour."""
 
 Policy = Literal["retry_safe", "irreversible"]
+"""What an expired lease does to a task: ``"retry_safe"`` runs it again, ``"irreversible"``
+makes it ``stale`` until an operator reclaims it."""
 LapsedStatus = Literal["queued", "stale", "failed", "expired"]
 
 DEFAULT_MAX_ATTEMPTS = 5

@@ -45,6 +45,7 @@ from oncely.tasks.rules import (
 )
 
 DEFAULT_LEASE_SECONDS = 60.0
+"""How long a worker holds a task's attempt before another worker may take it over."""
 SWEEP_BATCH = 100
 PURGE_BATCH = 1000
 
@@ -338,6 +339,7 @@ class TaskStore:
         )
 
     def complete(self, task: Task) -> None:
+        """Mark the attempt completed; :class:`LeaseLostError` if the fence refuses it."""
         drive(self.engine, complete_steps(task))
 
     def fail(self, task: Task, error: BaseException | str) -> FailureDecision:
@@ -370,6 +372,7 @@ class TaskStore:
         return drive(self.engine, reclaimable_steps(task_id))
 
     def get(self, task_id: UUID) -> TaskRecord | None:
+        """The task ``task_id``, or ``None`` when there is no such row."""
         rows = drive(self.engine, _rows("task_get", {"id": task_id}))
         return _record(rows[0]) if rows else None
 

@@ -56,6 +56,8 @@ class Services:
     origin: str
 
     def describe(self) -> str:
+        """One line naming the broker and the database, their versions and where they came
+        from (the password hidden)."""
         return (
             f"Kafka {self.kafka_version} at {self.kafka_bootstrap}; "
             f"PostgreSQL {self.postgres_version} at "
