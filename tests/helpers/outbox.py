@@ -1,0 +1,57 @@
+"""Outbox rows written straight to the table, as a producer stages them, and the count the
+relay has acknowledged."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+
+from oncely.storage import outbox
+
+
+def outbox_rows(
+    count: int, *, topics: Sequence[str], keys: int, payload: bytes = b"x" * 200
+) -> list[dict[str, object]]:
+    """Rows as a producer would stage them: key i % keys, topic by key, payload as given."""
+    rows = []
+    for i in range(count):
+        key = i % keys
+        rows.append(
+            {
+                "id": uuid.uuid4(),
+                "aggregatetype": "account",
+                "aggregateid": f"key-{key}",
+                "type": "test.event",
+                "topic": topics[(i // keys) % len(topics)],
+                "payload": payload,
+                "headers": {"content-type": "application/octet-stream", "n": str(i)},
+                "event_key": f"event-{i}-{uuid.uuid4().hex[:6]}",
+            }
+        )
+    return rows
+
+
+def insert_rows(engine: sa.Engine, rows: Sequence[dict[str, object]]) -> None:
+    with engine.begin() as conn:
+        for start in range(0, len(rows), 1000):
+            conn.execute(sa.insert(outbox), list(rows[start : start + 1000]))
+
+
+def count_published(engine: sa.Engine) -> int:
+    """Rows the relay has recorded as acknowledged (held and dead rows are not counted)."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    """
+                    SELECT count(*) FROM oncely_outbox AS o
+                    JOIN oncely_relay_shards AS s ON s.shard = o.shard
+                    WHERE oncely_passed(o.txid, o.seq, s.done, s.reading, s.after_seq)
+                      AND o.id NOT IN (SELECT event_id FROM oncely_relay_held)
+                      AND o.id NOT IN (SELECT event_id FROM oncely_relay_parked)
+                    """
+                )
+            ).scalar_one()
+        )
