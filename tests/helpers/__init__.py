@@ -16,6 +16,7 @@ from tests.helpers.database import SlotReader, StatementSpy, scalar, schema_cata
 from tests.helpers.kafka import Record, publish_events, read_topics, set_topic_config
 from tests.helpers.outbox import count_published, insert_rows, outbox_rows
 from tests.helpers.probes import http_get, metric, wait_until
+from tests.helpers.processes import oncely_process, process_environment, start_oncely
 from tests.helpers.running import fast_settings, running_consumers, running_relay
 
 __all__ = [
@@ -29,7 +30,9 @@ __all__ = [
     "insert_rows",
     "metric",
     "oncely_cli",
+    "oncely_process",
     "outbox_rows",
+    "process_environment",
     "publish_events",
     "read_topics",
     "running_consumers",
@@ -37,5 +40,6 @@ __all__ = [
     "scalar",
     "schema_catalog",
     "set_topic_config",
+    "start_oncely",
     "wait_until",
 ]

@@ -32,6 +32,7 @@ from tests.helpers import (
     publish_events,
     running_consumers,
     scalar,
+    start_oncely,
     wait_until,
 )
 
@@ -459,22 +460,10 @@ def test_listings_plans_and_checks_print_json(
 
 
 def test_status_watch_refreshes_until_ctrl_c(database_url: str) -> None:
-    watch = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "oncely",
-            "status",
-            "--database-url",
-            database_url,
-            "--watch",
-            "0.5",
-        ],
+    watch = start_oncely(
+        *("status", "--database-url", database_url, "--watch", "0.5"),
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        # As from a terminal: a shell's background job (CI) starts with SIGINT ignored.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        interruptible=True,
     )
     time.sleep(4)
     watch.send_signal(signal.SIGINT)
