@@ -21,6 +21,7 @@ from tests.helpers import (
     count_published,
     fast_settings,
     oncely_process,
+    outbox_row,
     publish_events,
     running_consumers,
     running_relay,
@@ -155,16 +156,9 @@ def test_replay_from_outbox_republishes_with_the_same_ids(
     for event_id, event in _credits(app, 200):
         value, headers = codec.encode(event)
         rows.append(
-            {
-                "id": event_id,
-                "aggregatetype": "account",
-                "aggregateid": event.account_id,
-                "type": "account.credited",
-                "topic": app.topic,
-                "payload": value,
-                "headers": headers,
-                "event_key": str(event_id),
-            }
+            outbox_row(
+                app.topic, event.account_id, event_id=event_id, payload=value, headers=headers
+            )
         )
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox), rows)

@@ -8,7 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from oncely.storage import migrations, upgrade
-from tests.helpers import oncely_process
+from tests.helpers import oncely_process, scalar
 
 pytestmark = pytest.mark.acceptance
 
@@ -49,8 +49,7 @@ def test_db_upgrade_shards_fixes_the_shard_count(new_database: Callable[..., str
     result = oncely_process("db", "upgrade", "--database-url", url, "--shards", "8")
     assert result.returncode == 0, result.stderr
     engine = sa.create_engine(url)
-    with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT count(*) FROM oncely_relay_shards")).scalar() == 8
+    assert scalar(engine, "SELECT count(*) FROM oncely_relay_shards") == 8
     engine.dispose()
     again = oncely_process("db", "upgrade", "--database-url", url, "--shards", "16")
     assert again.returncode == 2
@@ -77,6 +76,5 @@ def test_db_upgrade_refuses_while_old_relay_leases_are_live(
         "error: oncely db upgrade: 1 outbox row(s) are leased by a running relay: stop every "
         "relay, wait for the leases to expire (ONCELY_RELAY_LEASE_SECONDS) and retry"
     ]
-    with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT max(version) FROM oncely_migrations")).scalar() == 2
+    assert scalar(engine, "SELECT max(version) FROM oncely_migrations") == 2
     engine.dispose()

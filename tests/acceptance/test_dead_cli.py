@@ -26,6 +26,7 @@ from tests.helpers import (
     oncely_process,
     outbox_rows,
     read_topics,
+    scalar,
     set_topic_config,
     start_oncely,
     wait_until,
@@ -167,8 +168,7 @@ def ids(records: Iterable[Record]) -> list[str]:
 
 
 def _parked(engine: sa.Engine) -> int:
-    with engine.connect() as conn:
-        return int(conn.execute(sa.text("SELECT count(*) FROM oncely_relay_parked")).scalar_one())
+    return int(scalar(engine, "SELECT count(*) FROM oncely_relay_parked"))
 
 
 def test_a_running_relay_requeues_in_order_and_skip_releases_the_key(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -19,6 +18,7 @@ from tests.helpers import (
     count_published,
     fast_settings,
     oncely_process,
+    outbox_row,
     publish_events,
     running_consumers,
     running_relay,
@@ -36,24 +36,10 @@ def app(new_ledger: Callable[..., App]) -> App:
     return new_ledger(2, ways=True)  # as tests.apps.ledger:effects
 
 
-def _row(app: App, **columns: Any) -> dict[str, Any]:
-    event_id = uuid.uuid4()
-    return {
-        "id": event_id,
-        "aggregatetype": "account",
-        "aggregateid": "acc-0",
-        "type": "account.credited",
-        "topic": app.topic,
-        "payload": b"{}",
-        "event_key": str(event_id),
-        **columns,
-    }
-
-
 def test_status_json_of_a_small_deployment(
     app: App, engine: sa.Engine, database_url: str, kafka_bootstrap: str
 ) -> None:
-    dead = _row(app)
+    dead = outbox_row(app.topic)
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox).values(**dead))
     with engine.begin() as conn:  # the relay passed the dead row and parked its key
@@ -65,7 +51,7 @@ def test_status_json_of_a_small_deployment(
             ),
             {"t": app.topic, "s": shard_of(app.topic, "acc-0", 32), "e": dead["id"]},
         )
-    unpublished = _row(app, aggregateid="acc-1")
+    unpublished = outbox_row(app.topic, "acc-1")
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox).values(**unpublished))
     events = [(uuid.uuid4(), app.model(account_id=f"acc-{n}", amount=1, n=n)) for n in range(3)]
@@ -152,7 +138,7 @@ def test_verify_passes_on_a_healthy_pipeline_and_fails_when_an_effect_missed_an_
     rows = []
     for n in range(20):
         value, headers = codec.encode(app.model(account_id=f"acc-{n % 5}", amount=1, n=n))
-        rows.append(_row(app, aggregateid=f"acc-{n % 5}", payload=value, headers=headers))
+        rows.append(outbox_row(app.topic, f"acc-{n % 5}", payload=value, headers=headers))
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox), rows)
     with (

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from oncely.devstack._process import free_port
 from oncely.tasks import enqueue_task
-from tests.helpers import http_get, metric, oncely_process, start_oncely
+from tests.helpers import http_get, metric, oncely_process, scalar, start_oncely
 
 pytestmark = pytest.mark.acceptance
 
@@ -98,11 +98,7 @@ def _calls(engine: sa.Engine) -> list[tuple[str, int, int]]:
 
 
 def _status(engine: sa.Engine, task_id: uuid.UUID) -> str:
-    with engine.connect() as conn:
-        status: str = conn.execute(
-            sa.text("SELECT status FROM oncely_tasks WHERE id = :id"), {"id": task_id}
-        ).scalar_one()
-        return status
+    return str(scalar(engine, "SELECT status FROM oncely_tasks WHERE id = :id", id=task_id))
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 20) -> None:
@@ -176,9 +172,7 @@ def test_sigterm_finishes_the_current_task_then_exits_0(
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=15) == 0
     assert _status(engine, task_id) == "completed"
-    with engine.connect() as conn:
-        leased = conn.execute(sa.text("SELECT count(*) FROM oncely_tasks WHERE status = 'leased'"))
-        assert leased.scalar_one() == 0
+    assert scalar(engine, "SELECT count(*) FROM oncely_tasks WHERE status = 'leased'") == 0
 
 
 def test_the_worker_serves_metrics_and_health_like_the_relay_and_consumers(

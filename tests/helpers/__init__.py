@@ -14,7 +14,7 @@ tests import them from here.
 from tests.helpers.cli import CliResult, oncely_cli
 from tests.helpers.database import SlotReader, StatementSpy, scalar, schema_catalog
 from tests.helpers.kafka import Record, publish_events, read_topics, set_topic_config
-from tests.helpers.outbox import count_published, insert_rows, outbox_rows
+from tests.helpers.outbox import count_published, insert_rows, outbox_row, outbox_rows
 from tests.helpers.probes import http_get, metric, wait_until
 from tests.helpers.processes import oncely_process, process_environment, start_oncely
 from tests.helpers.running import fast_settings, running_consumers, running_relay
@@ -31,6 +31,7 @@ __all__ = [
     "metric",
     "oncely_cli",
     "oncely_process",
+    "outbox_row",
     "outbox_rows",
     "process_environment",
     "publish_events",

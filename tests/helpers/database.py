@@ -15,8 +15,12 @@ import sqlalchemy as sa
 from tests.helpers.probes import wait_until
 
 
-def scalar(engine: sa.Engine, sql: str, **params: object) -> object:
-    with engine.connect() as conn:
+def scalar(bind: sa.Engine | sa.Connection, sql: str, **params: object) -> Any:
+    """The one value ``sql`` returns (one row, one column: else an error), on a connection of
+    its own from an engine, or on a connection given (within its transaction)."""
+    if isinstance(bind, sa.Connection):
+        return bind.execute(sa.text(sql), params).scalar_one()
+    with bind.connect() as conn:
         return conn.execute(sa.text(sql), params).scalar_one()
 
 

@@ -9,28 +9,44 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from oncely.storage import outbox
+from tests.helpers.database import scalar
+
+
+def outbox_row(
+    topic: str, key: str = "acc-0", *, event_id: uuid.UUID | None = None, **columns: object
+) -> dict[str, object]:
+    """One outbox row as :func:`oncely.stage` writes it: an ``account.credited`` event of the
+    aggregate ``key`` on ``topic``, payload ``{}``, no headers, its event key its id (a new id
+    unless ``event_id``); ``columns`` set any other column."""
+    event_id = event_id or uuid.uuid4()
+    return {
+        "id": event_id,
+        "aggregatetype": "account",
+        "aggregateid": key,
+        "type": "account.credited",
+        "topic": topic,
+        "payload": b"{}",
+        "headers": {},
+        "event_key": str(event_id),
+        **columns,
+    }
 
 
 def outbox_rows(
     count: int, *, topics: Sequence[str], keys: int, payload: bytes = b"x" * 200
 ) -> list[dict[str, object]]:
     """Rows as a producer would stage them: key i % keys, topic by key, payload as given."""
-    rows = []
-    for i in range(count):
-        key = i % keys
-        rows.append(
-            {
-                "id": uuid.uuid4(),
-                "aggregatetype": "account",
-                "aggregateid": f"key-{key}",
-                "type": "test.event",
-                "topic": topics[(i // keys) % len(topics)],
-                "payload": payload,
-                "headers": {"content-type": "application/octet-stream", "n": str(i)},
-                "event_key": f"event-{i}-{uuid.uuid4().hex[:6]}",
-            }
+    return [
+        outbox_row(
+            topics[(i // keys) % len(topics)],
+            f"key-{i % keys}",
+            type="test.event",
+            payload=payload,
+            headers={"content-type": "application/octet-stream", "n": str(i)},
+            event_key=f"event-{i}-{uuid.uuid4().hex[:6]}",
         )
-    return rows
+        for i in range(count)
+    ]
 
 
 def insert_rows(engine: sa.Engine, rows: Sequence[dict[str, object]]) -> None:
@@ -41,17 +57,15 @@ def insert_rows(engine: sa.Engine, rows: Sequence[dict[str, object]]) -> None:
 
 def count_published(engine: sa.Engine) -> int:
     """Rows the relay has recorded as acknowledged (held and dead rows are not counted)."""
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                sa.text(
-                    """
-                    SELECT count(*) FROM oncely_outbox AS o
-                    JOIN oncely_relay_shards AS s ON s.shard = o.shard
-                    WHERE oncely_passed(o.txid, o.seq, s.done, s.reading, s.after_seq)
-                      AND o.id NOT IN (SELECT event_id FROM oncely_relay_held)
-                      AND o.id NOT IN (SELECT event_id FROM oncely_relay_parked)
-                    """
-                )
-            ).scalar_one()
+    return int(
+        scalar(
+            engine,
+            """
+            SELECT count(*) FROM oncely_outbox AS o
+            JOIN oncely_relay_shards AS s ON s.shard = o.shard
+            WHERE oncely_passed(o.txid, o.seq, s.done, s.reading, s.after_seq)
+              AND o.id NOT IN (SELECT event_id FROM oncely_relay_held)
+              AND o.id NOT IN (SELECT event_id FROM oncely_relay_parked)
+            """,
         )
+    )

@@ -29,6 +29,7 @@ from tests.apps.ledger import App, build
 from tests.helpers import (
     CliResult,
     oncely_cli,
+    outbox_row,
     publish_events,
     running_consumers,
     scalar,
@@ -58,20 +59,6 @@ def _cli(*args: str) -> CliResult:
     return oncely_cli("status", *args)
 
 
-def _row(topic: str, key: str = "acc-0", **columns: Any) -> dict[str, Any]:
-    event_id = uuid.uuid4()
-    return {
-        "id": event_id,
-        "aggregatetype": "account",
-        "aggregateid": key,
-        "type": "account.credited",
-        "topic": topic,
-        "payload": b"{}",
-        "event_key": str(event_id),
-        **columns,
-    }
-
-
 def _task(status: str) -> dict[str, Any]:
     return {
         "id": uuid.uuid4(),
@@ -98,9 +85,9 @@ def deployment(app: App, engine: sa.Engine, kafka_bootstrap: str) -> str:
     """
     other = f"{app.topic}.other"
     ago = sa.text("now() - interval '120 seconds'")
-    dead, delayed = _row(app.topic), _row(other, "acc-9")
-    held = [_row(app.topic), _row(app.topic), _row(other, "acc-9")]
-    passed = [*(_row(app.topic, f"acc-{n}") for n in range(3)), dead, delayed, *held]
+    dead, delayed = outbox_row(app.topic), outbox_row(other, "acc-9")
+    held = [outbox_row(app.topic), outbox_row(app.topic), outbox_row(other, "acc-9")]
+    passed = [*(outbox_row(app.topic, f"acc-{n}") for n in range(3)), dead, delayed, *held]
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox), passed)
     with engine.begin() as conn:  # what a relay records once every row above is acknowledged
@@ -137,9 +124,9 @@ def deployment(app: App, engine: sa.Engine, kafka_bootstrap: str) -> str:
                 {"e": row["id"], "t": row["topic"], "k": row["aggregateid"]},
             )
     unpublished = [
-        _row(app.topic, "acc-1", created_at=ago),
-        _row(app.topic, "acc-2", created_at=ago),
-        _row(other, "acc-5"),
+        outbox_row(app.topic, "acc-1", created_at=ago),
+        outbox_row(app.topic, "acc-2", created_at=ago),
+        outbox_row(other, "acc-5"),
     ]
     with engine.begin() as conn:
         for row in unpublished:
