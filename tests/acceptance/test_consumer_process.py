@@ -6,7 +6,6 @@ import signal
 import subprocess
 import urllib.request
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -31,11 +30,6 @@ from tests.helpers import (
 )
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.usefixtures("ledger_tables")]
-
-
-@pytest.fixture
-def app(new_ledger: Callable[..., App]) -> App:
-    return new_ledger(2, ways=True)
 
 
 def _consume(

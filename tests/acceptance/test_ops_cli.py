@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
@@ -29,11 +28,6 @@ from tests.helpers import (
 LEDGER = "tests.apps.ledger:effects"
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.usefixtures("ledger_tables")]
-
-
-@pytest.fixture
-def app(new_ledger: Callable[..., App]) -> App:
-    return new_ledger(2, ways=True)  # as tests.apps.ledger:effects
 
 
 def test_status_json_of_a_small_deployment(

@@ -46,6 +46,8 @@ OTHER_SCHEMA = parse_schema(
 
 @pytest.fixture
 def app(new_ledger: Callable[..., App]) -> App:
+    """Not the shared ``app``: one partition, on a topic that takes records of up to
+    TOPIC_LIMIT bytes."""
     return new_ledger(1, config={"max.message.bytes": str(TOPIC_LIMIT)}, prefix="hr")
 
 

@@ -65,6 +65,8 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
 
 @pytest.fixture
 def app() -> App:
+    """Not the shared ``app``: its topics are created on the secure broker (``oncely topics
+    ensure``), not on the suite's."""
     prefix = f"sec{uuid.uuid4().hex[:10]}."
     return build(prefix, group_prefix=prefix)
 

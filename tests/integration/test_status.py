@@ -42,6 +42,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ledger_tables")]
 
 @pytest.fixture
 def app(kafka_admin: AdminClient) -> Iterator[App]:
+    """Not the shared ``app``: without the ``ways`` variants, and the notify effect's
+    dead-letter topic created too."""
     prefix = f"t{uuid.uuid4().hex[:10]}."
     app = build(prefix, group_prefix=prefix)
     created = [app.topic, f"{app.topic}.notify.dlq"]

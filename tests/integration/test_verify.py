@@ -40,6 +40,8 @@ EFFECTS = ["ledger", "audit"]
 
 @pytest.fixture
 def app(new_ledger: Callable[..., App]) -> App:
+    """Not the shared ``app``: without the ``ways`` variants of ledger and notify, effects
+    that verify, checking every effect of the app, would report."""
     return new_ledger(2)
 
 
