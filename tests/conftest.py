@@ -149,3 +149,11 @@ def new_ledger(kafka_admin: AdminClient) -> Iterator[Callable[..., ledger.App]]:
     if topics:
         for future in kafka_admin.delete_topics(topics).values():
             future.result(30)
+
+
+@pytest.fixture
+def app(new_ledger: Callable[..., ledger.App]) -> ledger.App:
+    """The ledger app with every effect (``ways``) on a topic of two partitions, as
+    ``tests.apps.ledger:effects`` is in a process given ``app.env``. A test module whose app
+    differs defines its own ``app``."""
+    return new_ledger(2, ways=True)

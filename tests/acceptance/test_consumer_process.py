@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import urllib.request
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,47 +19,26 @@ from tests.apps.ledger import App
 from tests.helpers import (
     count_published,
     fast_settings,
+    oncely_process,
+    outbox_row,
     publish_events,
     running_consumers,
     running_relay,
     scalar,
+    start_oncely,
     wait_until,
 )
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.usefixtures("ledger_tables")]
 
 
-@pytest.fixture
-def app(new_ledger: Callable[..., App]) -> App:
-    return new_ledger(2, ways=True)
-
-
 def _consume(
     app: App, database_url: str, bootstrap: str, effect: str, **env: str
-) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "oncely",
-            "consume",
-            "tests.apps.ledger:effects",
-            "--effect",
-            effect,
-            "--database-url",
-            database_url,
-            "--bootstrap-servers",
-            bootstrap,
-        ],
-        env={
-            **os.environ,
-            "ONCELY_TEST_TOPIC_PREFIX": app.registry.topic_prefix,
-            "ONCELY_TEST_GROUP_PREFIX": app.effects.group_prefix,
-            "ONCELY_CONSUMER_POLL_TIMEOUT_SECONDS": "0.2",
-            **env,
-        },
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+) -> subprocess.Popen[str]:
+    return start_oncely(
+        *("consume", "tests.apps.ledger:effects", "--effect", effect),
+        *("--database-url", database_url, "--bootstrap-servers", bootstrap),
+        env={**app.env, "ONCELY_CONSUMER_POLL_TIMEOUT_SECONDS": "0.2", **env},
     )
 
 
@@ -123,7 +99,7 @@ def test_a_consumer_killed_between_db_commit_and_offset_commit_applies_once(
     finally:
         survivor.send_signal(signal.SIGTERM)
         _, stderr = survivor.communicate(timeout=60)
-    assert survivor.returncode == 0, stderr.decode()
+    assert survivor.returncode == 0, stderr
     assert scalar(engine, "SELECT count(*) FROM ledger") == 50, "no effect applied twice"
 
 
@@ -135,29 +111,13 @@ def test_replay_to_earliest_rereads_everything_and_applies_nothing_new(
     with running_consumers(app.effects, [effect], engine, kafka_bootstrap) as [consumer]:
         wait_until(lambda: _receipts(engine, effect) == 1000, timeout=90)
     command = [
-        sys.executable,
-        "-m",
-        "oncely",
-        "replay",
-        "--app",
-        "tests.apps.ledger:effects",
-        "--effect",
-        effect,
-        "--to-earliest",
-        "--bootstrap-servers",
-        kafka_bootstrap,
+        *("replay", "--app", "tests.apps.ledger:effects", "--effect", effect, "--to-earliest"),
+        *("--bootstrap-servers", kafka_bootstrap),
     ]
-    env = {
-        **os.environ,
-        "ONCELY_TEST_TOPIC_PREFIX": app.registry.topic_prefix,
-        "ONCELY_TEST_GROUP_PREFIX": app.effects.group_prefix,
-    }
-    dry = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
+    dry = oncely_process(*command, env=app.env, timeout=60)
     assert dry.returncode == 0, dry.stderr
     assert "dry run: 1000 record(s) would be re-read" in dry.stdout
-    done = subprocess.run(
-        [*command, "--execute"], capture_output=True, text=True, env=env, timeout=60, check=False
-    )
+    done = oncely_process(*command, "--execute", env=app.env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "1000 record(s) will be re-read" in done.stdout
 
@@ -174,14 +134,7 @@ def test_replay_to_earliest_rereads_everything_and_applies_nothing_new(
             ),
             timeout=90,
         )
-        refused = subprocess.run(
-            [*command, "--execute"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-            check=False,
-        )
+        refused = oncely_process(*command, "--execute", env=app.env, timeout=60)
     assert refused.returncode == 2
     assert "active member" in refused.stderr
     assert scalar(engine, "SELECT count(*) FROM ledger WHERE effect = :e", e=effect) == 1000, (
@@ -197,16 +150,9 @@ def test_replay_from_outbox_republishes_with_the_same_ids(
     for event_id, event in _credits(app, 200):
         value, headers = codec.encode(event)
         rows.append(
-            {
-                "id": event_id,
-                "aggregatetype": "account",
-                "aggregateid": event.account_id,
-                "type": "account.credited",
-                "topic": app.topic,
-                "payload": value,
-                "headers": headers,
-                "event_key": str(event_id),
-            }
+            outbox_row(
+                app.topic, event.account_id, event_id=event_id, payload=value, headers=headers
+            )
         )
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox), rows)
@@ -216,27 +162,10 @@ def test_replay_from_outbox_republishes_with_the_same_ids(
         running_consumers(app.effects, ["ledger"], engine, kafka_bootstrap) as [consumer],
     ):
         wait_until(lambda: _receipts(engine, "ledger") == 200, timeout=90)
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "oncely",
-                "replay",
-                "--from-outbox",
-                "--since",
-                since,
-                "--type",
-                "account.credited",
-                "--database-url",
-                database_url,
-                "--bootstrap-servers",
-                kafka_bootstrap,
-                "--execute",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
+        result = oncely_process(
+            *("replay", "--from-outbox", "--since", since, "--type", "account.credited"),
+            *("--database-url", database_url, "--bootstrap-servers", kafka_bootstrap),
+            "--execute",
         )
         assert result.returncode == 0, result.stderr
         assert f"republished 200 row(s) with their original event ids ({app.topic}: 200)" in (

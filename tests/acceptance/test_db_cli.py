@@ -2,41 +2,30 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
 
 from oncely.storage import migrations, upgrade
+from tests.helpers import oncely_process, scalar
 
 pytestmark = pytest.mark.acceptance
 
 
-def _oncely(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "oncely", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 def test_db_upgrade_twice_is_a_no_op(new_database: Callable[..., str]) -> None:
     url = new_database(empty=True)
-    first = _oncely("db", "upgrade", "--database-url", url)
+    first = oncely_process("db", "upgrade", "--database-url", url)
     assert first.returncode == 0, first.stderr
     names = ", ".join(f"{m.version:04d}_{m.name}" for m in migrations())
     assert f"applied {len(migrations())} migration(s): {names}" in first.stdout
-    second = _oncely("db", "upgrade", "--database-url", url)
+    second = oncely_process("db", "upgrade", "--database-url", url)
     assert second.returncode == 0, second.stderr
     assert "up to date" in second.stdout
 
 
 def test_db_upgrade_refuses_an_unsafe_schema_name(new_database: Callable[..., str]) -> None:
-    result = _oncely(
+    result = oncely_process(
         "db", "upgrade", "--database-url", new_database(empty=True), "--schema", 'x"; DROP'
     )
     assert result.returncode == 2
@@ -44,7 +33,7 @@ def test_db_upgrade_refuses_an_unsafe_schema_name(new_database: Callable[..., st
 
 
 def test_db_sql_prints_the_ddl() -> None:
-    result = _oncely("db", "sql")
+    result = oncely_process("db", "sql")
     assert result.returncode == 0
     for table in ("oncely_outbox", "oncely_receipts", "oncely_tasks", "oncely_idempotency_keys"):
         assert f"CREATE TABLE {table}" in result.stdout
@@ -53,17 +42,16 @@ def test_db_sql_prints_the_ddl() -> None:
 
 def test_db_upgrade_shards_fixes_the_shard_count(new_database: Callable[..., str]) -> None:
     url = new_database(empty=True)
-    bad = _oncely("db", "upgrade", "--database-url", url, "--shards", "0")
+    bad = oncely_process("db", "upgrade", "--database-url", url, "--shards", "0")
     assert bad.returncode == 2
     assert "--shards 0: choose between 1 and 1024 shards" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
-    result = _oncely("db", "upgrade", "--database-url", url, "--shards", "8")
+    result = oncely_process("db", "upgrade", "--database-url", url, "--shards", "8")
     assert result.returncode == 0, result.stderr
     engine = sa.create_engine(url)
-    with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT count(*) FROM oncely_relay_shards")).scalar() == 8
+    assert scalar(engine, "SELECT count(*) FROM oncely_relay_shards") == 8
     engine.dispose()
-    again = _oncely("db", "upgrade", "--database-url", url, "--shards", "16")
+    again = oncely_process("db", "upgrade", "--database-url", url, "--shards", "16")
     assert again.returncode == 2
     assert "this database has 8 shards" in again.stderr
 
@@ -82,12 +70,11 @@ def test_db_upgrade_refuses_while_old_relay_leases_are_live(
                 " 't', '\\x00', 'e', 'old-relay', now() + interval '1 minute')"
             )
         )
-    result = _oncely("db", "upgrade", "--database-url", url)
+    result = oncely_process("db", "upgrade", "--database-url", url)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: oncely db upgrade: 1 outbox row(s) are leased by a running relay: stop every "
         "relay, wait for the leases to expire (ONCELY_RELAY_LEASE_SECONDS) and retry"
     ]
-    with engine.connect() as conn:
-        assert conn.execute(sa.text("SELECT max(version) FROM oncely_migrations")).scalar() == 2
+    assert scalar(engine, "SELECT max(version) FROM oncely_migrations") == 2
     engine.dispose()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,23 +23,16 @@ from tests.helpers import (
     Record,
     count_published,
     insert_rows,
+    oncely_process,
     outbox_rows,
     read_topics,
+    scalar,
     set_topic_config,
+    start_oncely,
     wait_until,
 )
 
 pytestmark = pytest.mark.acceptance
-
-
-def _oncely(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "oncely", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def _acknowledge(engine: sa.Engine) -> None:
@@ -95,28 +87,28 @@ def test_dead_rows_are_listed_with_held_rows_error_and_request(
 ) -> None:
     rows = _dead_rows(engine)
     url = ("--database-url", database_url)
-    listed = _oncely("dead", "list", *url)
+    listed = oncely_process("dead", "list", *url)
     assert listed.returncode == 0, listed.stderr
     assert "3 dead row(s)" in listed.stdout
     assert "MSG_SIZE_TOO_LARGE" in listed.stdout
     first = next(line for line in listed.stdout.splitlines() if str(rows[0]["id"]) in line)
     assert "topic=a  key=key-0  type=test.event  held=2  request=-" in first
 
-    refused = _oncely("dead", "requeue", *url)
+    refused = oncely_process("dead", "requeue", *url)
     assert refused.returncode == 2
     assert "name row ids, --topic T or --all" in refused.stderr
-    skipped = _oncely("dead", "skip", *url, str(rows[0]["id"]), "--yes")
+    skipped = oncely_process("dead", "skip", *url, str(rows[0]["id"]), "--yes")
     assert skipped.returncode == 0, skipped.stderr
     assert "skip requested for 1 row(s): a running relay (`oncely relay run`)" in skipped.stdout
     assert str(rows[0]["id"]) in skipped.stdout
-    requeued = _oncely("dead", "requeue", *url, "--topic", "b", "--execute")
+    requeued = oncely_process("dead", "requeue", *url, "--topic", "b", "--execute")
     assert "requeue requested for 2 row(s): a running relay" in requeued.stdout
     assert _requests(engine) == {
         str(rows[0]["id"]): "skip",
         str(rows[1]["id"]): "requeue",
         str(rows[2]["id"]): "requeue",
     }
-    after = _oncely("dead", "list", *url, "--topic", "b")
+    after = oncely_process("dead", "list", *url, "--topic", "b")
     assert "2 dead row(s)" in after.stdout
     assert after.stdout.count("request=requeue") == 2
 
@@ -126,40 +118,40 @@ def test_dead_requeue_and_skip_are_dry_runs_without_execute(
 ) -> None:
     rows = _dead_rows(engine)
     url = ("--database-url", database_url)
-    every = _oncely("dead", "requeue", *url, "--all")
+    every = oncely_process("dead", "requeue", *url, "--all")
     assert every.returncode == 0, every.stderr
     assert "would requeue 3 row(s)" in every.stdout
     assert all(str(row["id"]) in every.stdout for row in rows)
     assert f"{rows[0]['id']}  a  key=key-0  test.event  held=2" in every.stdout
     assert "dry run: nothing changed; run again with --execute" in every.stdout
-    of_topic = _oncely("dead", "requeue", *url, "--topic", "b")
+    of_topic = oncely_process("dead", "requeue", *url, "--topic", "b")
     assert "would requeue 2 row(s)" in of_topic.stdout
     unknown = uuid.uuid4()
-    named = _oncely("dead", "requeue", *url, str(rows[0]["id"]), str(unknown))
+    named = oncely_process("dead", "requeue", *url, str(rows[0]["id"]), str(unknown))
     assert "would requeue 1 row(s)" in named.stdout
     assert f"{unknown}  not a dead row: unchanged" in named.stdout
     assert "run again with --yes" in named.stdout
-    skip = _oncely("dead", "skip", *url, str(rows[1]["id"]))
+    skip = oncely_process("dead", "skip", *url, str(rows[1]["id"]))
     assert skip.returncode == 0, skip.stderr
     assert "would skip 1 row(s)" in skip.stdout
     assert str(rows[1]["id"]) in skip.stdout
     assert set(_requests(engine).values()) == {None}
     # --yes confirms ids named only; a whole topic or every row needs --execute.
-    vague = _oncely("dead", "requeue", *url, "--all", "--yes")
+    vague = oncely_process("dead", "requeue", *url, "--all", "--yes")
     assert vague.returncode == 2
     assert "use --execute with --topic or --all" in vague.stderr
     assert set(_requests(engine).values()) == {None}
-    done = _oncely("dead", "requeue", *url, "--all", "--execute")
+    done = oncely_process("dead", "requeue", *url, "--all", "--execute")
     assert "requeue requested for 3 row(s)" in done.stdout
     assert set(_requests(engine).values()) == {"requeue"}
 
 
-def _start_relay(database_url: str, bootstrap: str, log: Path) -> subprocess.Popen[bytes]:
+def _start_relay(database_url: str, bootstrap: str, log: Path) -> subprocess.Popen[str]:
     with log.open("wb") as stderr:
-        return subprocess.Popen(
-            [sys.executable, "-m", "oncely", "relay", "run"],
+        return start_oncely(
+            "relay",
+            "run",
             env={
-                **os.environ,
                 "ONCELY_DATABASE_URL": database_url,
                 "ONCELY_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
                 "ONCELY_RELAY_MAX_ATTEMPTS": "1",
@@ -167,7 +159,6 @@ def _start_relay(database_url: str, bootstrap: str, log: Path) -> subprocess.Pop
                 "ONCELY_RELAY_BACKOFF_MAX_SECONDS": "0.5",
                 "ONCELY_RELAY_POLL_INTERVAL_SECONDS": "0.2",
             },
-            stdout=subprocess.DEVNULL,
             stderr=stderr,
         )
 
@@ -177,8 +168,7 @@ def ids(records: Iterable[Record]) -> list[str]:
 
 
 def _parked(engine: sa.Engine) -> int:
-    with engine.connect() as conn:
-        return int(conn.execute(sa.text("SELECT count(*) FROM oncely_relay_parked")).scalar_one())
+    return int(scalar(engine, "SELECT count(*) FROM oncely_relay_parked"))
 
 
 def test_a_running_relay_requeues_in_order_and_skip_releases_the_key(
@@ -197,7 +187,7 @@ def test_a_running_relay_requeues_in_order_and_skip_releases_the_key(
     try:
         wait_until(lambda: _parked(engine) == 2 and count_published(engine) == 6, timeout=60)
         url = ("--database-url", database_url)
-        listed = _oncely("dead", "list", *url)
+        listed = oncely_process("dead", "list", *url)
         assert "2 dead row(s)" in listed.stdout, listed.stdout
         assert "MSG_SIZE_TOO_LARGE" in listed.stdout
         before = read_topics(kafka_bootstrap, [topic])
@@ -206,12 +196,12 @@ def test_a_running_relay_requeues_in_order_and_skip_releases_the_key(
         )
 
         set_topic_config(kafka_bootstrap, topic, "max.message.bytes", "200000")
-        requeue = _oncely("dead", "requeue", *url, str(rows[3]["id"]), "--yes")
+        requeue = oncely_process("dead", "requeue", *url, str(rows[3]["id"]), "--yes")
         assert "requeue requested for 1 row(s): a running relay" in requeue.stdout
-        skip = _oncely("dead", "skip", *url, str(rows[4]["id"]), "--yes")
+        skip = oncely_process("dead", "skip", *url, str(rows[4]["id"]), "--yes")
         assert "skip requested for 1 row(s): a running relay" in skip.stdout
         wait_until(lambda: _parked(engine) == 0, timeout=60)
-        assert "0 dead row(s)" in _oncely("dead", "list", *url).stdout
+        assert "0 dead row(s)" in oncely_process("dead", "list", *url).stdout
     finally:
         relay.send_signal(signal.SIGTERM)
         assert relay.wait(60) == 0, (tmp_path / "relay.log").read_text()
@@ -242,7 +232,7 @@ def test_relay_purge_deletes_old_acknowledged_rows_but_not_parked_keys(
             conn.execute(sa.insert(outbox).values(**row))
     _acknowledge(engine)
     _park(engine, rows[4], [])  # 8 days old, but its key is parked: kept
-    result = _oncely(
+    result = oncely_process(
         "relay", "purge", "--database-url", database_url, "--older-than", "7d", "--execute"
     )
     assert result.returncode == 0, result.stderr
@@ -250,7 +240,7 @@ def test_relay_purge_deletes_old_acknowledged_rows_but_not_parked_keys(
     with engine.connect() as conn:
         left = set(conn.execute(sa.text("SELECT id FROM oncely_outbox")).scalars())
     assert left == {rows[n]["id"] for n in (1, 3, 4)}
-    bad = _oncely("relay", "purge", "--database-url", database_url, "--older-than", "a week")
+    bad = oncely_process("relay", "purge", "--database-url", database_url, "--older-than", "a week")
     assert bad.returncode == 2
     assert "not a duration" in bad.stderr
 
@@ -267,7 +257,7 @@ def test_relay_purge_is_a_dry_run_without_execute(engine: sa.Engine, database_ur
     _acknowledge(engine)
     with engine.begin() as conn:  # committed after the progress: not purged
         conn.execute(sa.insert(outbox).values(**unpublished[0]))
-    result = _oncely("relay", "purge", "--database-url", database_url, "--older-than", "7d")
+    result = oncely_process("relay", "purge", "--database-url", database_url, "--older-than", "7d")
     assert result.returncode == 0, result.stderr
     assert "would delete 3 published row(s) older than 7d" in result.stdout
     assert f"  a: 2 row(s), oldest {rows[0]['id']} created " in result.stdout

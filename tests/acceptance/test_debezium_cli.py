@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -15,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from oncely.debezium import slot_status
-from tests.helpers import insert_rows, outbox_rows, read_topics
+from tests.helpers import insert_rows, outbox_rows, read_topics, start_oncely
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.debezium]
 
@@ -29,27 +28,11 @@ def test_dev_connect_relays_the_outbox_and_drops_its_slot_on_sigterm(
     rows = outbox_rows(6, topics=[topic], keys=3)
     insert_rows(engine, rows[:3])  # before the connector: its snapshot publishes them
     slot = f"cli_{uuid.uuid4().hex[:12]}"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "oncely",
-            "dev",
-            "connect",
-            "--dir",
-            str(tmp_path / "no-stack"),
-            "--database-url",
-            database_url,
-            "--bootstrap-servers",
-            kafka_bootstrap,
-            "--slot-name",
-            slot,
-            "--publication-name",
-            slot,
-        ],
+    proc = start_oncely(
+        *("dev", "connect", "--dir", str(tmp_path / "no-stack")),
+        *("--database-url", database_url, "--bootstrap-servers", kafka_bootstrap),
+        *("--slot-name", slot, "--publication-name", slot),
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         assert proc.stdout is not None

@@ -2,39 +2,26 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 
 import pytest
 
+from tests.helpers import oncely_process
+
 pytestmark = pytest.mark.acceptance
-
-
-def _demo(database_url: str, bootstrap: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "ONCELY_DATABASE_URL": database_url,
-        "ONCELY_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-        "COLUMNS": "160",
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "oncely", "demo", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=400,
-        check=False,
-    )
 
 
 @pytest.mark.timeout(450)
 def test_the_demo_survives_its_faults_with_every_invariant_green(
     new_database: Callable[..., str], kafka_bootstrap: str
 ) -> None:
-    result = _demo(new_database(), kafka_bootstrap, "--events", "400")
+    env = {
+        "ONCELY_DATABASE_URL": new_database(),
+        "ONCELY_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "COLUMNS": "160",
+    }
+    result = oncely_process("demo", "--events", "400", env=env, timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     assert "✘" not in out

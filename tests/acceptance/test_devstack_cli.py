@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -12,25 +11,13 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from oncely.testing.services import libpq_dsn
+from tests.helpers import oncely_process, start_oncely
 
 pytestmark = pytest.mark.acceptance
 
-ONCELY = [sys.executable, "-m", "oncely"]
-
-
-def _oncely(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*ONCELY, *args], capture_output=True, text=True, timeout=120, check=False
-    )
-
 
 def _up(directory: Path) -> tuple[subprocess.Popen[str], dict[str, str]]:
-    proc = subprocess.Popen(
-        [*ONCELY, "dev", "up", "--dir", str(directory)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_oncely("dev", "up", "--dir", str(directory), stdout=subprocess.PIPE)
     exports: dict[str, str] = {}
     assert proc.stdout is not None
     deadline = time.monotonic() + 150
@@ -60,19 +47,19 @@ def test_dev_up_down_and_up_again(tmp_path: Path) -> None:
         proc, exports = _up(directory)
         try:
             _check_reachable(exports)
-            status = _oncely("dev", "status", "--dir", str(directory))
+            status = oncely_process("dev", "status", "--dir", str(directory))
             assert status.returncode == 0, status.stderr
             assert exports["ONCELY_KAFKA_BOOTSTRAP_SERVERS"] in status.stdout
-            again = _oncely("dev", "up", "--dir", str(directory))
+            again = oncely_process("dev", "up", "--dir", str(directory))
             assert again.returncode == 1
             assert "already runs" in again.stderr
         finally:
-            down = _oncely("dev", "down", "--dir", str(directory))
+            down = oncely_process("dev", "down", "--dir", str(directory))
         assert down.returncode == 0, down.stderr
         assert "stopped Kafka" in down.stdout
         _, stderr = proc.communicate(timeout=60)
         assert proc.returncode == 0, stderr
         assert not directory.exists(), "dev down leaves no data behind"
-        stopped = _oncely("dev", "status", "--dir", str(directory))
+        stopped = oncely_process("dev", "status", "--dir", str(directory))
         assert stopped.returncode == 1
         assert "no stack runs" in stopped.stdout

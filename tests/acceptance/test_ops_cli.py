@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import uuid
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -21,6 +16,8 @@ from tests.apps.ledger import App
 from tests.helpers import (
     count_published,
     fast_settings,
+    oncely_process,
+    outbox_row,
     publish_events,
     running_consumers,
     running_relay,
@@ -28,47 +25,15 @@ from tests.helpers import (
     wait_until,
 )
 
+LEDGER = "tests.apps.ledger:effects"
+
 pytestmark = [pytest.mark.acceptance, pytest.mark.usefixtures("ledger_tables")]
-
-
-@pytest.fixture
-def app(new_ledger: Callable[..., App]) -> App:
-    return new_ledger(2, ways=True)  # as tests.apps.ledger:effects
-
-
-def _oncely(app: App, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "oncely", *args, "--app", "tests.apps.ledger:effects"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={
-            **os.environ,
-            "ONCELY_TEST_TOPIC_PREFIX": app.registry.topic_prefix,
-            "ONCELY_TEST_GROUP_PREFIX": app.effects.group_prefix,
-        },
-    )
-
-
-def _row(app: App, **columns: Any) -> dict[str, Any]:
-    event_id = uuid.uuid4()
-    return {
-        "id": event_id,
-        "aggregatetype": "account",
-        "aggregateid": "acc-0",
-        "type": "account.credited",
-        "topic": app.topic,
-        "payload": b"{}",
-        "event_key": str(event_id),
-        **columns,
-    }
 
 
 def test_status_json_of_a_small_deployment(
     app: App, engine: sa.Engine, database_url: str, kafka_bootstrap: str
 ) -> None:
-    dead = _row(app)
+    dead = outbox_row(app.topic)
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox).values(**dead))
     with engine.begin() as conn:  # the relay passed the dead row and parked its key
@@ -80,16 +45,16 @@ def test_status_json_of_a_small_deployment(
             ),
             {"t": app.topic, "s": shard_of(app.topic, "acc-0", 32), "e": dead["id"]},
         )
-    unpublished = _row(app, aggregateid="acc-1")
+    unpublished = outbox_row(app.topic, "acc-1")
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox).values(**unpublished))
     events = [(uuid.uuid4(), app.model(account_id=f"acc-{n}", amount=1, n=n)) for n in range(3)]
     publish_events(kafka_bootstrap, Codec(registry=app.registry), events)
 
-    result = _oncely(
-        app,
-        *("status", "--json", "--database-url", database_url),
+    result = oncely_process(
+        *("status", "--json", "--app", LEDGER, "--database-url", database_url),
         *("--bootstrap-servers", kafka_bootstrap),
+        env=app.env,
     )
 
     assert result.returncode == 0, result.stderr
@@ -167,7 +132,7 @@ def test_verify_passes_on_a_healthy_pipeline_and_fails_when_an_effect_missed_an_
     rows = []
     for n in range(20):
         value, headers = codec.encode(app.model(account_id=f"acc-{n % 5}", amount=1, n=n))
-        rows.append(_row(app, aggregateid=f"acc-{n % 5}", payload=value, headers=headers))
+        rows.append(outbox_row(app.topic, f"acc-{n % 5}", payload=value, headers=headers))
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox), rows)
     with (
@@ -177,16 +142,16 @@ def test_verify_passes_on_a_healthy_pipeline_and_fails_when_an_effect_missed_an_
         wait_until(lambda: scalar(engine, "SELECT count(*) FROM oncely_receipts") == 20, timeout=90)
     assert count_published(engine) == 20
     command = [
-        *("verify", "--since", "10m", "--effect", "ledger", "--json"),
+        *("verify", "--app", LEDGER, "--since", "10m", "--effect", "ledger", "--json"),
         *("--database-url", database_url, "--bootstrap-servers", kafka_bootstrap),
     ]
 
-    healthy = _oncely(app, *command)
+    healthy = oncely_process(*command, env=app.env)
     with engine.begin() as conn:
         conn.execute(
             sa.text("DELETE FROM oncely_receipts WHERE event_id = :id"), {"id": rows[7]["id"]}
         )
-    damaged = _oncely(app, *command)
+    damaged = oncely_process(*command, env=app.env)
 
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
     assert json.loads(healthy.stdout)["kafka"] == {"checked": 20, "lost": 0}

@@ -6,11 +6,9 @@ standard ``process_*`` and ``python_*`` metrics."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +19,7 @@ import yaml
 
 from oncely.devstack._process import free_port
 from tests.apps.ledger import App
-from tests.helpers import wait_until
+from tests.helpers import start_oncely, wait_until
 
 pytestmark = pytest.mark.acceptance
 
@@ -99,14 +97,18 @@ class _Processes:
 
     def __init__(self, logs: Path) -> None:
         self.logs = logs
-        self.started: list[subprocess.Popen[bytes]] = []
+        self.started: list[subprocess.Popen[Any]] = []
 
-    def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+    def start(self, name: str, argv: list[str]) -> None:
         with (self.logs / f"{name}.log").open("wb") as log:
             self.started.append(
-                subprocess.Popen(
-                    argv, cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT
-                )
+                subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            )
+
+    def oncely(self, name: str, *argv: str, env: dict[str, str] | None = None) -> None:
+        with (self.logs / f"{name}.log").open("wb") as log:
+            self.started.append(
+                start_oncely(*argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
             )
 
     def stop(self) -> None:
@@ -135,47 +137,24 @@ def test_a_real_prometheus_scrapes_every_metric_the_rules_and_dashboard_use(
     tmp_path: Path,
 ) -> None:
     app = new_ledger()
-    oncely = [sys.executable, "-m", "oncely"]
     services = ["--database-url", database_url]
     kafka = ["--bootstrap-servers", kafka_bootstrap]
     ports = {job: free_port() for job in ("oncely-relay", "oncely-consumer", "oncely-tasks")}
-    processes.start(
-        "relay",
-        [*oncely, "relay", "run", *services, *kafka, "--metrics-port", str(ports["oncely-relay"])],
-        {},
-    )
-    processes.start(
+    metrics = {job: ["--metrics-port", str(port)] for job, port in ports.items()}
+    processes.oncely("relay", "relay", "run", *services, *kafka, *metrics["oncely-relay"])
+    processes.oncely(
         "consumer",
-        [
-            *oncely,
-            "consume",
-            "--app",
-            "tests.apps.ledger:effects",
-            "--effect",
-            "ledger",
-            *services,
-            *kafka,
-            "--metrics-port",
-            str(ports["oncely-consumer"]),
-        ],
-        {
-            "ONCELY_TEST_TOPIC_PREFIX": app.registry.topic_prefix,
-            "ONCELY_TEST_GROUP_PREFIX": app.effects.group_prefix,
-        },
+        *("consume", "--app", "tests.apps.ledger:effects", "--effect", "ledger"),
+        *services,
+        *kafka,
+        *metrics["oncely-consumer"],
+        env=app.env,
     )
-    processes.start(
+    processes.oncely(
         "tasks",
-        [
-            *oncely,
-            "tasks",
-            "run",
-            "--app",
-            "examples.payments.app:app",
-            *services,
-            "--metrics-port",
-            str(ports["oncely-tasks"]),
-        ],
-        {},
+        *("tasks", "run", "--app", "examples.payments.app:app"),
+        *services,
+        *metrics["oncely-tasks"],
     )
     config = {
         "global": {"scrape_interval": "1s"},
@@ -194,7 +173,6 @@ def test_a_real_prometheus_scrapes_every_metric_the_rules_and_dashboard_use(
             f"--storage.tsdb.path={tmp_path / 'data'}",
             f"--web.listen-address=127.0.0.1:{web}",
         ],
-        {},
     )
 
     def all_up() -> bool:

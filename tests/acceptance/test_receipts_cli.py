@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 from typing import Any
 
@@ -13,7 +10,7 @@ import sqlalchemy as sa
 from confluent_kafka.admin import NewTopic
 
 from tests.apps.ledger import build
-from tests.helpers import scalar
+from tests.helpers import oncely_process, scalar
 
 pytestmark = pytest.mark.acceptance
 
@@ -36,62 +33,23 @@ def test_purge_is_refused_within_retention_and_deletes_old_receipts(
                 {"e": uuid.uuid4(), "d": age},
             )
     command = [
-        sys.executable,
-        "-m",
-        "oncely",
-        "receipts",
-        "purge",
-        "--app",
-        "tests.apps.ledger:effects",
-        "--effect",
-        "ledger",
-        "--database-url",
-        database_url,
-        "--bootstrap-servers",
-        kafka_bootstrap,
+        *("receipts", "purge", "--app", "tests.apps.ledger:effects", "--effect", "ledger"),
+        *("--database-url", database_url, "--bootstrap-servers", kafka_bootstrap),
     ]
-    env = {**os.environ, "ONCELY_TEST_TOPIC_PREFIX": prefix}
-    refused = subprocess.run(
-        [*command, "--older-than", "2d"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    env = {"ONCELY_TEST_TOPIC_PREFIX": prefix}
+    refused = oncely_process(*command, "--older-than", "2d", env=env, timeout=60)
     assert refused.returncode == 1
     assert "replay could apply those events twice" in refused.stderr
-    refused = subprocess.run(
-        [*command, "--older-than", "2d", "--execute"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    refused = oncely_process(*command, "--older-than", "2d", "--execute", env=env, timeout=60)
     assert refused.returncode == 1
     assert "replay could apply those events twice" in refused.stderr
     assert scalar(engine, "SELECT count(*) FROM oncely_receipts") == 3
-    dry_run = subprocess.run(
-        [*command, "--older-than", "4d"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    dry_run = oncely_process(*command, "--older-than", "4d", env=env, timeout=60)
     assert dry_run.returncode == 0, dry_run.stderr
     assert "would delete 2 receipt(s) of ledger older than 4d, oldest applied " in dry_run.stdout
     assert "dry run: nothing changed; run again with --execute" in dry_run.stdout
     assert scalar(engine, "SELECT count(*) FROM oncely_receipts") == 3
-    done = subprocess.run(
-        [*command, "--older-than", "4d", "--execute"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    done = oncely_process(*command, "--older-than", "4d", "--execute", env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "deleted 2 receipt(s) of ledger older than 4d" in done.stdout
     assert scalar(engine, "SELECT count(*) FROM oncely_receipts") == 1

@@ -5,10 +5,8 @@ on stderr while its broker is down."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -23,10 +21,12 @@ from tests.helpers import (
     http_get,
     insert_rows,
     metric,
+    oncely_process,
     outbox_rows,
     read_topics,
     running_relay,
     scalar,
+    start_oncely,
     wait_until,
 )
 
@@ -39,35 +39,20 @@ def _start_relay(
     *args: str,
     env: dict[str, str] | None = None,
     defaults: bool = False,
-) -> subprocess.Popen[bytes]:
+) -> subprocess.Popen[str]:
     """``oncely relay run`` in a subprocess; ``defaults``: every setting at its default."""
     quick = {} if defaults else {"ONCELY_RELAY_POLL_INTERVAL_SECONDS": "0.2"}
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "oncely",
-            "relay",
-            "run",
-            "--database-url",
-            database_url,
-            "--bootstrap-servers",
-            bootstrap,
-            *args,
-        ],
-        env={
-            **{k: v for k, v in os.environ.items() if not k.startswith("ONCELY_RELAY_")},
-            **quick,
-            **(env or {}),
-        },
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+    return start_oncely(
+        *("relay", "run", "--database-url", database_url, "--bootstrap-servers", bootstrap),
+        *args,
+        env={**quick, **(env or {})},
+        without=["ONCELY_RELAY_"],
     )
 
 
-def _wait_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
+def _wait_ready(port: int, proc: subprocess.Popen[str]) -> None:
     def ready() -> bool:
-        assert proc.poll() is None, (proc.stderr.read() if proc.stderr else b"").decode()
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         try:
             return http_get(port, "/readyz")[0] == 200
         except OSError:
@@ -76,7 +61,7 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
     wait_until(ready, timeout=30)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
+def _stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     try:
@@ -84,7 +69,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         proc.kill()
         _, stderr = proc.communicate()
-    return proc.returncode, stderr.decode()
+    return proc.returncode, stderr
 
 
 def _shards(engine: sa.Engine) -> dict[str | None, int]:
@@ -254,25 +239,14 @@ def test_a_paused_relay_cannot_record_progress_on_shards_another_relay_took_over
 
 def test_topics_ensure_creates_missing_topics_and_flags_weaker_ones(kafka_bootstrap: str) -> None:
     prefix = f"ensure{uuid.uuid4().hex[:8]}."  # topics of this test only
-    env = {**os.environ, "ONCELY_TEST_TOPIC_PREFIX": prefix}
+    env = {"ONCELY_TEST_TOPIC_PREFIX": prefix}
     command = [
-        sys.executable,
-        "-m",
-        "oncely",
-        "topics",
-        "ensure",
-        "--registry",
-        "tests.apps.ledger:registry",
-        "--bootstrap-servers",
-        kafka_bootstrap,
-        "--partitions",
-        "3",
+        *("topics", "ensure", "--registry", "tests.apps.ledger:registry"),
+        *("--bootstrap-servers", kafka_bootstrap, "--partitions", "3"),
     ]
 
     def ensure(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*command, *args], capture_output=True, text=True, env=env, timeout=60, check=False
-        )
+        return oncely_process(*command, *args, env=env, timeout=60)
 
     first = ensure()
     assert first.returncode == 0, first.stderr

@@ -8,10 +8,7 @@ adds a field with a default to v1 (see ``tests/apps/orders.py``).
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -26,7 +23,14 @@ from oncely.events import Encoding
 from oncely.schemas.catalog import export_schemas
 from oncely.schemas.codec import Codec
 from tests.apps.orders import Version, build, create_tables
-from tests.helpers import publish_events, read_topics, scalar, wait_until
+from tests.helpers import (
+    oncely_process,
+    publish_events,
+    read_topics,
+    scalar,
+    start_oncely,
+    wait_until,
+)
 
 pytestmark = pytest.mark.acceptance
 
@@ -74,24 +78,11 @@ class ConsumeProcess:
         encoding: Encoding = "avro",
         env: dict[str, str] | None = None,
     ) -> None:
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "oncely",
-                "consume",
-                f"tests.apps.orders:effects_v{version}",
-                "--effect",
-                EFFECT,
-                "--database-url",
-                database_url,
-                "--bootstrap-servers",
-                bootstrap,
-                *args,
-            ],
+        self.process = start_oncely(
+            *("consume", f"tests.apps.orders:effects_v{version}", "--effect", EFFECT),
+            *("--database-url", database_url, "--bootstrap-servers", bootstrap, *args),
             cwd=cwd,
             env={
-                **{k: v for k, v in os.environ.items() if k != "ONCELY_SCHEMAS_DIR"},
                 "PYTHONPATH": str(REPO),
                 "ONCELY_TEST_TOPIC_PREFIX": prefix,
                 "ONCELY_TEST_GROUP_PREFIX": prefix,
@@ -99,8 +90,7 @@ class ConsumeProcess:
                 "ONCELY_CONSUMER_POLL_TIMEOUT_SECONDS": "0.2",
                 **(env or {}),
             },
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            without=["ONCELY_SCHEMAS_DIR"],
         )
         self.log: list[dict[str, Any]] = []
 
@@ -111,8 +101,7 @@ class ConsumeProcess:
         """SIGTERM, wait, check the exit; return its log records (JSON lines)."""
         if self.alive():
             self.process.send_signal(signal.SIGTERM)
-        _, stderr = self.process.communicate(timeout=60)
-        text = stderr.decode()
+        _, text = self.process.communicate(timeout=60)
         assert self.process.returncode == 0, text
         self.log = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
         return self.log
@@ -261,19 +250,17 @@ def test_a_replay_to_earliest_after_the_upgrade_applies_the_old_records(
     with engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM orders_applied"))
         conn.execute(sa.text("DELETE FROM oncely_receipts WHERE effect = :e"), {"e": EFFECT})
-    replay = subprocess.run(
-        [
-            sys.executable, "-m", "oncely", "replay", "--app", "tests.apps.orders:effects_v2",
-            "--effect", EFFECT, "--to-earliest", "--execute",
-            "--bootstrap-servers", kafka_bootstrap,
-        ],
+    replay = oncely_process(
+        *("replay", "--app", "tests.apps.orders:effects_v2", "--effect", EFFECT),
+        *("--to-earliest", "--execute", "--bootstrap-servers", kafka_bootstrap),
         cwd=tmp_path,
         env={
-            **os.environ, "PYTHONPATH": str(REPO),
-            "ONCELY_TEST_TOPIC_PREFIX": prefix, "ONCELY_TEST_GROUP_PREFIX": prefix,
+            "PYTHONPATH": str(REPO),
+            "ONCELY_TEST_TOPIC_PREFIX": prefix,
+            "ONCELY_TEST_GROUP_PREFIX": prefix,
         },
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        timeout=60,
+    )
     assert replay.returncode == 0, replay.stderr
     assert "40 record(s) will be re-read" in replay.stdout
 

@@ -6,11 +6,12 @@ Run as ``python -m oncely schemas``, as a user's CI would run ``oncely schemas``
 from __future__ import annotations
 
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import oncely_process
 
 pytestmark = pytest.mark.acceptance
 
@@ -53,14 +54,7 @@ def write_app(directory: Path, change: str, version: int) -> None:
 
 
 def oncely_schemas(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "oncely", "schemas", *args],
-        cwd=directory,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return oncely_process("schemas", *args, cwd=directory, timeout=60)
 
 
 def export(directory: Path) -> subprocess.CompletedProcess[str]:

@@ -5,9 +5,7 @@ pipeline would, in subprocesses, against a real schema registry (Apicurio Regist
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import textwrap
 import uuid
 from pathlib import Path
@@ -18,6 +16,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from oncely.devstack._process import free_port
 from oncely.schemas.loader import schema_registry_client
 from oncely.settings import SchemaSettings
+from tests.helpers import oncely_process
 
 pytestmark = pytest.mark.acceptance
 
@@ -58,28 +57,11 @@ class Shop:
     def oncely(
         self, *args: str, url: bool = True, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
-        command = [
-            sys.executable,
-            "-m",
-            "oncely",
-            "schemas",
-            *args,
-            "--app",
-            "shop_events:registry",
-        ]
+        command = ["schemas", *args, "--app", "shop_events:registry"]
         if url:
             command += ["--schema-registry-url", self.registry_url]
-        return subprocess.run(
-            command,
-            cwd=self.directory,
-            env={
-                **{k: v for k, v in os.environ.items() if not k.startswith("ONCELY_SCHEMA")},
-                **(env or {}),
-            },
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
+        return oncely_process(
+            *command, cwd=self.directory, env=env, without=["ONCELY_SCHEMA"], timeout=60
         )
 
     def release(self, version: int) -> None:

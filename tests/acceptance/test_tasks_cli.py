@@ -4,10 +4,8 @@ SIGTERM, the start-up check, and the operator's commands. The fake provider of
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,13 +18,13 @@ from sqlalchemy.orm import Session
 
 from oncely.devstack._process import free_port
 from oncely.tasks import enqueue_task
-from tests.helpers import http_get, metric
+from tests.helpers import http_get, metric, oncely_process, scalar, start_oncely
 
 pytestmark = pytest.mark.acceptance
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.acceptance.task_app:tasks"
-RUN = [sys.executable, "-m", "oncely", "tasks", "run", APP, "--lease-seconds", "1"]
+RUN = ("tasks", "run", APP, "--lease-seconds", "1")
 
 
 class _Workers:
@@ -35,14 +33,15 @@ class _Workers:
     def __init__(self, url: str, logs: Path) -> None:
         self.url = url
         self.logs = logs
-        self.started: list[subprocess.Popen[bytes]] = []
+        self.started: list[subprocess.Popen[str]] = []
 
-    def start(self, *args: str) -> subprocess.Popen[bytes]:
+    def start(self, *args: str) -> subprocess.Popen[str]:
         log = (self.logs / f"worker-{len(self.started)}.log").open("wb")
-        process = subprocess.Popen(
-            [*RUN, "--poll-seconds", "0.2", *args],
+        process = start_oncely(
+            *RUN,
+            *("--poll-seconds", "0.2", *args),
             cwd=ROOT,
-            env={**os.environ, "ONCELY_DATABASE_URL": self.url},
+            env={"ONCELY_DATABASE_URL": self.url},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -80,14 +79,8 @@ def workers(database_url: str, tmp_path: Path) -> Iterator[_Workers]:
 
 
 def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "oncely", "tasks", *args],
-        cwd=ROOT,
-        env={**os.environ, "ONCELY_DATABASE_URL": url, "COLUMNS": "250"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    return oncely_process(
+        "tasks", *args, cwd=ROOT, env={"ONCELY_DATABASE_URL": url, "COLUMNS": "250"}, timeout=60
     )
 
 
@@ -105,11 +98,7 @@ def _calls(engine: sa.Engine) -> list[tuple[str, int, int]]:
 
 
 def _status(engine: sa.Engine, task_id: uuid.UUID) -> str:
-    with engine.connect() as conn:
-        status: str = conn.execute(
-            sa.text("SELECT status FROM oncely_tasks WHERE id = :id"), {"id": task_id}
-        ).scalar_one()
-        return status
+    return str(scalar(engine, "SELECT status FROM oncely_tasks WHERE id = :id", id=task_id))
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 20) -> None:
@@ -119,7 +108,7 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 20) -> 
         time.sleep(0.05)
 
 
-def _kill_mid_task(engine: sa.Engine, workers: _Workers) -> subprocess.Popen[bytes]:
+def _kill_mid_task(engine: sa.Engine, workers: _Workers) -> subprocess.Popen[str]:
     first = workers.start()
     _wait_for(lambda: len(_calls(engine)) == 1, "the first attempt to start")
     first.send_signal(signal.SIGKILL)
@@ -183,9 +172,7 @@ def test_sigterm_finishes_the_current_task_then_exits_0(
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=15) == 0
     assert _status(engine, task_id) == "completed"
-    with engine.connect() as conn:
-        leased = conn.execute(sa.text("SELECT count(*) FROM oncely_tasks WHERE status = 'leased'"))
-        assert leased.scalar_one() == 0
+    assert scalar(engine, "SELECT count(*) FROM oncely_tasks WHERE status = 'leased'") == 0
 
 
 def test_the_worker_serves_metrics_and_health_like_the_relay_and_consumers(

@@ -9,7 +9,6 @@ of the relay's PRODUCER span, whose `traceparent` it replaces rather than adds t
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from oncely.events import Registry
 from oncely.producer.staging import stage_many
-from tests.helpers import count_published, read_topics, wait_until
+from tests.helpers import count_published, read_topics, start_oncely, wait_until
 
 pytestmark = pytest.mark.acceptance
 
@@ -59,22 +58,9 @@ def test_an_instrumented_relay_sends_one_traceparent_in_the_staged_trace(
         stage_many(session, [Shipped(parcel_id=f"p-{i}") for i in range(3)])
     staged = staging.get_span_context()
 
-    bin_dir = Path(sys.executable).parent
-    relay = subprocess.Popen(
-        [
-            str(bin_dir / "opentelemetry-instrument"),
-            sys.executable,
-            "-m",
-            "oncely",
-            "relay",
-            "run",
-            "--database-url",
-            database_url,
-            "--bootstrap-servers",
-            kafka_bootstrap,
-        ],
+    relay = start_oncely(
+        *("relay", "run", "--database-url", database_url, "--bootstrap-servers", kafka_bootstrap),
         env={
-            **os.environ,
             "ONCELY_RELAY_POLL_INTERVAL_SECONDS": "0.2",
             "OTEL_SERVICE_NAME": "oncely-relay",
             "OTEL_TRACES_EXPORTER": "console",
@@ -82,16 +68,16 @@ def test_an_instrumented_relay_sends_one_traceparent_in_the_staged_trace(
             "OTEL_LOGS_EXPORTER": "none",
         },
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        via=[str(Path(sys.executable).parent / "opentelemetry-instrument")],
     )
     try:
         wait_until(lambda: relay.poll() is None and count_published(engine) == 3, timeout=60)
     finally:
         relay.send_signal(signal.SIGTERM)
         output, errors = relay.communicate(timeout=60)
-    assert relay.returncode == 0, errors.decode()[-3000:]
+    assert relay.returncode == 0, errors[-3000:]
 
-    spans = _spans(output.decode())
+    spans = _spans(output)
     ours = [s for s in spans if s["name"] == f"send {topic}"]
     theirs = [s for s in spans if s["name"] == f"{topic} send"]  # the instrumentation's
     assert len(ours) == len(theirs) == 3, [s["name"] for s in spans]

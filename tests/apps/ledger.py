@@ -69,6 +69,15 @@ class App:
     def topic(self) -> str:
         return self.registry.for_model(self.model).topic
 
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment in which ``tests.apps.ledger:effects`` (and ``:registry``) is this
+        app, for a process that imports it."""
+        return {
+            "ONCELY_TEST_TOPIC_PREFIX": self.registry.topic_prefix,
+            "ONCELY_TEST_GROUP_PREFIX": self.effects.group_prefix,
+        }
+
 
 def _ledger_row(event: Any, ctx: EffectContext[Any]) -> dict[str, Any]:
     if event.amount < 0:

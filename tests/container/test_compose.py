@@ -6,7 +6,6 @@ effects and their task, ``oncely verify`` passes, and ``down`` leaves nothing ru
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -20,6 +19,7 @@ from examples.payments.service import TransferService
 from tools.images import CONNECT_IMAGE, KAFKA_IMAGE, POSTGRES_IMAGE, podman_environment
 
 from tests.container.podman import IMAGE, ROOT, podman, wait_for
+from tests.helpers import oncely_process
 
 DATABASE_URL = "postgresql+psycopg://oncely:oncely@127.0.0.1:5432/oncely"
 BOOTSTRAP = "127.0.0.1:9092"
@@ -134,14 +134,9 @@ def test_the_pipeline_profile_runs_the_payments_example_from_the_image(compose: 
     _events_reach_their_effects()
     for name in PROCESSES:
         assert _healthy(compose.container(name)), name
-    verify = subprocess.run(
-        [str(Path(sys.executable).parent / "oncely"), "verify", "--since", "1h", "--app", APP],
-        env=os.environ
-        | {"ONCELY_DATABASE_URL": DATABASE_URL, "ONCELY_KAFKA_BOOTSTRAP_SERVERS": BOOTSTRAP},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    verify = oncely_process(
+        *("verify", "--since", "1h", "--app", APP),
+        env={"ONCELY_DATABASE_URL": DATABASE_URL, "ONCELY_KAFKA_BOOTSTRAP_SERVERS": BOOTSTRAP},
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
 

@@ -18,6 +18,7 @@ from alembic.operations import Operations
 from oncely.alembic import downgrade_oncely, include_name, include_object, upgrade_oncely
 from oncely.errors import ConfigurationError
 from oncely.storage import build_metadata, metadata, migrations, upgrade
+from tests.helpers import scalar
 
 pytestmark = pytest.mark.integration
 
@@ -36,10 +37,6 @@ def empty_engine(new_database: Callable[..., str]) -> Iterator[sa.Engine]:
     engine = sa.create_engine(new_database(empty=True))
     yield engine
     engine.dispose()
-
-
-def _scalar(conn: sa.Connection, sql: str) -> object:
-    return conn.execute(sa.text(sql)).scalar()
 
 
 def _diff(engine: sa.Engine, target: list[sa.MetaData], **filters: object) -> list[object]:
@@ -76,21 +73,21 @@ def test_a_named_schema_leaves_the_revision_s_search_path_as_it_was(
 ) -> None:
     with empty_engine.begin() as conn:
         op = Operations(MigrationContext.configure(conn))
-        before = _scalar(conn, "SHOW search_path")
+        before = scalar(conn, "SHOW search_path")
         applied = upgrade_oncely(op, version=LATEST, schema="events", shards=8)
         assert [m.version for m in applied] == list(range(1, LATEST + 1))
-        assert _scalar(conn, "SHOW search_path") == before
-        assert _scalar(conn, "SELECT current_setting('oncely.shards', true)") in ("", None)
+        assert scalar(conn, "SHOW search_path") == before
+        assert scalar(conn, "SELECT current_setting('oncely.shards', true)") in ("", None)
         # What the revision does next lands where it would have without oncely.
         op.create_table("accounts", sa.Column("id", sa.Integer, primary_key=True))
-        assert _scalar(conn, "SELECT to_regclass('public.accounts')") == "accounts"
-        assert _scalar(conn, "SELECT count(*) FROM events.oncely_relay_shards") == 8
+        assert scalar(conn, "SELECT to_regclass('public.accounts')") == "accounts"
+        assert scalar(conn, "SELECT count(*) FROM events.oncely_relay_shards") == 8
         assert upgrade_oncely(op, version=LATEST, schema="events") == []
     assert upgrade(empty_engine, schema="events", shards=8) == []
     with empty_engine.begin() as conn:
         downgrade_oncely(Operations(MigrationContext.configure(conn)), schema="events")
         assert conn.execute(sa.text(_ONCELY_OBJECTS)).all() == []
-        assert _scalar(conn, "SELECT to_regclass('public.accounts')") == "accounts"
+        assert scalar(conn, "SELECT to_regclass('public.accounts')") == "accounts"
 
 
 @pytest.mark.parametrize("version", range(1, LATEST + 1))
@@ -118,7 +115,7 @@ def test_downgrade_refuses_to_drop_what_the_user_s_objects_depend_on(engine: sa.
     with refused, engine.begin() as conn:
         downgrade_oncely(Operations(MigrationContext.configure(conn)))
     with engine.connect() as conn:
-        assert _scalar(conn, "SELECT to_regclass('oncely_outbox')") == "oncely_outbox"
+        assert scalar(conn, "SELECT to_regclass('oncely_outbox')") == "oncely_outbox"
 
 
 def test_a_version_this_oncely_does_not_ship_is_refused_before_any_change(

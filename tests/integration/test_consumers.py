@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ledger_tables")]
 
 @pytest.fixture
 def app(new_ledger: Callable[..., App]) -> App:
+    """Not the shared ``app``: one partition, so that every record is in one order."""
     return new_ledger(1, ways=True)
 
 

@@ -7,7 +7,7 @@ import enum
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -46,11 +46,6 @@ def engine(database_url: str) -> Iterator[sa.Engine]:
         balances.create(conn)
     yield engine
     engine.dispose()
-
-
-@pytest.fixture
-def app(new_ledger: Callable[..., App]) -> App:
-    return new_ledger(2, ways=True)
 
 
 def _applied(consumer: EffectConsumer) -> float:

@@ -13,7 +13,6 @@ import io
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +25,7 @@ from fastavro import parse_schema, schemaless_writer
 from oncely.schemas import single_object
 from oncely.schemas.codec import Codec
 from tests.apps.ledger import App
-from tests.helpers import read_topics, scalar, wait_until
+from tests.helpers import read_topics, scalar, start_oncely, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ledger_tables")]
 
@@ -47,6 +46,8 @@ OTHER_SCHEMA = parse_schema(
 
 @pytest.fixture
 def app(new_ledger: Callable[..., App]) -> App:
+    """Not the shared ``app``: one partition, on a topic that takes records of up to
+    TOPIC_LIMIT bytes."""
     return new_ledger(1, config={"max.message.bytes": str(TOPIC_LIMIT)}, prefix="hr")
 
 
@@ -94,18 +95,10 @@ def test_hostile_records_are_dead_lettered_and_the_consumer_keeps_going(
     producer = Producer({"bootstrap.servers": kafka_bootstrap, "message.max.bytes": TOPIC_LIMIT})
     log = tmp_path / "consume.log"
     with log.open("wb") as sink:
-        consumer = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "oncely", "consume", "tests.apps.ledger:effects"),
-                *("--effect", "ledger", "--database-url", database_url),
-                *("--bootstrap-servers", kafka_bootstrap),
-            ],
-            env={
-                **os.environ,
-                "ONCELY_TEST_TOPIC_PREFIX": app.registry.topic_prefix,
-                "ONCELY_TEST_GROUP_PREFIX": app.effects.group_prefix,
-                "ONCELY_CONSUMER_POLL_TIMEOUT_SECONDS": "0.2",
-            },
+        consumer = start_oncely(
+            *("consume", "tests.apps.ledger:effects", "--effect", "ledger"),
+            *("--database-url", database_url, "--bootstrap-servers", kafka_bootstrap),
+            env={**app.env, "ONCELY_CONSUMER_POLL_TIMEOUT_SECONDS": "0.2"},
             stdout=sink,
             stderr=subprocess.STDOUT,
         )

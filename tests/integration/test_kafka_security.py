@@ -9,10 +9,8 @@ status 2 and a message naming the settings to fix, instead of retrying forever.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -35,7 +33,14 @@ from oncely.security import KafkaAuthenticationError
 from oncely.settings import ConsumerSettings, KafkaSettings
 from oncely.storage.stores.outbox.relay import RelayStore
 from tests.apps.ledger import App, build
-from tests.helpers import count_published, fast_settings, scalar, wait_until
+from tests.helpers import (
+    count_published,
+    fast_settings,
+    oncely_process,
+    scalar,
+    start_oncely,
+    wait_until,
+)
 from tests.integration.secure_kafka import USER, SecureKafka, start_secure_kafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ledger_tables")]
@@ -46,6 +51,9 @@ _HELD_SHARDS = (
 )
 
 APP = "tests.apps.ledger:effects"
+#: The suite's Kafka settings, left out of the processes' environment: theirs are the secure
+#: broker's.
+_KAFKA = ["ONCELY_KAFKA_"]
 
 
 @pytest.fixture(scope="module")
@@ -57,43 +65,26 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
 
 @pytest.fixture
 def app() -> App:
+    """Not the shared ``app``: its topics are created on the secure broker (``oncely topics
+    ensure``), not on the suite's."""
     prefix = f"sec{uuid.uuid4().hex[:10]}."
     return build(prefix, group_prefix=prefix)
 
 
 def _environment(app: App, database_url: str, kafka: dict[str, str]) -> dict[str, str]:
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith("ONCELY_KAFKA_")}
+    """Added to the suite's environment less its ``ONCELY_KAFKA_*`` variables (``_KAFKA``)."""
     return {
-        **inherited,
+        **app.env,
         "ONCELY_DATABASE_URL": database_url,
-        "ONCELY_TEST_TOPIC_PREFIX": app.registry.topic_prefix,
-        "ONCELY_TEST_GROUP_PREFIX": app.effects.group_prefix,
         "ONCELY_RELAY_POLL_INTERVAL_SECONDS": "0.2",
         "ONCELY_CONSUMER_POLL_TIMEOUT_SECONDS": "0.2",
         **kafka,
     }
 
 
-def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[str]:
     with log.open("wb") as sink:
-        return subprocess.Popen(
-            [sys.executable, "-m", "oncely", *args],
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-
-
-def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "oncely", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+        return start_oncely(*args, env=env, without=_KAFKA, stdout=sink, stderr=subprocess.STDOUT)
 
 
 def _stage(engine: sa.Engine, app: App, count: int) -> None:
@@ -102,7 +93,7 @@ def _stage(engine: sa.Engine, app: App, count: int) -> None:
             stage(session, app.model(account_id=f"a{n % 4}", amount=n + 1, n=n))
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> int:
+def _stop(proc: subprocess.Popen[str]) -> int:
     proc.send_signal(signal.SIGTERM)
     return proc.wait(timeout=60)
 
@@ -120,7 +111,9 @@ def test_pipeline_over_sasl_and_tls_leaks_no_secret(
     )
     outputs: list[str] = []
 
-    ensure = _run(["topics", "ensure", "--registry", "tests.apps.ledger:registry"], tls)
+    ensure = oncely_process(
+        "topics", "ensure", "--registry", "tests.apps.ledger:registry", env=tls, without=_KAFKA
+    )
     outputs.append(ensure.stdout + ensure.stderr)
     assert ensure.returncode == 0 and "created" in ensure.stdout, outputs[-1]
     _stage(engine, app, 20)
@@ -134,13 +127,15 @@ def test_pipeline_over_sasl_and_tls_leaks_no_secret(
             ["status", "--app", APP],
             ["verify", "--since", "1h", "--app", APP, "--effect", "ledger"],
         ):
-            result = _run(command, tls)
+            result = oncely_process(*command, env=tls, without=_KAFKA)
             outputs.append(result.stdout + result.stderr)
             assert result.returncode == 0, outputs[-1]
         assert "ledger" in outputs[1]
     finally:
         codes = [_stop(relay), _stop(consumer)]
-    replay = _run(["replay", "--app", APP, "--effect", "ledger", "--to-earliest"], tls)
+    replay = oncely_process(
+        *("replay", "--app", APP, "--effect", "ledger", "--to-earliest"), env=tls, without=_KAFKA
+    )
     outputs.append(replay.stdout + replay.stderr)
     assert replay.returncode == 0, outputs[-1]
     outputs += [log.read_text() for log in logs]

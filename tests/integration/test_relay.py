@@ -27,6 +27,7 @@ from tests.helpers import (
     outbox_rows,
     read_topics,
     running_relay,
+    scalar,
     set_topic_config,
     wait_until,
 )
@@ -255,13 +256,12 @@ def test_losing_one_shard_of_a_page_does_not_record_the_others_before_their_acks
         insert_rows(engine, outbox_rows(20, topics=[topic], keys=20))
         time.sleep(0.2)  # read and produced as one page, lingering
         with engine.begin() as conn:
-            taken = conn.execute(
-                sa.text(
-                    "UPDATE oncely_relay_shards SET owner = 'taker', epoch = epoch + 1,"
-                    " lease_until = now() + interval '1 minute'"
-                    " WHERE shard = (SELECT min(shard) FROM oncely_outbox) RETURNING shard"
-                )
-            ).scalar_one()
+            taken = scalar(
+                conn,
+                "UPDATE oncely_relay_shards SET owner = 'taker', epoch = epoch + 1,"
+                " lease_until = now() + interval '1 minute'"
+                " WHERE shard = (SELECT min(shard) FROM oncely_outbox) RETURNING shard",
+            )
         wait_until(lambda: taken not in relay.shards, timeout=10)
         wait_until(lambda: count_published(engine) > 0, timeout=30, interval=0.05)
         published = count_published(engine)
@@ -269,10 +269,7 @@ def test_losing_one_shard_of_a_page_does_not_record_the_others_before_their_acks
         assert on_broker >= published, (
             f"{published} rows recorded as published, {on_broker} records on the broker"
         )
-        with engine.connect() as conn:
-            lost = conn.execute(
-                sa.text("SELECT count(*) FROM oncely_outbox WHERE shard = :s"), {"s": taken}
-            ).scalar_one()
+        lost = scalar(engine, "SELECT count(*) FROM oncely_outbox WHERE shard = :s", s=taken)
         wait_until(lambda: count_published(engine) == 20 - lost, timeout=30)
     assert _sample(relay, "oncely_relay_lease_lost_total") == 1
 

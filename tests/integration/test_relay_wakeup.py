@@ -16,6 +16,7 @@ from tests.helpers import (
     insert_rows,
     outbox_rows,
     running_relay,
+    scalar,
     wait_until,
 )
 
@@ -23,10 +24,7 @@ pytestmark = pytest.mark.integration
 
 
 def _asleep(engine: sa.Engine) -> bool:
-    with engine.connect() as conn:
-        return bool(
-            conn.execute(sa.text("SELECT bool_or(asleep) FROM oncely_relay_members")).scalar()
-        )
+    return bool(scalar(engine, "SELECT bool_or(asleep) FROM oncely_relay_members"))
 
 
 def test_a_quiet_relay_wakes_on_a_commit_and_is_nearly_silent_while_idle(

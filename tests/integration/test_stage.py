@@ -22,6 +22,7 @@ from oncely.schemas.codec import Codec
 from oncely.storage import DuplicateEventError
 from oncely.storage.tables import DEFAULT_SHARDS, NOTIFY_CHANNEL, shard_of
 from oncely.storage.transactional import DuplicateInTransactionError
+from tests.helpers import scalar
 
 pytestmark = pytest.mark.integration
 
@@ -54,8 +55,7 @@ def _outbox(engine: sa.Engine) -> list[sa.Row[tuple[object, ...]]]:
 
 
 def _business(engine: sa.Engine) -> int:
-    with engine.connect() as conn:
-        return int(conn.execute(sa.text("SELECT count(*) FROM transfers")).scalar_one())
+    return int(scalar(engine, "SELECT count(*) FROM transfers"))
 
 
 def test_session_commit_keeps_the_row_with_the_codec_bytes(engine: sa.Engine) -> None:
@@ -65,7 +65,7 @@ def test_session_commit_keeps_the_row_with_the_codec_bytes(engine: sa.Engine) ->
             sa.text("INSERT INTO transfers VALUES (:id, 'x')"), {"id": event.transfer_id}
         )
         staged = stage(session, event, headers={"x-origin": "test"})
-        txid = session.execute(sa.text("SELECT pg_current_xact_id()::text")).scalar_one()
+        txid = scalar(session.connection(), "SELECT pg_current_xact_id()::text")
     [row] = _outbox(engine)
     assert row.id == staged.id
     assert staged.id.version == 7
@@ -147,9 +147,7 @@ def _count_insert_statements(engine: sa.Engine) -> None:
 
 
 def _insert_statements(engine: sa.Engine) -> int:
-    with engine.connect() as conn:
-        count = conn.execute(sa.text("SELECT count(*) FROM outbox_statements")).scalar_one()
-    return int(count)
+    return int(scalar(engine, "SELECT count(*) FROM outbox_statements"))
 
 
 def test_stage_many_is_one_insert_statement(engine: sa.Engine) -> None:

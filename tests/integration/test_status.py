@@ -29,9 +29,11 @@ from tests.apps.ledger import App, build
 from tests.helpers import (
     CliResult,
     oncely_cli,
+    outbox_row,
     publish_events,
     running_consumers,
     scalar,
+    start_oncely,
     wait_until,
 )
 
@@ -40,6 +42,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ledger_tables")]
 
 @pytest.fixture
 def app(kafka_admin: AdminClient) -> Iterator[App]:
+    """Not the shared ``app``: without the ``ways`` variants, and the notify effect's
+    dead-letter topic created too."""
     prefix = f"t{uuid.uuid4().hex[:10]}."
     app = build(prefix, group_prefix=prefix)
     created = [app.topic, f"{app.topic}.notify.dlq"]
@@ -55,20 +59,6 @@ def app(kafka_admin: AdminClient) -> Iterator[App]:
 
 def _cli(*args: str) -> CliResult:
     return oncely_cli("status", *args)
-
-
-def _row(topic: str, key: str = "acc-0", **columns: Any) -> dict[str, Any]:
-    event_id = uuid.uuid4()
-    return {
-        "id": event_id,
-        "aggregatetype": "account",
-        "aggregateid": key,
-        "type": "account.credited",
-        "topic": topic,
-        "payload": b"{}",
-        "event_key": str(event_id),
-        **columns,
-    }
 
 
 def _task(status: str) -> dict[str, Any]:
@@ -97,9 +87,9 @@ def deployment(app: App, engine: sa.Engine, kafka_bootstrap: str) -> str:
     """
     other = f"{app.topic}.other"
     ago = sa.text("now() - interval '120 seconds'")
-    dead, delayed = _row(app.topic), _row(other, "acc-9")
-    held = [_row(app.topic), _row(app.topic), _row(other, "acc-9")]
-    passed = [*(_row(app.topic, f"acc-{n}") for n in range(3)), dead, delayed, *held]
+    dead, delayed = outbox_row(app.topic), outbox_row(other, "acc-9")
+    held = [outbox_row(app.topic), outbox_row(app.topic), outbox_row(other, "acc-9")]
+    passed = [*(outbox_row(app.topic, f"acc-{n}") for n in range(3)), dead, delayed, *held]
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox), passed)
     with engine.begin() as conn:  # what a relay records once every row above is acknowledged
@@ -136,9 +126,9 @@ def deployment(app: App, engine: sa.Engine, kafka_bootstrap: str) -> str:
                 {"e": row["id"], "t": row["topic"], "k": row["aggregateid"]},
             )
     unpublished = [
-        _row(app.topic, "acc-1", created_at=ago),
-        _row(app.topic, "acc-2", created_at=ago),
-        _row(other, "acc-5"),
+        outbox_row(app.topic, "acc-1", created_at=ago),
+        outbox_row(app.topic, "acc-2", created_at=ago),
+        outbox_row(other, "acc-5"),
     ]
     with engine.begin() as conn:
         for row in unpublished:
@@ -459,22 +449,10 @@ def test_listings_plans_and_checks_print_json(
 
 
 def test_status_watch_refreshes_until_ctrl_c(database_url: str) -> None:
-    watch = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "oncely",
-            "status",
-            "--database-url",
-            database_url,
-            "--watch",
-            "0.5",
-        ],
+    watch = start_oncely(
+        *("status", "--database-url", database_url, "--watch", "0.5"),
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        # As from a terminal: a shell's background job (CI) starts with SIGINT ignored.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        interruptible=True,
     )
     time.sleep(4)
     watch.send_signal(signal.SIGINT)

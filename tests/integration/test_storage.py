@@ -20,7 +20,7 @@ from oncely.storage import (
 )
 from oncely.storage.tables import DEFAULT_SHARDS, NOTIFY_CHANNEL, build_metadata
 from oncely.testing.services import libpq_dsn
-from tests.helpers import schema_catalog
+from tests.helpers import outbox_row, scalar, schema_catalog
 
 pytestmark = pytest.mark.integration
 
@@ -91,15 +91,7 @@ def _wakes_a_sleeping_relay(url: str, schema: str) -> None:
             with engine.begin() as conn:
                 conn.execute(
                     sa.insert(in_schema),
-                    {
-                        "id": uuid.uuid4(),
-                        "aggregatetype": "a",
-                        "aggregateid": "1",
-                        "type": "t",
-                        "topic": "t",
-                        "payload": b"x",
-                        "event_key": str(uuid.uuid4()),
-                    },
+                    outbox_row("t"),
                 )
             return [note.channel for note in listener.notifies(timeout=1.5)]
 
@@ -112,13 +104,9 @@ def _wakes_a_sleeping_relay(url: str, schema: str) -> None:
             )
         )
     assert notified() == [NOTIFY_CHANNEL]
-    with engine.connect() as conn:
-        assert conn.execute(sa.text(f"SELECT count(*) FROM {schema}.oncely_outbox")).scalar() == 2
-        assert conn.execute(
-            sa.text(f"SELECT count(*) FROM {schema}.oncely_relay_shards")
-        ).scalar() == (DEFAULT_SHARDS)
-        public = conn.execute(sa.text("SELECT to_regclass('public.oncely_outbox')")).scalar()
-    assert public is None
+    assert scalar(engine, f"SELECT count(*) FROM {schema}.oncely_outbox") == 2
+    assert scalar(engine, f"SELECT count(*) FROM {schema}.oncely_relay_shards") == DEFAULT_SHARDS
+    assert scalar(engine, "SELECT to_regclass('public.oncely_outbox')") is None
     engine.dispose()
 
 
@@ -143,14 +131,13 @@ def test_metadata_in_a_named_schema(new_database: Callable[..., str]) -> None:
 
 def test_a_duplicate_event_key_is_translated_by_constraint_name(database_url: str) -> None:
     engine = sa.create_engine(database_url)
-    row = {
-        "aggregatetype": "transfer",
-        "aggregateid": "7",
-        "type": "transfer.completed",
-        "topic": "transfers",
-        "payload": b"{}",
-        "event_key": "transfer-7-completed",
-    }
+    row = outbox_row(
+        "transfers",
+        "7",
+        aggregatetype="transfer",
+        type="transfer.completed",
+        event_key="transfer-7-completed",
+    )
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox), {**row, "id": uuid.uuid4()})
     # An engine oncely never wrote through is left alone.

@@ -22,6 +22,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ledger_tables")]
 
 @pytest.fixture
 def app() -> App:
+    """Not the shared ``app``: no topic at all, the helpers under test apply events in this
+    process."""
     return build("helpers.", ways=True)
 
 

@@ -24,6 +24,7 @@ from tests.helpers import (
     count_published,
     fast_settings,
     oncely_cli,
+    outbox_row,
     read_topics,
     running_consumers,
     running_relay,
@@ -39,6 +40,8 @@ EFFECTS = ["ledger", "audit"]
 
 @pytest.fixture
 def app(new_ledger: Callable[..., App]) -> App:
+    """Not the shared ``app``: without the ``ways`` variants of ledger and notify, effects
+    that verify, checking every effect of the app, would report."""
     return new_ledger(2)
 
 
@@ -55,7 +58,7 @@ def pipeline(app: App, engine: sa.Engine, kafka_bootstrap: str) -> list[uuid.UUI
     for n in range(EVENTS):
         event = app.model(account_id=f"acc-{n % 4}", amount=n + 1, n=n)
         value, headers = codec.encode(event)
-        rows.append(_row(app, event.account_id, payload=value, headers=headers))
+        rows.append(outbox_row(app.topic, event.account_id, payload=value, headers=headers))
     with engine.begin() as conn:
         for row in rows:  # one statement each: seq follows n
             conn.execute(sa.insert(outbox).values(**row))
@@ -67,21 +70,6 @@ def pipeline(app: App, engine: sa.Engine, kafka_bootstrap: str) -> list[uuid.UUI
             timeout=60,
         )
     return [row["id"] for row in rows]
-
-
-def _row(app: App, key: str, **columns: Any) -> dict[str, Any]:
-    event_id = uuid.uuid4()
-    return {
-        "id": event_id,
-        "aggregatetype": "account",
-        "aggregateid": key,
-        "type": "account.credited",
-        "topic": app.topic,
-        "payload": b"{}",
-        "headers": {},
-        "event_key": str(event_id),
-        **columns,
-    }
 
 
 def _acknowledge(engine: sa.Engine) -> None:
@@ -203,8 +191,8 @@ def test_published_rows_missing_from_their_topic_are_lost(
         future.result(30)
     # Rows the progress passed but whose records never reached Kafka: one of the app's topic,
     # one of a topic that does not exist.
-    never_sent = _row(app, "acc-5")
-    no_topic = _row(app, "acc-6", topic=f"{app.topic}.missing")
+    never_sent = outbox_row(app.topic, "acc-5")
+    no_topic = outbox_row(f"{app.topic}.missing", "acc-6")
     with engine.begin() as conn:
         for row in (never_sent, no_topic):
             conn.execute(sa.insert(outbox).values(**row))
@@ -279,7 +267,7 @@ def test_rows_not_passed_yet_are_unpublished_and_stuck_only_past_the_threshold(
 ) -> None:
     five_minutes_ago = sa.text("now() - interval '5 minutes'")
     due = {"created_at": five_minutes_ago, "available_at": five_minutes_ago}
-    dead = _row(app, "acc-7", **due)
+    dead = outbox_row(app.topic, "acc-7", **due)
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox).values(**dead))
     _acknowledge(engine)
@@ -291,10 +279,13 @@ def test_rows_not_passed_yet_are_unpublished_and_stuck_only_past_the_threshold(
             ),
             {"t": app.topic, "s": shard_of(app.topic, "acc-7", 32), "e": dead["id"]},
         )
-    old = _row(app, "acc-9", **due)
-    fresh = _row(app, "acc-8")
-    delayed = _row(
-        app, "acc-6", created_at=five_minutes_ago, available_at=sa.text("now() + interval '1 hour'")
+    old = outbox_row(app.topic, "acc-9", **due)
+    fresh = outbox_row(app.topic, "acc-8")
+    delayed = outbox_row(
+        app.topic,
+        "acc-6",
+        created_at=five_minutes_ago,
+        available_at=sa.text("now() + interval '1 hour'"),
     )
     with engine.begin() as conn:  # no relay runs: not passed by the progress
         for row in (old, fresh, delayed):
@@ -362,7 +353,7 @@ def test_records_older_than_the_window_are_not_read(
             timestamp=before,
             headers=[("id", str(uuid.uuid4()))],
         )
-    rows = [_row(app, "acc-0") for _ in range(4)]
+    rows = [outbox_row(app.topic, "acc-0") for _ in range(4)]
     with engine.begin() as conn:
         for row in rows:
             conn.execute(sa.insert(outbox).values(**row))

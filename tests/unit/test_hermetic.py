@@ -16,6 +16,7 @@ from oncely.cli._errors import run
 from oncely.devstack.jvm import cache_root
 from oncely.devstack.stack import StackInfo, default_stack_dir, write_state
 from tests.conftest import INHERITED
+from tests.helpers import oncely_process, process_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,13 +33,8 @@ def test_the_suite_sees_neither_the_developers_stack_nor_settings(
     assert not cache_root().is_relative_to(home_cache)
     assert run(app, ["dev", "status", "--json"]) == 1
     assert json.loads(capsys.readouterr().out) == {"running": False}
-    child = subprocess.run(  # the CLI in a subprocess, as the acceptance tests run it
-        [sys.executable, "-m", "oncely", "dev", "status", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    # The CLI in a subprocess, as the acceptance tests run it.
+    child = oncely_process("dev", "status", "--json", timeout=60)
     assert child.returncode == 1, child.stderr
     assert json.loads(child.stdout) == {"running": False}
 
@@ -70,26 +66,17 @@ def test_a_stack_running_in_the_default_folder_changes_no_test(tmp_path: Path) -
     home = tmp_path / "home"
     stack = home / ".cache" / "oncely" / "devstack"
     _fake_running_stack(stack)
-    shell = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("ONCELY_") and k not in ("XDG_CACHE_HOME", "PYTEST_ADDOPTS")
-    }
-    shell |= {
+    exported = {
         "HOME": str(home),
         "ONCELY_DATABASE_URL": "postgresql+psycopg://developer@127.0.0.1:1/devstack",
         "ONCELY_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
         "ONCELY_RELAY_BATCH_SIZE": "5",
     }
+    # Not the suite's: no ONCELY_* of its own, no cache or pytest options of its own.
+    unset = ["ONCELY_", "XDG_CACHE_HOME", "PYTEST_ADDOPTS"]
+    shell = process_environment(exported, without=unset)
     # The developer's shell does see the stack (else this test would prove nothing).
-    seen = subprocess.run(
-        [sys.executable, "-m", "oncely", "dev", "status", "--json"],
-        env=shell,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    seen = oncely_process("dev", "status", "--json", env=exported, without=unset, timeout=60)
     assert seen.returncode == 0, seen.stderr
     assert json.loads(seen.stdout)["supervisor_pid"] == os.getpid()
     suite = subprocess.run(

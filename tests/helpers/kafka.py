@@ -1,0 +1,109 @@
+"""Kafka seen from a test: topics read back, events produced as the relay would, topic settings."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, TopicPartition
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: str
+    value: bytes
+    headers: dict[str, bytes]
+    #: The record's timestamp in ms (the producer's, on CreateTime topics).
+    timestamp: int = 0
+    #: Every header name in order, repeated names included (``headers`` keeps the last value).
+    header_names: tuple[str, ...] = ()
+
+
+def read_topics(bootstrap: str, topics: Sequence[str], *, timeout: float = 30) -> list[Record]:
+    """Every record now in ``topics`` (read from the beginning up to the high watermarks)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
+    records: list[Record] = []
+    try:
+        metadata = consumer.list_topics(timeout=10)
+        ends: dict[tuple[str, int], int] = {}
+        assignment = []
+        for topic in topics:
+            for partition in metadata.topics[topic].partitions:
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=10
+                )
+                if high > low:
+                    ends[(topic, partition)] = high
+                    assignment.append(TopicPartition(topic, partition, low))
+        consumer.assign(assignment)
+        deadline = time.monotonic() + timeout
+        while ends and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            topic, partition, offset = msg.topic() or "", msg.partition() or 0, msg.offset() or 0
+            records.append(
+                Record(
+                    topic,
+                    partition,
+                    offset,
+                    (msg.key() or b"").decode(),
+                    msg.value() or b"",
+                    {k: bytes(v or b"") for k, v in msg.headers() or []},  # type: ignore[misc]
+                    msg.timestamp()[1],
+                    tuple(name for name, _ in msg.headers() or []),
+                )
+            )
+            if offset + 1 >= ends.get((topic, partition), 0):
+                ends.pop((topic, partition), None)
+        assert not ends, f"partitions not read to the end: {ends}"
+    finally:
+        consumer.close()
+    return records
+
+
+def publish_events(
+    bootstrap: str, codec: object, events: Sequence[tuple[uuid.UUID | str, object]]
+) -> None:
+    """Produce events as the relay would (id and eventType headers, codec value), in order; an
+    id given as text goes in the ``id`` header as it is spelled."""
+    from confluent_kafka import Producer
+    from pydantic import BaseModel
+
+    from oncely.schemas.codec import Codec
+
+    assert isinstance(codec, Codec)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for event_id, event in events:
+        assert isinstance(event, BaseModel)
+        event_type = codec.registry.for_model(type(event))
+        value, headers = codec.encode(event)
+        producer.produce(
+            event_type.topic,
+            key=event_type.key_of(event).encode(),
+            value=value,
+            headers=[("id", str(event_id)), ("eventType", event_type.name), *headers.items()],
+        )
+    assert producer.flush(30) == 0
+
+
+def set_topic_config(bootstrap: str, topic: str, name: str, value: str) -> None:
+    """Change one setting of ``topic`` on the broker (e.g. raise ``max.message.bytes``)."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entry = ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource("topic", topic, incremental_configs=[entry])
+    admin.incremental_alter_configs([resource])[resource].result(30)
