@@ -35,8 +35,8 @@ def resolve_kafka_libs(
 ) -> Path:
     """Return a folder holding the broker's runtime jars, resolving them with Maven if needed.
 
-    Raises :class:`ToolMissingError` when Maven is missing and :class:`DevstackError` when the
-    resolution fails (the message carries Maven's own output).
+    Raises :class:`~oncely.errors.ToolMissingError` when Maven is missing and
+    :class:`DevstackError` when the resolution fails (the message carries Maven's own output).
     """
     home = (cache_dir or cache_root()) / f"kafka-{version}"
     libs = home / "libs"
