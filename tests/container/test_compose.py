@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from examples.payments.models import ledger_entries, metadata, provider_emails
+from examples.payments.models import metadata
 from examples.payments.service import TransferService
 from tools.images import CONNECT_IMAGE, KAFKA_IMAGE, POSTGRES_IMAGE, podman_environment
 
+from tests.container.payments import applied
 from tests.container.podman import IMAGE, ROOT, podman, wait_for
 from tests.helpers import oncely_process
 
@@ -117,13 +118,8 @@ def _events_reach_their_effects() -> None:
             for i in range(30)
         )
 
-        def applied() -> tuple[int, int]:
-            with engine.connect() as conn:
-                ledger = conn.scalar(sa.select(sa.func.count()).select_from(ledger_entries))
-                emails = conn.scalar(sa.select(sa.func.count()).select_from(provider_emails))
-            return int(ledger or 0), int(emails or 0)
-
-        wait_for("the effects and the task", lambda: applied() == (2 * completed, completed), 120)
+        expected = (2 * completed, completed)
+        wait_for("the effects and the task", lambda: applied(engine) == expected, 120)
     finally:
         engine.dispose()
 

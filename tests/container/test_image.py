@@ -10,11 +10,12 @@ from decimal import Decimal
 
 import pytest
 import sqlalchemy as sa
-from examples.payments.models import ledger_entries, metadata, provider_emails, transfers
+from examples.payments.models import metadata, transfers
 from examples.payments.service import LIMIT, TransferService
 from prometheus_client.parser import text_string_to_metric_families
 
 from oncely.devstack._process import free_ports
+from tests.container.payments import applied
 from tests.container.podman import Containers, containers, http_get, podman, wait_for
 
 APP = "examples.payments.app:app"
@@ -116,13 +117,7 @@ def test_the_image_runs_the_payments_pipeline_read_only_as_its_user_and_drains_o
     service = TransferService(engine)
     completed = _transfers(service, 40, "first")
 
-    def applied() -> tuple[int, int]:
-        with engine.connect() as conn:
-            ledger = conn.scalar(sa.select(sa.func.count()).select_from(ledger_entries))
-            emails = conn.scalar(sa.select(sa.func.count()).select_from(provider_emails))
-        return int(ledger or 0), int(emails or 0)
-
-    wait_for("the effects and the tasks", lambda: applied() == (2 * completed, completed), 90)
+    wait_for("the effects and the tasks", lambda: applied(engine) == (2 * completed, completed), 90)
 
     # A second relay shares the shards with the first.
     relay2 = group.start("relay2", "relay", "run", "--metrics-port", str(relay2_port))
@@ -140,7 +135,7 @@ def test_the_image_runs_the_payments_pipeline_read_only_as_its_user_and_drains_o
     for name in (relay, relay2):
         _stop(group, name)
     group.start("relay3", "relay", "run")
-    wait_for("the second batch applied", lambda: applied() == (2 * completed, completed), 120)
+    wait_for("the second batch applied", lambda: applied(engine) == (2 * completed, completed), 120)
     for name in (consumer, worker, f"{group.prefix}-relay3"):
         _stop(group, name)
 
