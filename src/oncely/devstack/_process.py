@@ -1,5 +1,6 @@
 """Child processes of the devstack: free ports, tools run to completion, parent-death signals,
-bounded stops, log tails."""
+bounded stops, log tails, the server process every service runs as, and the ``with`` block that
+stops what it started."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import os
 import signal
 import socket
 import subprocess
+import time
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, ClassVar
 
 from oncely.errors import DevstackError
 
@@ -96,3 +100,107 @@ def tail(path: Path, lines: int = 30) -> str:
             return "".join(deque(handle, maxlen=lines))
     except FileNotFoundError:
         return f"(no log at {path})"
+
+
+class ServerProcess(ABC):
+    """A server run as a child process of ours on 127.0.0.1.
+
+    :meth:`_launch` starts it with its output appended to :attr:`_output_file` (it gets
+    :attr:`stop_signal` if its parent dies); :meth:`_wait_until` waits for it to be ready;
+    :meth:`stop` stops it with :attr:`stop_signal`, then SIGKILL after a bound. Subclasses name
+    the server for messages (:attr:`title`) and say where it logs (:attr:`log_file`).
+    """
+
+    #: The server in messages: "the Kafka broker", "PostgreSQL".
+    title: ClassVar[str]
+    stop_signal: ClassVar[signal.Signals] = signal.SIGTERM
+    #: Seconds between two readiness checks in :meth:`_wait_until`.
+    poll_interval: ClassVar[float] = 0.3
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    @abstractmethod
+    def log_file(self) -> Path:
+        """The server's own log."""
+
+    @property
+    def _output_file(self) -> Path:
+        """Where the process's stdout and stderr go: :attr:`log_file`, unless the server writes
+        its log itself (then error messages end with this file's last lines too)."""
+        return self.log_file
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def _launch(self, command: Sequence[str], **options: Any) -> None:
+        """Start ``command``; ``options`` go to :class:`subprocess.Popen`."""
+        with self._output_file.open("ab") as output:
+            self._proc = subprocess.Popen(
+                command,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=die_with_parent(self.stop_signal),
+                **options,
+            )
+
+    def _wait_until(self, ready: Callable[[], bool], *, timeout: float, unready: str) -> None:
+        """Ask ``ready`` every :attr:`poll_interval` seconds until it answers true.
+
+        Raises :class:`DevstackError` with the end of the log when the server exits first, or,
+        having stopped it, when ``timeout`` seconds pass (``unready`` begins that message:
+        "PostgreSQL did not accept connections on 127.0.0.1:5432").
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive("during start-up")
+            if ready():
+                return
+            if time.monotonic() > deadline:
+                self.stop()
+                raise DevstackError(
+                    f"{unready} within {timeout:.0f} s; last lines of {self.log_file}:\n"
+                    f"{tail(self.log_file)}"
+                )
+            time.sleep(self.poll_interval)
+
+    def _check_alive(self, when: str) -> None:
+        """Raise :class:`DevstackError` with the end of the log if the server has exited."""
+        assert self._proc is not None, f"{self.title} was not started"
+        if self._proc.poll() is not None:
+            output = self._output_file
+            raise DevstackError(
+                f"{self.title} exited with code {self._proc.returncode} {when}; last lines of "
+                f"{self.log_file}:\n{tail(self.log_file)}"
+                f"{tail(output, 15) if output != self.log_file else ''}"
+            )
+
+    def stop(self, *, timeout: float = 30.0) -> None:
+        """Stop the server (:attr:`stop_signal`, then SIGKILL after ``timeout`` seconds).
+        Idempotent."""
+        self._stop(self.stop_signal, timeout)
+
+    def _stop(self, sig: signal.Signals, timeout: float) -> None:
+        if self._proc is not None:
+            stop_process(self._proc, sig, timeout)
+            self._proc = None
+
+
+class StoppedOnExit(ABC):
+    """Something started that :meth:`stop` ends: leaving a ``with`` block over it stops it,
+    whether the block raised or not (an exception goes on)."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop what was started; idempotent."""
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

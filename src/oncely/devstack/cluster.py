@@ -19,12 +19,11 @@ import signal
 import time
 from collections import Counter
 from pathlib import Path
-from types import TracebackType
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from oncely.devstack._process import free_ports
+from oncely.devstack._process import StoppedOnExit, free_ports
 from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION, KafkaNode, KafkaQuorum, new_cluster_id
 from oncely.errors import DevstackError
 
@@ -42,7 +41,7 @@ def active_controller(bootstrap_servers: str, *, timeout: float = 5.0) -> int | 
     return int(controller.id) if controller is not None else None
 
 
-class KafkaCluster:
+class KafkaCluster(StoppedOnExit):
     """``size`` combined broker+controller nodes forming one cluster under ``data_dir``.
 
     ``replication_factor`` (default ``min(3, size)``) is the brokers' ``default.replication
@@ -214,11 +213,3 @@ class KafkaCluster:
     def __enter__(self) -> KafkaCluster:
         self.start()
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -18,15 +18,13 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
-import signal
-import subprocess
 import tarfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from oncely.devstack._process import die_with_parent, free_port, stop_process, tail
+from oncely.devstack._process import ServerProcess, free_port, tail
 from oncely.devstack.jvm import cache_root, check_java, copy_dependencies, jvm_command
 from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION
 from oncely.errors import DevstackError
@@ -118,7 +116,7 @@ def worker_properties(
     )
 
 
-class ConnectNode:
+class ConnectNode(ServerProcess):
     """One Kafka Connect standalone worker with Debezium's PostgreSQL connector installed.
 
     ``start()`` returns once the REST API answers; :meth:`add_connector` returns once the
@@ -127,6 +125,8 @@ class ConnectNode:
     drop them: see :func:`oncely.debezium.drop_slot`). The worker gets SIGTERM if its parent
     dies.
     """
+
+    title = "Kafka Connect"
 
     def __init__(
         self,
@@ -138,13 +138,13 @@ class ConnectNode:
         rest_port: int | None = None,
         heap: str = "512m",
     ) -> None:
+        super().__init__()
         self.data_dir = data_dir
         self.bootstrap_servers = bootstrap_servers
         self.kafka_version = kafka_version
         self.debezium_version = debezium_version
         self.rest_port = rest_port or free_port()
         self.heap = heap
-        self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def rest_url(self) -> str:
@@ -155,8 +155,15 @@ class ConnectNode:
         return self.data_dir / "logs" / "connect.log"
 
     @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+    def _output_file(self) -> Path:
+        return self.log_file.with_name("stdout.log")
+
+    def _answers(self) -> bool:
+        try:
+            # The REST server answers 404 until its resources are initialised.
+            return self._request("GET", "/")[0] == http.client.OK
+        except (OSError, http.client.HTTPException):
+            return False
 
     def start(self, *, timeout: float = 120.0) -> None:
         """Resolve (the first time) and start the worker; return once its REST API answers.
@@ -188,31 +195,12 @@ class ConnectNode:
             main_class=_MAIN_CLASS,
             properties=TRACING_PROPERTIES,
         )
-        stdout = (logs / "stdout.log").open("ab")
-        self._proc = subprocess.Popen(
-            [*command, str(properties)],
-            stdout=stdout,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=die_with_parent(signal.SIGTERM),
+        self._launch([*command, str(properties)])
+        self._wait_until(
+            self._answers,
+            timeout=timeout,
+            unready=f"Kafka Connect's REST API did not answer on {self.rest_url}",
         )
-        stdout.close()
-        deadline = time.monotonic() + timeout
-        while True:
-            self._check_alive("during start-up")
-            try:
-                # The REST server answers 404 until its resources are initialised.
-                if self._request("GET", "/")[0] == http.client.OK:
-                    return
-            except (OSError, http.client.HTTPException):
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise DevstackError(
-                    f"Kafka Connect's REST API did not answer on {self.rest_url} within "
-                    f"{timeout:.0f} s; last lines of {self.log_file}:\n{tail(self.log_file)}"
-                )
-            time.sleep(0.3)
 
     def add_connector(self, name: str, config: Mapping[str, str], *, timeout: float = 60.0) -> None:
         """Create (or reconfigure) connector ``name`` and wait until it and its task run.
@@ -261,15 +249,6 @@ class ConnectNode:
         status, body = self._request("GET", f"/connectors/{name}/status")
         return body if status == http.client.OK and isinstance(body, dict) else {}
 
-    def _check_alive(self, when: str) -> None:
-        assert self._proc is not None, "the Connect worker was not started"
-        if self._proc.poll() is not None:
-            raise DevstackError(
-                f"Kafka Connect exited with code {self._proc.returncode} {when}; last lines of "
-                f"{self.log_file}:\n{tail(self.log_file)}"
-                f"{tail(self.log_file.with_name('stdout.log'), 15)}"
-            )
-
     def _request(self, method: str, path: str, payload: object = None) -> tuple[int, Any]:
         connection = http.client.HTTPConnection("127.0.0.1", self.rest_port, timeout=10)
         try:
@@ -284,9 +263,3 @@ class ConnectNode:
             return response.status, json.loads(raw) if raw else None
         except json.JSONDecodeError:
             return response.status, raw.decode(errors="replace")
-
-    def stop(self, *, timeout: float = 30.0) -> None:
-        """Stop the worker (SIGTERM, then SIGKILL after ``timeout`` seconds). Idempotent."""
-        if self._proc is not None:
-            stop_process(self._proc, signal.SIGTERM, timeout)
-            self._proc = None

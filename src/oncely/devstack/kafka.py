@@ -12,8 +12,6 @@ import base64
 import re
 import shutil
 import signal
-import subprocess
-import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,7 +21,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from oncely.devstack._process import die_with_parent, free_ports, run_tool, stop_process, tail
+from oncely.devstack._process import ServerProcess, free_ports, run_tool
 from oncely.devstack.jvm import cache_root, check_java, copy_dependencies, jvm_command
 from oncely.errors import DevstackError
 
@@ -238,7 +236,7 @@ class KafkaNodeConfig:
         return "\n".join([*lines, ""])
 
 
-class KafkaNode:
+class KafkaNode(ServerProcess):
     """One Kafka broker process (KRaft combined mode) on 127.0.0.1.
 
     ``start()`` returns once an AdminClient sees the broker; ``stop()`` shuts it down with SIGTERM
@@ -250,6 +248,8 @@ class KafkaNode:
     The node then also listens on :attr:`proxied_listener` (where the proxy forwards to) and
     advertises that listener as ``proxied_by``; :attr:`bootstrap_servers` stays direct.
     """
+
+    title = "the Kafka broker"
 
     def __init__(
         self,
@@ -264,6 +264,7 @@ class KafkaNode:
         quorum: KafkaQuorum | None = None,
         proxied_by: str | None = None,
     ) -> None:
+        super().__init__()
         self.version = version
         spare = iter(free_ports(5))
         self.config = KafkaNodeConfig(
@@ -279,7 +280,6 @@ class KafkaNode:
             proxied_by=proxied_by,
             proxied_port=next(spare) if proxied_by is not None else None,
         )
-        self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -309,8 +309,8 @@ class KafkaNode:
         return self.config.data_dir / "logs" / "server.log"
 
     @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+    def _output_file(self) -> Path:
+        return self.log_file.with_name("stdout.log")
 
     def start(self, *, timeout: float = 90.0, wait: bool = True) -> None:
         """Resolve, format and start the broker; raise :class:`DevstackError` if it fails.
@@ -335,17 +335,9 @@ class KafkaNode:
         )
         if not (data / "kraft-logs" / "meta.properties").exists():
             self._format(java(main_class="kafka.tools.StorageTool"), properties)
-        stdout = (data / "logs" / "stdout.log").open("ab")
-        self._proc = subprocess.Popen(
-            [*java(main_class="kafka.Kafka"), str(properties)],
-            stdout=stdout,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=die_with_parent(signal.SIGTERM),
-        )
-        stdout.close()
+        self._launch([*java(main_class="kafka.Kafka"), str(properties)])
         if wait:
-            self._wait_ready(timeout)
+            self.wait_ready(timeout=timeout)
 
     def _format(self, storage_tool: list[str], properties: Path) -> None:
         """Format a new data folder: a standalone controller, or this node of the quorum."""
@@ -371,7 +363,19 @@ class KafkaNode:
         """Return once an AdminClient sees the started broker; :class:`DevstackError` if not."""
         if self._proc is None:
             raise DevstackError("the Kafka broker is not started")
-        self._wait_ready(timeout)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+
+        def answers() -> bool:
+            try:
+                return bool(admin.list_topics(timeout=2).brokers)
+            except KafkaException:
+                return False
+
+        self._wait_until(
+            answers,
+            timeout=timeout,
+            unready=f"the Kafka broker did not answer on {self.bootstrap_servers}",
+        )
 
     def send_signal(self, sig: signal.Signals) -> None:
         """Send ``sig`` to the running broker (SIGSTOP and SIGCONT pause and resume it)."""
@@ -385,31 +389,6 @@ class KafkaNode:
             self._proc.wait()
             self._proc = None
 
-    def _wait_ready(self, timeout: float) -> None:
-        assert self._proc is not None
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._proc.poll() is not None:
-                raise DevstackError(
-                    f"the Kafka broker exited with code {self._proc.returncode} during start-up; "
-                    f"last lines of {self.log_file}:\n{tail(self.log_file)}"
-                    f"{tail(self.log_file.with_name('stdout.log'), 15)}"
-                )
-            try:
-                metadata = admin.list_topics(timeout=2)
-                if metadata.brokers:
-                    return
-            except KafkaException:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise DevstackError(
-                    f"the Kafka broker did not answer on {self.bootstrap_servers} within "
-                    f"{timeout:.0f} s; last lines of {self.log_file}:\n{tail(self.log_file)}"
-                )
-            time.sleep(0.3)
-
     def logged_version(self) -> str | None:
         """The version the running broker logged at start-up ("Kafka version: X"), if seen."""
         try:
@@ -418,9 +397,3 @@ class KafkaNode:
             return None
         match = re.search(r"Kafka version: (\S+)", text)
         return match.group(1) if match else None
-
-    def stop(self, *, timeout: float = 30.0) -> None:
-        """Stop the broker (SIGTERM, then SIGKILL after ``timeout`` seconds). Idempotent."""
-        if self._proc is not None:
-            stop_process(self._proc, signal.SIGTERM, timeout)
-            self._proc = None

@@ -14,15 +14,14 @@ import pwd
 import signal
 import stat
 import subprocess
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from oncely.devstack._process import die_with_parent, free_port, run_tool, stop_process, tail
-from oncely.errors import DevstackError, ToolMissingError
+from oncely.devstack._process import ServerProcess, free_port, run_tool
+from oncely.errors import ToolMissingError
 
 _SERVICE_USER = "embedded_postgres"
 _SETTINGS = {
@@ -74,7 +73,7 @@ def _open_path_to(path: Path) -> None:
             parent.chmod(mode | stat.S_IXOTH)
 
 
-class PostgresNode:
+class PostgresNode(ServerProcess):
     """One PostgreSQL server process listening on 127.0.0.1 with ``wal_level=logical``.
 
     ``start()`` initialises ``data_dir`` if needed and returns once a connection succeeds;
@@ -83,13 +82,17 @@ class PostgresNode:
     ``pg_stat_statements`` this way).
     """
 
+    title = "PostgreSQL"
+    stop_signal = signal.SIGINT
+    poll_interval = 0.1
+
     def __init__(
         self, *, data_dir: Path, port: int | None = None, settings: Mapping[str, str] | None = None
     ) -> None:
+        super().__init__()
         self.data_dir = data_dir
         self.port = port or free_port()
         self.settings = {**_SETTINGS, **(settings or {})}
-        self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -105,12 +108,18 @@ class PostgresNode:
     def log_file(self) -> Path:
         return self.data_dir / "postgres.log"
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+    def _accepts_connections(self) -> bool:
+        try:
+            with psycopg.connect(self.dsn, connect_timeout=2):
+                return True
+        except psycopg.OperationalError:
+            return False
 
     def start(self, *, timeout: float = 30.0) -> None:
-        """Initialise (first time) and start the server; raise :class:`DevstackError` on failure."""
+        """Initialise (first time) and start the server.
+
+        Raises :class:`~oncely.errors.DevstackError` on failure.
+        """
         bin_dir = postgres_bin_dir()
         user = _service_user()
         pgdata = self.data_dir / "pgdata"
@@ -135,40 +144,18 @@ class PostgresNode:
                 **_as_user(user),
             )
         settings = [arg for key, value in self.settings.items() for arg in ("-c", f"{key}={value}")]
-        log = self.log_file.open("ab")
         if user is not None:
+            self.log_file.touch()
             os.chown(self.log_file, user.pw_uid, user.pw_gid)
-        self._proc = subprocess.Popen(
+        self._launch(
             [str(bin_dir / "postgres"), "-D", str(pgdata), "-p", str(self.port), *settings],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=die_with_parent(signal.SIGINT),
             **_as_user(user),
         )
-        log.close()
-        self._wait_ready(timeout)
-
-    def _wait_ready(self, timeout: float) -> None:
-        assert self._proc is not None
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._proc.poll() is not None:
-                raise DevstackError(
-                    f"PostgreSQL exited with code {self._proc.returncode} during start-up; "
-                    f"last lines of {self.log_file}:\n{tail(self.log_file)}"
-                )
-            try:
-                with psycopg.connect(self.dsn, connect_timeout=2):
-                    return
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise DevstackError(
-                        f"PostgreSQL did not accept connections on 127.0.0.1:{self.port} within "
-                        f"{timeout:.0f} s; last lines of {self.log_file}:\n{tail(self.log_file)}"
-                    ) from None
-                time.sleep(0.1)
+        self._wait_until(
+            self._accepts_connections,
+            timeout=timeout,
+            unready=f"PostgreSQL did not accept connections on 127.0.0.1:{self.port}",
+        )
 
     def server_version(self) -> str:
         """``SHOW server_version`` of the running server."""
@@ -180,6 +167,4 @@ class PostgresNode:
         """Fast shutdown (SIGINT), or with ``immediate`` an immediate one (SIGQUIT: no
         checkpoint, crash recovery on the next start); SIGKILL after ``timeout`` seconds.
         Idempotent."""
-        if self._proc is not None:
-            stop_process(self._proc, signal.SIGQUIT if immediate else signal.SIGINT, timeout)
-            self._proc = None
+        self._stop(signal.SIGQUIT if immediate else self.stop_signal, timeout)

@@ -15,17 +15,14 @@ from __future__ import annotations
 import http.client
 import os
 import shutil
-import signal
-import subprocess
 import tarfile
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from oncely.devstack._process import die_with_parent, free_ports, stop_process, tail
+from oncely.devstack._process import ServerProcess, free_ports
 from oncely.devstack.jvm import cache_root, copy_dependencies, java_version
-from oncely.errors import DevstackError, ToolMissingError
+from oncely.errors import ToolMissingError
 
 DEFAULT_APICURIO_VERSION = "3.3.3"
 #: The path of Apicurio's Confluent-compatible API (Confluent Schema Registry's v7 REST API).
@@ -108,7 +105,7 @@ class RegistryTls:
     key: Path
 
 
-class SchemaRegistryNode:
+class SchemaRegistryNode(ServerProcess):
     """One Apicurio Registry server with in-memory storage, on free ports of 127.0.0.1.
 
     ``start()`` returns once its health check answers; ``stop()`` stops it with SIGTERM (SIGKILL
@@ -116,6 +113,9 @@ class SchemaRegistryNode:
     ``users`` (name -> password) requires HTTP basic authentication. ``properties`` are further
     Quarkus or Apicurio settings (``-D`` system properties).
     """
+
+    title = "Apicurio Registry"
+    poll_interval = 0.2
 
     def __init__(
         self,
@@ -127,6 +127,7 @@ class SchemaRegistryNode:
         users: Mapping[str, str] | None = None,
         properties: Mapping[str, str] | None = None,
     ) -> None:
+        super().__init__()
         self.data_dir = data_dir
         self.version = version
         self.heap = heap
@@ -134,7 +135,6 @@ class SchemaRegistryNode:
         self.users = dict(users or {})
         self.properties = dict(properties or {})
         self.port, self.management_port = free_ports(2)
-        self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -145,10 +145,6 @@ class SchemaRegistryNode:
     @property
     def log_file(self) -> Path:
         return self.data_dir / "registry.log"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
 
     def system_properties(self) -> dict[str, str]:
         """The server's settings: ports on 127.0.0.1, no access log, then TLS, users, extras."""
@@ -203,29 +199,12 @@ class SchemaRegistryNode:
             "-jar",
             str(app / "quarkus-run.jar"),
         ]
-        with self.log_file.open("ab") as log:
-            self._proc = subprocess.Popen(
-                command,
-                cwd=self.data_dir,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=die_with_parent(signal.SIGTERM),
-            )
-        deadline = time.monotonic() + timeout
-        while not self._ready():
-            if self._proc.poll() is not None:
-                raise DevstackError(
-                    f"Apicurio Registry exited with code {self._proc.returncode} during "
-                    f"start-up; last lines of {self.log_file}:\n{tail(self.log_file)}"
-                )
-            if time.monotonic() > deadline:
-                self.stop()
-                raise DevstackError(
-                    f"Apicurio Registry was not ready on 127.0.0.1:{self.management_port} within "
-                    f"{timeout:.0f} s; last lines of {self.log_file}:\n{tail(self.log_file)}"
-                )
-            time.sleep(0.2)
+        self._launch(command, cwd=self.data_dir)
+        self._wait_until(
+            self._ready,
+            timeout=timeout,
+            unready=f"Apicurio Registry was not ready on 127.0.0.1:{self.management_port}",
+        )
 
     def _ready(self) -> bool:
         """Whether the management interface's readiness check answers 200 (plain HTTP)."""
@@ -237,9 +216,3 @@ class SchemaRegistryNode:
             return False
         finally:
             connection.close()
-
-    def stop(self, *, timeout: float = 30.0) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after ``timeout`` seconds). Idempotent."""
-        if self._proc is not None:
-            stop_process(self._proc, signal.SIGTERM, timeout)
-            self._proc = None

@@ -16,9 +16,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import TracebackType
 
-from oncely.devstack._process import pid_alive
+from oncely.devstack._process import StoppedOnExit, pid_alive
 from oncely.devstack.cluster import KafkaCluster
 from oncely.devstack.jvm import cache_root
 from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION, KafkaNode, KafkaSecurity
@@ -72,7 +71,7 @@ class StackInfo:
         )
 
 
-class DevStack:
+class DevStack(StoppedOnExit):
     """Start and stop one Kafka broker and one PostgreSQL under ``directory``.
 
     Data lives in ``directory`` (a fresh temporary folder when not given) and is deleted by
@@ -186,14 +185,6 @@ class DevStack:
 
     def __enter__(self) -> StackInfo:
         return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def write_state(directory: Path, info: StackInfo) -> None:
