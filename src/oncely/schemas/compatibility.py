@@ -122,15 +122,8 @@ def check_compatibility(
                 pairs.append((old, code))
             for reader, writer in pairs:
                 found.extend(
-                    Incompatibility(
-                        event_type=event_type.name,
-                        reader=_label(reader),
-                        writer=_label(writer),
-                        kind=kind,
-                        location=location,
-                        message=message,
-                    )
-                    for kind, location, message in incompatibilities(
+                    _incompatibility(reader, writer, *problem)
+                    for problem in incompatibilities(
                         reader=reader.schema, writer=writer.schema, mode=label
                     )
                 )
@@ -141,29 +134,31 @@ def _version_problems(code: SchemaEntry, committed: list[SchemaEntry]) -> list[I
     problems = []
     for entry in committed:
         if entry.version == code.version and entry.fingerprint != code.fingerprint:
+            message = (
+                f"{entry.describe()} is committed with other content; "
+                "a changed schema needs a new version"
+            )
             problems.append(
-                Incompatibility(
-                    event_type=code.event_type,
-                    reader=_label(code),
-                    writer=_label(entry),
-                    kind="committed_version_changed",
-                    location="/",
-                    message=f"{entry.describe()} is committed with other content; "
-                    "a changed schema needs a new version",
-                )
+                _incompatibility(code, entry, "committed_version_changed", "/", message)
             )
         if entry.version > code.version:
-            problems.append(
-                Incompatibility(
-                    event_type=code.event_type,
-                    reader=_label(code),
-                    writer=_label(entry),
-                    kind="committed_version_newer",
-                    location="/",
-                    message=f"{entry.describe()} is newer than the code's version {code.version}",
-                )
-            )
+            message = f"{entry.describe()} is newer than the code's version {code.version}"
+            problems.append(_incompatibility(code, entry, "committed_version_newer", "/", message))
     return problems
+
+
+def _incompatibility(
+    reader: SchemaEntry, writer: SchemaEntry, kind: str, location: str, message: str
+) -> Incompatibility:
+    """The :class:`Incompatibility` of ``reader``'s event type, naming both versions."""
+    return Incompatibility(
+        event_type=reader.event_type,
+        reader=_label(reader),
+        writer=_label(writer),
+        kind=kind,
+        location=location,
+        message=message,
+    )
 
 
 def _label(entry: SchemaEntry) -> str:
