@@ -132,6 +132,10 @@ def parse_moment(text: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+OlderThan = Annotated[
+    str, typer.Option(help="Delete rows created longer ago than this (e.g. 7d, 12h).")
+]
+
 Execute = Annotated[
     bool,
     typer.Option(

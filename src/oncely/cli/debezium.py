@@ -16,12 +16,17 @@ from types import FrameType
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from oncely import debezium
 from oncely.cli._errors import ExitCode
-from oncely.cli._options import DatabaseUrl, Execute, check_database_url, parse_duration
-from oncely.cli._output import JsonFlag, err, out, print_dry_run, print_json
+from oncely.cli._options import (
+    DatabaseUrl,
+    Execute,
+    OlderThan,
+    check_database_url,
+    parse_duration,
+)
+from oncely.cli._output import JsonFlag, err, out, print_dry_run, print_json, print_topic_purges
 from oncely.devstack import default_stack_dir
 from oncely.devstack.connect import DEFAULT_DEBEZIUM_VERSION, ConnectNode
 from oncely.errors import ConfigurationError
@@ -121,12 +126,7 @@ def config(
 
 
 def _print_purge_plan(plan: debezium.PurgePlan, heading: str) -> None:
-    out.print(heading)
-    for topic in plan.topics:
-        out.print(
-            f"  {escape(topic.topic)}: {topic.rows} row(s), oldest {topic.oldest_id} created "
-            f"{topic.oldest_created_at.isoformat()}"
-        )
+    print_topic_purges(heading, plan.topics)
     if plan.waiting:
         out.print(
             f"  kept: {plan.waiting} older row(s) written by transactions still open at the "
@@ -137,9 +137,7 @@ def _print_purge_plan(plan: debezium.PurgePlan, heading: str) -> None:
 @app.command()
 def purge(
     database_url: DatabaseUrl,
-    older_than: Annotated[
-        str, typer.Option(help="Delete rows created longer ago than this (e.g. 7d, 12h).")
-    ] = "7d",
+    older_than: OlderThan = "7d",
     slot_name: Annotated[
         str | None,
         typer.Option(

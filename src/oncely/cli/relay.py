@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from oncely.cli._options import (
     BootstrapServers,
@@ -13,11 +12,12 @@ from oncely.cli._options import (
     Execute,
     LogFormatOption,
     LogLevelOption,
+    OlderThan,
     parse_duration,
     settings_epilog,
     settings_with,
 )
-from oncely.cli._output import JsonFlag, out, print_dry_run, print_json
+from oncely.cli._output import JsonFlag, out, print_dry_run, print_json, print_topic_purges
 from oncely.runtime.logs import LogFormat, LogLevel, configure_logging
 from oncely.settings import KafkaSettings, RelaySettings
 
@@ -67,9 +67,7 @@ def run(
 @app.command()
 def purge(
     database_url: DatabaseUrl,
-    older_than: Annotated[
-        str, typer.Option(help="Delete published rows older than this (e.g. 7d, 12h).")
-    ] = "7d",
+    older_than: OlderThan = "7d",
     execute: Execute = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -93,12 +91,9 @@ def purge(
             if as_json:
                 print_json({"executed": False, "rows": total, "topics": topics})
                 return
-            out.print(f"would delete {total} published row(s) older than {older_than}")
-            for topic in topics:
-                out.print(
-                    f"  {escape(topic.topic)}: {topic.rows} row(s), oldest {topic.oldest_id} "
-                    f"created {topic.oldest_created_at.isoformat()}"
-                )
+            print_topic_purges(
+                f"would delete {total} published row(s) older than {older_than}", topics
+            )
             print_dry_run()
             return
         deleted = store.purge(older_than_seconds=horizon)
