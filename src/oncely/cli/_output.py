@@ -3,9 +3,10 @@ the ``--json`` form of a command's result."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -35,6 +36,31 @@ JsonFlag = Annotated[
 def print_dry_run(flag: str = "--execute") -> None:
     """Say that nothing was changed, and which flag makes the change."""
     out.print(DRY_RUN.format(flag=flag))
+
+
+@contextlib.contextmanager
+def progress_bar(label: str, *, transient: bool = False) -> Iterator[Callable[[int, int], None]]:
+    """Show a progress bar on stderr while the block runs (``transient``: erased at its end);
+    yield the ``progress(done, total)`` callback that moves it."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=transient,
+    )
+    task = bar.add_task("records", total=None)
+    with bar:
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def print_topic_purges(heading: str, topics: Iterable[TopicPurge]) -> None:

@@ -10,13 +10,12 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from oncely.cli._imports import load_effects
 from oncely.cli._kafka import reached
 from oncely.cli._options import AppOption, parse_moment
-from oncely.cli._output import JsonFlag, err, out, print_json
+from oncely.cli._output import JsonFlag, err, out, print_json, progress_bar
 from oncely.consumers.replay import (
     AtOffset,
     AtTime,
@@ -242,22 +241,14 @@ def _from_outbox(
             client=kafka.client_config(),
             cloudevents_source=relay.cloudevents_source,
         )
-        bar = Progress(
-            TextColumn("republishing"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=err,
-        )
-        task = bar.add_task("records", total=None)
-        with bar:
+        with progress_bar("republishing") as progress:
             plan = republish(
                 engine,
                 publisher=publisher,
                 since=start,
                 until=end,
                 event_type=event_type,
-                progress=lambda done, total: bar.update(task, completed=done, total=total),
+                progress=progress,
             )
         if as_json:
             print_json({"executed": True, "rows": plan.rows, "topics": plan.topics})

@@ -10,7 +10,6 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from oncely.cli._errors import ExitCode
@@ -23,7 +22,7 @@ from oncely.cli._options import (
     parse_duration,
     parse_moment,
 )
-from oncely.cli._output import JsonFlag, err, out, print_json
+from oncely.cli._output import JsonFlag, out, print_json, progress_bar
 from oncely.ops.verify import Report, verify_window
 
 _REASONS = {
@@ -80,17 +79,8 @@ def verify(
     chosen = [effects.get(name) for name in effect] if effect else list(effects)
     kafka = reached(bootstrap_servers).client_config()
     engine = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
-    progress = Progress(
-        TextColumn("verifying: published rows found in Kafka"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=err,
-        transient=True,
-    )
-    task = progress.add_task("records", total=None)
     try:
-        with progress:
+        with progress_bar("verifying: published rows found in Kafka", transient=True) as progress:
             report = verify_window(
                 engine,
                 kafka_config=kafka,
@@ -99,7 +89,7 @@ def verify(
                 until=end,
                 max_pending_age_seconds=threshold,
                 limit=show,
-                progress=lambda done, total: progress.update(task, completed=done, total=total),
+                progress=progress,
             )
     finally:
         engine.dispose()
