@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
 from oncely.storage.errors import translate
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+D = TypeVar("D", bound="DataclassInstance")
 
 _NAME = re.compile(r"^-- (name|fragment): ([a-z0-9_]+)\s*$", re.MULTILINE)
 _INCLUDE = re.compile(r"\{([a-z0-9_]+)\}")
@@ -94,6 +100,14 @@ def run_on_driver(
         raise sa.exc.DBAPIError.instance(statement, params, exc, psycopg.Error) from exc
     finally:
         cursor.close()
+
+
+def typed_row(cls: type[D], row: Mapping[Any, Any], **given: Any) -> D:
+    """The dataclass ``cls`` of a statement's result ``row`` (``Row._mapping``): each field the
+    value of the column of its name, a field with a default where the row has no such column,
+    and the fields ``given`` as given. The statement names its columns after the fields
+    (``attempts AS attempt``)."""
+    return cls(**{f.name: row[f.name] for f in fields(cls) if f.name in row}, **given)
 
 
 def query_names() -> frozenset[str]:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 from oncely.errors import ConfigurationError
+from oncely.storage.queries import typed_row
 from oncely.tasks.errors import TaskError
 from oncely.tasks.rules import Policy
 
@@ -107,7 +108,7 @@ class TaskRecord:
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> TaskRecord:
         """The record of a row of ``oncely_tasks`` (a mapping with a key per field)."""
-        return cls(**{name: row[name] for name in cls.__dataclass_fields__})
+        return typed_row(cls, row)
 
 
 AttemptOutcome = Literal["completed", "retry", "dead", "lease_lost"]

@@ -24,7 +24,7 @@ from oncely.runtime.retry import Backoff
 from oncely.runtime.steps import Call, Ran, Sql, Step, drive
 from oncely.runtime.tracing import Tracing
 from oncely.storage.errors import translate_errors_of
-from oncely.storage.queries import purge_in_batches, query
+from oncely.storage.queries import purge_in_batches, query, typed_row
 from oncely.storage.tables import TASK_STATUSES, tasks
 from oncely.storage.transactional import Transactional, TransactionalTable
 from oncely.tasks.errors import LeaseLostError, NotReclaimableError, TaskError, TaskNotFoundError
@@ -105,23 +105,6 @@ def deliver_steps(
     return (yield from attempt_steps(lease, handler, backoff=backoff, renewer=renewer))
 
 
-def _task(row: sa.Row[Any], renewer: Renewer | None) -> Task:
-    return Task(
-        id=row.id,
-        task_key=row.task_key,
-        name=row.name,
-        payload=row.payload,
-        policy=row.policy,
-        attempt=row.attempts,
-        max_attempts=row.max_attempts,
-        lease_owner=row.lease_owner,
-        lease_until=row.lease_until,
-        expires_at=row.expires_at,
-        trace_context=row.tracingspancontext,
-        _renewer=renewer,
-    )
-
-
 def _fence(task: Task) -> dict[str, Any]:
     return {"id": task.id, "attempt": task.attempt, "owner": task.lease_owner}
 
@@ -135,7 +118,7 @@ def _lost(task: Task, refused: str) -> LeaseLostError:
 
 def lease_steps(lease: Sql, renewer: Renewer | None) -> Generator[Step, Any, Task | None]:
     rows = yield lease
-    return _task(rows[0], renewer) if rows else None
+    return typed_row(Task, rows[0]._mapping, _renewer=renewer) if rows else None
 
 
 def complete_steps(task: Task) -> Generator[Step, Any, None]:
@@ -220,22 +203,12 @@ def sweep_steps(batch: int) -> Generator[Step, Any, list[TaskFailure]]:
     One transaction: the lapsed rows stay locked from the SELECT to their fenced UPDATE.
     """
     expired = yield Sql(query("task_expire_queued"), {"batch": batch})
-    changes = [
-        TaskFailure(
-            task_id=row.id,
-            task_key=row.task_key,
-            name=row.name,
-            attempt=row.attempts,
-            outcome="expired",
-            error=row.last_error,
-        )
-        for row in expired
-    ]
+    changes = [typed_row(TaskFailure, row._mapping) for row in expired]
     lapsed = yield Sql(query("task_lapsed_leases"), {"batch": batch})
     for row in lapsed:
         decision = after_lease_expiry(
             policy=row.policy,
-            attempt=row.attempts,
+            attempt=row.attempt,
             max_attempts=row.max_attempts,
             past_ttl=row.past_ttl,
             owner=row.lease_owner,
@@ -243,23 +216,17 @@ def sweep_steps(batch: int) -> Generator[Step, Any, list[TaskFailure]]:
         settled = yield Sql(
             query("task_settle_lapsed"),
             {
-                "id": row.id,
-                "attempt": row.attempts,
+                "id": row.task_id,
+                "attempt": row.attempt,
                 "status": decision.status,
                 "reason": error_text(decision.reason),
                 "finished": decision.finished,
             },
         )
         if settled:
+            outcome = "requeued" if decision.status == "queued" else decision.status
             changes.append(
-                TaskFailure(
-                    task_id=row.id,
-                    task_key=row.task_key,
-                    name=row.name,
-                    attempt=row.attempts,
-                    outcome="requeued" if decision.status == "queued" else decision.status,
-                    error=decision.reason,
-                )
+                typed_row(TaskFailure, row._mapping, outcome=outcome, error=decision.reason)
             )
     return changes
 

@@ -4,7 +4,8 @@
 -- retry_safe task back to queued (or failed after max_attempts) and an irreversible one to
 -- stale, which only an operator's reclaim moves on; a task past expires_at becomes expired.
 -- Every time is the database clock. "attempts" is the fencing token: a lease increments it,
--- and every settle must present the attempt, the owner and an unexpired lease.
+-- and every settle must present the attempt, the owner and an unexpired lease. A statement
+-- whose rows become a Task or a TaskFailure names its columns after their fields.
 
 -- name: task_names_waiting
 -- Names of the tasks a worker may have to run: the start-up check wants a handler for each.
@@ -30,8 +31,8 @@ SET status = 'leased', attempts = t.attempts + 1, lease_owner = :owner,
     lease_until = now() + make_interval(secs => :lease_seconds)
 FROM due
 WHERE t.id = due.id
-RETURNING t.id, t.task_key, t.name, t.payload, t.policy, t.attempts, t.max_attempts,
-          t.lease_owner, t.lease_until, t.expires_at, t.tracingspancontext
+RETURNING t.id, t.task_key, t.name, t.payload, t.policy, t.attempts AS attempt, t.max_attempts,
+          t.lease_owner, t.lease_until, t.expires_at, t.tracingspancontext AS trace_context
 
 -- name: task_lease_by_key
 -- Lease one task by its key (a durable command's immediate delivery, right after its commit).
@@ -43,8 +44,8 @@ WHERE task_key = :task_key
   AND status = 'queued'
   AND available_at <= now()
   AND (expires_at IS NULL OR expires_at > now())
-RETURNING id, task_key, name, payload, policy, attempts, max_attempts, lease_owner,
-          lease_until, expires_at, tracingspancontext
+RETURNING id, task_key, name, payload, policy, attempts AS attempt, max_attempts, lease_owner,
+          lease_until, expires_at, tracingspancontext AS trace_context
 
 -- name: task_complete
 -- Settle a successful attempt, fenced: only the current owner of this attempt, while its lease
@@ -97,12 +98,13 @@ SET status = 'expired', finished_at = now(),
     last_error = 'the TTL passed before the task ran (' || t.attempts || ' attempts)'
 FROM due
 WHERE t.id = due.id
-RETURNING t.id, t.task_key, t.name, t.attempts, t.last_error
+RETURNING t.id AS task_id, t.task_key, t.name, t.attempts AS attempt, t.status AS outcome,
+          t.last_error AS error
 
 -- name: task_lapsed_leases
 -- Sweep, second part: leases that ran out, locked until this sweep's transaction ends so each
 -- is settled once; the caller decides each outcome and applies it with task_settle_lapsed.
-SELECT id, task_key, name, policy, attempts, max_attempts, lease_owner,
+SELECT id AS task_id, task_key, name, policy, attempts AS attempt, max_attempts, lease_owner,
        coalesce(expires_at <= now(), false) AS past_ttl
 FROM oncely_tasks
 WHERE status = 'leased' AND lease_until <= now()

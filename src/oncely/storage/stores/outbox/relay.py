@@ -36,15 +36,9 @@ class Progress:
 
 
 @dataclass(frozen=True, slots=True)
-class Lease:
-    shard: int
-    epoch: int
-    progress: Progress
-
-
-@dataclass(frozen=True, slots=True)
 class ShardProgress:
-    """One shard's new position, to record under ``epoch``."""
+    """A shard leased under ``epoch`` and its position: as :meth:`RelayStore.acquire` leases it
+    (its recorded progress), or a new one for :meth:`RelayStore.record` to record."""
 
     shard: int
     epoch: int
@@ -418,7 +412,7 @@ class RelayStore:
         with self.engine.begin() as conn:
             conn.execute(query("relay_leave"), {"relay_id": self.owner})
 
-    def acquire(self, *, wanted: int, lease_seconds: float) -> list[Lease]:
+    def acquire(self, *, wanted: int, lease_seconds: float) -> list[ShardProgress]:
         """Lease up to ``wanted`` free shards (epoch bumped), with their recorded progress."""
         if wanted <= 0:
             return []
@@ -427,7 +421,9 @@ class RelayStore:
                 query("relay_acquire"),
                 {"owner": self.owner, "wanted": wanted, "lease_seconds": lease_seconds},
             ).all()
-        return [Lease(r.shard, r.epoch, _progress(r.done, r.reading, r.after_seq)) for r in rows]
+        return [
+            ShardProgress(r.shard, r.epoch, _progress(r.done, r.reading, r.after_seq)) for r in rows
+        ]
 
     def release(self, leases: Sequence[tuple[int, int]]) -> set[int]:
         """Give back ``(shard, epoch)`` leases; return the shards released."""

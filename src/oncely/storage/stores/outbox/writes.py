@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.orm import Session
 
-from oncely.storage.queries import query, run_on_driver
+from oncely.storage.queries import query, run_on_driver, typed_row
 from oncely.storage.tables import outbox
 from oncely.storage.transactional import Transactional, TransactionalTable
 
@@ -117,7 +117,7 @@ def staged_in(session: Session) -> list[StagedEvent]:
     rows = session.execute(
         sa.select(
             columns.id,
-            columns.event_key,
+            columns.event_key.label("idempotency_key"),
             columns.type,
             columns.topic,
             columns.aggregatetype,
@@ -128,16 +128,4 @@ def staged_in(session: Session) -> list[StagedEvent]:
         .where(columns.txid == sa.func.pg_current_xact_id())
         .order_by(columns.seq)
     )
-    return [
-        StagedEvent(
-            id=row.id,
-            idempotency_key=row.event_key,
-            type=row.type,
-            topic=row.topic,
-            aggregatetype=row.aggregatetype,
-            aggregateid=row.aggregateid,
-            headers=row.headers or {},
-            payload=bytes(row.payload),
-        )
-        for row in rows
-    ]
+    return [typed_row(StagedEvent, row._mapping) for row in rows]
