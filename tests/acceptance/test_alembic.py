@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from oncely.storage import migrations
-from tests.helpers import schema_catalog
+from tests.helpers import run_captured, schema_catalog
 
 pytestmark = pytest.mark.acceptance
 
@@ -129,15 +129,7 @@ def _project(root: Path) -> None:
 
 def _run(root: Path, url: str, *argv: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ONCELY_DATABASE_URL": url, "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.run(
-        [str(BIN / argv[0]), *argv[1:]],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_captured([str(BIN / argv[0]), *argv[1:]], cwd=root, env=env, timeout=120)
 
 
 def _ok(result: subprocess.CompletedProcess[str]) -> str:

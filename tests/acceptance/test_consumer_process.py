@@ -14,17 +14,17 @@ import sqlalchemy as sa
 
 from oncely.devstack._process import free_port
 from oncely.schemas.codec import Codec
-from oncely.storage import outbox
 from tests.apps.ledger import App
 from tests.helpers import (
     count_published,
     fast_settings,
+    insert_rows,
     oncely_process,
-    outbox_row,
     publish_events,
     running_consumers,
     running_relay,
     scalar,
+    staged_rows,
     start_oncely,
     wait_until,
 )
@@ -145,17 +145,7 @@ def test_replay_to_earliest_rereads_everything_and_applies_nothing_new(
 def test_replay_from_outbox_republishes_with_the_same_ids(
     app: App, engine: sa.Engine, database_url: str, kafka_bootstrap: str
 ) -> None:
-    codec = Codec(registry=app.registry)
-    rows = []
-    for event_id, event in _credits(app, 200):
-        value, headers = codec.encode(event)
-        rows.append(
-            outbox_row(
-                app.topic, event.account_id, event_id=event_id, payload=value, headers=headers
-            )
-        )
-    with engine.begin() as conn:
-        conn.execute(sa.insert(outbox), rows)
+    insert_rows(engine, staged_rows(Codec(registry=app.registry), _credits(app, 200)))
     since = (datetime.now(UTC) - timedelta(minutes=5)).isoformat()
     with (
         running_relay(engine, kafka_bootstrap, fast_settings()),

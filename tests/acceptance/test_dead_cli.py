@@ -18,13 +18,14 @@ import pytest
 import sqlalchemy as sa
 
 from oncely.storage import outbox
-from oncely.storage.tables import shard_of
 from tests.helpers import (
     Record,
+    acknowledge_all,
     count_published,
     insert_rows,
     oncely_process,
     outbox_rows,
+    park,
     read_topics,
     scalar,
     set_topic_config,
@@ -34,32 +35,8 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.acceptance
 
-
-def _acknowledge(engine: sa.Engine) -> None:
-    """What a relay records once every row committed so far is acknowledged."""
-    with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE oncely_relay_shards SET done = pg_current_snapshot()"))
-
-
-def _park(engine: sa.Engine, dead: dict[str, object], held: list[dict[str, object]]) -> None:
-    """Park ``dead``'s key as the relay does for a row that failed for good, rows held."""
-    topic, key = str(dead["topic"]), str(dead["aggregateid"])
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "INSERT INTO oncely_relay_parked (topic, aggregateid, shard, event_id, reason, "
-                "error) VALUES (:t, :k, :s, :e, 'dead', 'MSG_SIZE_TOO_LARGE: too big')"
-            ),
-            {"t": topic, "k": key, "s": shard_of(topic, key, 32), "e": dead["id"]},
-        )
-        for row in held:
-            conn.execute(
-                sa.text(
-                    "INSERT INTO oncely_relay_held (event_id, topic, aggregateid) "
-                    "VALUES (:e, :t, :k)"
-                ),
-                {"e": row["id"], "t": topic, "k": key},
-            )
+#: The error of a row that failed for good, as the relay records it.
+TOO_BIG = "MSG_SIZE_TOO_LARGE: too big"
 
 
 def _requests(engine: sa.Engine) -> dict[str, str | None]:
@@ -75,10 +52,10 @@ def _dead_rows(engine: sa.Engine) -> list[dict[str, object]]:
         row["topic"] = topic
     rows[3]["aggregateid"] = rows[4]["aggregateid"] = rows[0]["aggregateid"]
     insert_rows(engine, rows)
-    _acknowledge(engine)
-    _park(engine, rows[0], rows[3:])
-    _park(engine, rows[1], [])
-    _park(engine, rows[2], [])
+    acknowledge_all(engine)
+    park(engine, rows[0], held=rows[3:], error=TOO_BIG)
+    park(engine, rows[1], error=TOO_BIG)
+    park(engine, rows[2], error=TOO_BIG)
     return rows[:3]
 
 
@@ -230,8 +207,8 @@ def test_relay_purge_deletes_old_acknowledged_rows_but_not_parked_keys(
     with engine.begin() as conn:
         for row in rows:
             conn.execute(sa.insert(outbox).values(**row))
-    _acknowledge(engine)
-    _park(engine, rows[4], [])  # 8 days old, but its key is parked: kept
+    acknowledge_all(engine)
+    park(engine, rows[4], error=TOO_BIG)  # 8 days old, but its key is parked: kept
     result = oncely_process(
         "relay", "purge", "--database-url", database_url, "--older-than", "7d", "--execute"
     )
@@ -254,7 +231,7 @@ def test_relay_purge_is_a_dry_run_without_execute(engine: sa.Engine, database_ur
             conn.execute(sa.insert(outbox).values(**row))
     unpublished = outbox_rows(1, topics=["a"], keys=1)
     unpublished[0]["created_at"] = sa.text("now() - interval '9 days'")
-    _acknowledge(engine)
+    acknowledge_all(engine)
     with engine.begin() as conn:  # committed after the progress: not purged
         conn.execute(sa.insert(outbox).values(**unpublished[0]))
     result = oncely_process("relay", "purge", "--database-url", database_url, "--older-than", "7d")

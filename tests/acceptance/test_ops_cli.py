@@ -14,14 +14,19 @@ from oncely.storage import outbox
 from oncely.storage.tables import shard_of
 from tests.apps.ledger import App
 from tests.helpers import (
+    acknowledge_all,
     count_published,
+    effect_status,
     fast_settings,
+    insert_rows,
     oncely_process,
     outbox_row,
+    park,
     publish_events,
     running_consumers,
     running_relay,
     scalar,
+    staged_rows,
     wait_until,
 )
 
@@ -37,14 +42,8 @@ def test_status_json_of_a_small_deployment(
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox).values(**dead))
     with engine.begin() as conn:  # the relay passed the dead row and parked its key
-        conn.execute(sa.text("UPDATE oncely_relay_shards SET done = pg_current_snapshot()"))
-        conn.execute(
-            sa.text(
-                "INSERT INTO oncely_relay_parked (topic, aggregateid, shard, event_id, reason) "
-                "VALUES (:t, 'acc-0', :s, :e, 'dead')"
-            ),
-            {"t": app.topic, "s": shard_of(app.topic, "acc-0", 32), "e": dead["id"]},
-        )
+        acknowledge_all(conn)
+        park(conn, dead)
     unpublished = outbox_row(app.topic, "acc-1")
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox).values(**unpublished))
@@ -100,19 +99,7 @@ def test_status_json_of_a_small_deployment(
                 "oldest_unpublished_seconds": oldest,
             }
         ],
-        "effects": [
-            {
-                "effect": name,
-                "group": app.effects.group_prefix + name,
-                "topics": [app.topic],
-                "applied": 0,
-                "applied_last_minute": 0,
-                "lag": 3,
-                "dlq": 0,
-                "duplicates_suppressed": None,
-            }
-            for name in app.effects.names()
-        ],
+        "effects": [effect_status(app, name, lag=3) for name in app.effects.names()],
         "tasks": dict.fromkeys(
             ["queued", "leased", "completed", "dead", "failed", "stale", "expired"], 0
         ),
@@ -128,13 +115,11 @@ def test_status_json_of_a_small_deployment(
 def test_verify_passes_on_a_healthy_pipeline_and_fails_when_an_effect_missed_an_event(
     app: App, engine: sa.Engine, database_url: str, kafka_bootstrap: str
 ) -> None:
-    codec = Codec(registry=app.registry)
-    rows = []
-    for n in range(20):
-        value, headers = codec.encode(app.model(account_id=f"acc-{n % 5}", amount=1, n=n))
-        rows.append(outbox_row(app.topic, f"acc-{n % 5}", payload=value, headers=headers))
-    with engine.begin() as conn:
-        conn.execute(sa.insert(outbox), rows)
+    events = [
+        (uuid.uuid4(), app.model(account_id=f"acc-{n % 5}", amount=1, n=n)) for n in range(20)
+    ]
+    rows = staged_rows(Codec(registry=app.registry), events)
+    insert_rows(engine, rows)
     with (
         running_relay(engine, kafka_bootstrap, fast_settings()),
         running_consumers(app.effects, ["ledger"], engine, kafka_bootstrap),

@@ -23,6 +23,8 @@ from tests.helpers import (
     metric,
     oncely_process,
     outbox_rows,
+    publish_all,
+    query_all,
     read_topics,
     running_relay,
     scalar,
@@ -74,13 +76,11 @@ def _stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
 
 def _shards(engine: sa.Engine) -> dict[str | None, int]:
     """How many shards each relay holds under a live lease (``None``: free or expired)."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                "SELECT CASE WHEN lease_until > now() THEN owner END AS owner, count(*) AS n"
-                " FROM oncely_relay_shards GROUP BY 1"
-            )
-        ).all()
+    rows = query_all(
+        engine,
+        "SELECT CASE WHEN lease_until > now() THEN owner END AS owner, count(*) AS n"
+        " FROM oncely_relay_shards GROUP BY 1",
+    )
     return {row.owner: int(row.n) for row in rows}
 
 
@@ -141,8 +141,7 @@ def test_sigterm_under_load_exits_0_and_gives_every_shard_back(
     assert "doomed" not in _members(engine)
     assert count_published(engine) < 20_000, "it was stopped mid-run"
     # What it produced was recorded before it let go: the next relay publishes the rest only.
-    with running_relay(engine, kafka_bootstrap, fast_settings()):
-        wait_until(lambda: count_published(engine) == 20_000, timeout=120)
+    publish_all(engine, kafka_bootstrap, 20_000, timeout=120)
     records = read_topics(kafka_bootstrap, [topic], timeout=60)
     assert len({r.headers["id"] for r in records}) == 20_000
     assert len(records) == 20_000, "the drained relay left produced rows unrecorded"

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from oncely.devstack._process import free_port
 from oncely.tasks import enqueue_task
-from tests.helpers import http_get, metric, oncely_process, scalar, start_oncely
+from tests.helpers import execute, http_get, metric, oncely_process, query_all, scalar, start_oncely
 
 pytestmark = pytest.mark.acceptance
 
@@ -59,14 +59,12 @@ class _Workers:
 @pytest.fixture
 def engine(database_url: str) -> Iterator[sa.Engine]:
     engine = sa.create_engine(database_url)
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "CREATE TABLE provider_calls ("
-                " idempotency_key text NOT NULL, attempt integer NOT NULL,"
-                " pid integer NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
-            )
-        )
+    execute(
+        engine,
+        "CREATE TABLE provider_calls ("
+        " idempotency_key text NOT NULL, attempt integer NOT NULL,"
+        " pid integer NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())",
+    )
     yield engine
     engine.dispose()
 
@@ -90,11 +88,8 @@ def _enqueue(engine: sa.Engine, name: str, payload: dict[str, Any], **kwargs: An
 
 
 def _calls(engine: sa.Engine) -> list[tuple[str, int, int]]:
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text("SELECT idempotency_key, attempt, pid FROM provider_calls ORDER BY at")
-        )
-        return [tuple(row) for row in rows]  # type: ignore[misc]
+    rows = query_all(engine, "SELECT idempotency_key, attempt, pid FROM provider_calls ORDER BY at")
+    return [tuple(row) for row in rows]  # type: ignore[misc]
 
 
 def _status(engine: sa.Engine, task_id: uuid.UUID) -> str:

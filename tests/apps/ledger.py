@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from oncely.consumers.effects import AsyncEffectContext, EffectContext, Effects, FailurePolicy
 from oncely.events import Registry
+from tests.apps import EffectsApp, create_schema
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS accounts (id text PRIMARY KEY);
@@ -49,8 +50,7 @@ notifications = sa.Table(
 
 
 def create_tables(engine: sa.Engine) -> None:
-    with engine.begin() as conn:
-        conn.exec_driver_sql(SCHEMA)
+    create_schema(engine, SCHEMA)
 
 
 class AccountCredited(BaseModel):
@@ -60,14 +60,8 @@ class AccountCredited(BaseModel):
 
 
 @dataclass
-class App:
-    registry: Registry
-    effects: Effects
+class App(EffectsApp):
     model: type[AccountCredited]
-
-    @property
-    def topic(self) -> str:
-        return self.registry.for_model(self.model).topic
 
     @property
     def env(self) -> dict[str, str]:

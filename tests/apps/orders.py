@@ -11,7 +11,6 @@ Each version's ``orders`` effect records what its code saw, and which code versi
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -19,6 +18,7 @@ from pydantic import BaseModel
 
 from oncely.consumers.effects import EffectContext, Effects, FailurePolicy
 from oncely.events import Encoding, Registry
+from tests.apps import EffectsApp, create_schema
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS orders_applied (
@@ -28,8 +28,7 @@ CREATE TABLE IF NOT EXISTS orders_applied (
 
 
 def create_tables(engine: sa.Engine) -> None:
-    with engine.begin() as conn:
-        conn.exec_driver_sql(SCHEMA)
+    create_schema(engine, SCHEMA)
 
 
 class OrderPlacedV1(BaseModel):
@@ -43,15 +42,8 @@ class OrderPlacedV2(BaseModel):
     currency: str = "EUR"
 
 
-@dataclass
-class Version:
-    registry: Registry
-    effects: Effects
-    model: type[BaseModel]
-
-    @property
-    def topic(self) -> str:
-        return self.registry.for_model(self.model).topic
+#: One version of the app: its registry, its effects and its ``order.placed`` model.
+Version = EffectsApp
 
 
 def _record(code_version: int) -> Any:

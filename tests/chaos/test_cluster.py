@@ -46,7 +46,7 @@ from oncely.topics import ensure_topics, planned_topics
 from tests.apps.ledger import build, create_tables
 from tests.chaos.harness import Pipeline, Proc, pipeline, unique_prefix
 from tests.chaos.ledger import check
-from tests.helpers import count_published, read_topics
+from tests.helpers import count_published, read_topics, scalar
 
 pytestmark = pytest.mark.chaos
 
@@ -63,12 +63,7 @@ class Observed:
 
 
 def _dead(engine: sa.Engine) -> int:
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                sa.text("SELECT count(*) FROM oncely_relay_parked WHERE reason = 'dead'")
-            ).scalar_one()
-        )
+    return int(scalar(engine, "SELECT count(*) FROM oncely_relay_parked WHERE reason = 'dead'"))
 
 
 def _produce_errors(relays: list[Proc]) -> Counter[str]:
@@ -162,31 +157,26 @@ def _refusals(cluster: KafkaCluster, topic: str) -> int:
 
 
 def _now(engine: sa.Engine) -> object:
-    with engine.connect() as conn:
-        return conn.execute(sa.text("SELECT clock_timestamp()")).scalar_one()
+    return scalar(engine, "SELECT clock_timestamp()")
 
 
 def _catch_up(engine: sa.Engine, moment: object) -> float:
     """Seconds from ``moment`` until every event committed before it had its effect."""
-    with engine.connect() as conn:
-        seconds = conn.execute(
-            sa.text(
-                "SELECT EXTRACT(EPOCH FROM max(l.applied_at) - :t) FROM ledger l"
-                " JOIN oncely_outbox o ON o.id = l.event_id WHERE o.created_at <= :t"
-            ),
-            {"t": moment},
-        ).scalar_one()
+    seconds = scalar(
+        engine,
+        "SELECT EXTRACT(EPOCH FROM max(l.applied_at) - :t) FROM ledger l"
+        " JOIN oncely_outbox o ON o.id = l.event_id WHERE o.created_at <= :t",
+        t=moment,
+    )
     return max(0.0, float(seconds or 0))
 
 
 def _longest_gap(engine: sa.Engine) -> float:
-    with engine.connect() as conn:
-        gap = conn.execute(
-            sa.text(
-                "SELECT coalesce(max(gap), 0) FROM (SELECT EXTRACT(EPOCH FROM applied_at"
-                " - lag(applied_at) OVER (ORDER BY applied_at)) AS gap FROM ledger) gaps"
-            )
-        ).scalar_one()
+    gap = scalar(
+        engine,
+        "SELECT coalesce(max(gap), 0) FROM (SELECT EXTRACT(EPOCH FROM applied_at"
+        " - lag(applied_at) OVER (ORDER BY applied_at)) AS gap FROM ledger) gaps",
+    )
     return float(gap)
 
 

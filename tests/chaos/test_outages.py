@@ -25,6 +25,7 @@ from oncely.storage import upgrade
 from tests.apps.ledger import build, create_tables
 from tests.chaos.harness import Pipeline, pipeline, unique_prefix
 from tests.chaos.ledger import check
+from tests.helpers import scalar
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
 
@@ -148,13 +149,11 @@ def test_s8_postgres_restart_and_terminated_connections(
             chaos.consumer().start()
             chaos.write(300, keys=10)
             chaos.wait_applied(100, timeout=120)  # the relay and the consumer are connected
-            with engine.begin() as conn:
-                killed = conn.execute(
-                    sa.text(
-                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                        " WHERE pid <> pg_backend_pid() AND datname = current_database()"
-                    )
-                ).scalar_one()
+            killed = scalar(
+                engine,
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE pid <> pg_backend_pid() AND datname = current_database()",
+            )
             assert killed >= 2, "the relay's and the consumer's connections were terminated"
             chaos.write(300, keys=10, seed=1)
             database.stop(immediate=True)  # every connection drops, crash recovery on start

@@ -15,6 +15,7 @@ import pytest
 from tools.images import KAFKA_IMAGE, POSTGRES_IMAGE, podman_environment
 
 from tests.container.podman import podman, wait_for
+from tests.helpers import run_captured
 
 PROJECT_TEST = dedent(
     """
@@ -88,7 +89,7 @@ def test_the_plugin_takes_its_services_from_testcontainers_through_podman(
         "TESTCONTAINERS_CONNECTION_MODE": "docker_host",
         "CONTAINERS_CONF": podman_environment()["CONTAINERS_CONF"],
     }
-    project = subprocess.run(
+    project = run_captured(
         [
             sys.executable,
             "-m",
@@ -103,10 +104,7 @@ def test_the_plugin_takes_its_services_from_testcontainers_through_podman(
         ],
         cwd=tmp_path,
         env=environment,
-        capture_output=True,
-        text=True,
         timeout=540,
-        check=False,
     )
     assert project.returncode == 0, project.stdout[-4000:] + project.stderr[-2000:]
     assert f"{KAFKA_IMAGE} (testcontainers)" in project.stdout

@@ -3,28 +3,70 @@ tests import them from here.
 
 - :mod:`~tests.helpers.cli`: the command line in this process (``oncely_cli``);
 - :mod:`~tests.helpers.processes`: the command line as a process (``oncely_process``,
-  ``start_oncely``);
-- :mod:`~tests.helpers.outbox`: outbox rows written straight to the table;
-- :mod:`~tests.helpers.database`: one value of a query, statements sent, replication, schema;
-- :mod:`~tests.helpers.kafka`: topics read back, events produced, topic settings;
-- :mod:`~tests.helpers.running`: a relay and consumers in this process, with quick settings;
-- :mod:`~tests.helpers.probes`: waiting for a condition, a process's health and metrics.
+  ``start_oncely``), any command run with its output captured (``run_captured``);
+- :mod:`~tests.helpers.outbox`: outbox rows written straight to the table, what a relay records
+  of them;
+- :mod:`~tests.helpers.database`: a statement run, one value, row or all rows of a query,
+  statements sent, replication, schema;
+- :mod:`~tests.helpers.kafka`: topics read back, events produced, topics created and deleted,
+  topic settings;
+- :mod:`~tests.helpers.running`: a relay and consumers in this process, with quick settings, a
+  relay run until rows are published;
+- :mod:`~tests.helpers.probes`: waiting for a condition, a process's health and metrics;
+- :mod:`~tests.helpers.status`: what ``oncely status`` reports, as a test expects it.
 """
 
 from tests.helpers.cli import CliResult, oncely_cli
-from tests.helpers.database import SlotReader, StatementSpy, scalar, schema_catalog
-from tests.helpers.kafka import Record, publish_events, read_topics, set_topic_config
-from tests.helpers.outbox import count_published, insert_rows, outbox_row, outbox_rows
+from tests.helpers.database import (
+    SlotReader,
+    StatementSpy,
+    execute,
+    query_all,
+    query_one,
+    scalar,
+    schema_catalog,
+)
+from tests.helpers.kafka import (
+    Record,
+    create_topic,
+    delete_existing,
+    delete_topics,
+    publish_events,
+    read_topics,
+    set_topic_config,
+    wait_listed,
+)
+from tests.helpers.outbox import (
+    acknowledge_all,
+    count_published,
+    insert_rows,
+    outbox_row,
+    outbox_rows,
+    park,
+    staged_rows,
+)
 from tests.helpers.probes import http_get, metric, wait_until
-from tests.helpers.processes import oncely_process, process_environment, start_oncely
-from tests.helpers.running import fast_settings, running_consumers, running_relay
+from tests.helpers.processes import (
+    oncely_process,
+    process_environment,
+    run_captured,
+    start_oncely,
+)
+from tests.helpers.running import fast_settings, publish_all, running_consumers, running_relay
+from tests.helpers.status import effect_status
 
 __all__ = [
     "CliResult",
     "Record",
     "SlotReader",
     "StatementSpy",
+    "acknowledge_all",
     "count_published",
+    "create_topic",
+    "delete_existing",
+    "delete_topics",
+    "effect_status",
+    "execute",
     "fast_settings",
     "http_get",
     "insert_rows",
@@ -33,14 +75,21 @@ __all__ = [
     "oncely_process",
     "outbox_row",
     "outbox_rows",
+    "park",
     "process_environment",
+    "publish_all",
     "publish_events",
+    "query_all",
+    "query_one",
     "read_topics",
+    "run_captured",
     "running_consumers",
     "running_relay",
     "scalar",
     "schema_catalog",
     "set_topic_config",
+    "staged_rows",
     "start_oncely",
+    "wait_listed",
     "wait_until",
 ]

@@ -1,11 +1,13 @@
-"""PostgreSQL seen from a test: one value of a query, the statements sent, a replication
-client, the schema as PostgreSQL prints it back."""
+"""PostgreSQL seen from a test: one statement run, one value, row or all rows of a query, the
+statements sent, a replication client, the schema as PostgreSQL prints it back."""
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -14,14 +16,47 @@ import sqlalchemy as sa
 
 from tests.helpers.probes import wait_until
 
+#: Where a query runs: a connection given (within its transaction), a connection of its own
+#: from an engine, or from a throwaway engine on a database URL.
+Bind = sa.Engine | sa.Connection | str
 
-def scalar(bind: sa.Engine | sa.Connection, sql: str, **params: object) -> Any:
-    """The one value ``sql`` returns (one row, one column: else an error), on a connection of
-    its own from an engine, or on a connection given (within its transaction)."""
+
+@contextlib.contextmanager
+def _connection(bind: Bind, *, commit: bool = False) -> Iterator[sa.Connection]:
     if isinstance(bind, sa.Connection):
-        return bind.execute(sa.text(sql), params).scalar_one()
-    with bind.connect() as conn:
+        yield bind
+        return
+    engine = sa.create_engine(bind) if isinstance(bind, str) else bind
+    try:
+        with engine.begin() if commit else engine.connect() as conn:
+            yield conn
+    finally:
+        if isinstance(bind, str):
+            engine.dispose()
+
+
+def execute(bind: Bind, sql: str, **params: object) -> None:
+    """Run the statement ``sql`` and commit it (on a connection given: within its transaction)."""
+    with _connection(bind, commit=True) as conn:
+        conn.execute(sa.text(sql), params)
+
+
+def scalar(bind: Bind, sql: str, **params: object) -> Any:
+    """The one value ``sql`` returns (one row, one column: else an error)."""
+    with _connection(bind) as conn:
         return conn.execute(sa.text(sql), params).scalar_one()
+
+
+def query_one(bind: Bind, sql: str, **params: object) -> sa.Row[Any]:
+    """The one row ``sql`` returns (else an error)."""
+    with _connection(bind) as conn:
+        return conn.execute(sa.text(sql), params).one()
+
+
+def query_all(bind: Bind, sql: str, **params: object) -> Sequence[sa.Row[Any]]:
+    """Every row ``sql`` returns."""
+    with _connection(bind) as conn:
+        return conn.execute(sa.text(sql), params).all()
 
 
 class StatementSpy(list[str]):

@@ -1,4 +1,5 @@
-"""Kafka seen from a test: topics read back, events produced as the relay would, topic settings."""
+"""Kafka seen from a test: topics read back, events produced as the relay would, topics created
+and deleted (once the broker lists the change), topic settings."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.helpers.probes import wait_until
 
 
 @dataclass(frozen=True)
@@ -107,3 +111,35 @@ def set_topic_config(bootstrap: str, topic: str, name: str, value: str) -> None:
     entry = ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
     resource = ConfigResource("topic", topic, incremental_configs=[entry])
     admin.incremental_alter_configs([resource])[resource].result(30)
+
+
+def wait_listed(admin: AdminClient, *topics: str) -> None:
+    """Wait until the broker lists ``topics``: a creation is acknowledged before every client
+    sees it (on a loaded machine, the next listing may still miss it)."""
+    wait_until(lambda: set(topics) <= set(admin.list_topics(timeout=10).topics), timeout=30)
+
+
+def create_topic(admin: AdminClient, topic: str, *, partitions: int) -> None:
+    """Create ``topic`` (unless it exists) and wait until the broker lists it."""
+    try:
+        admin.create_topics([NewTopic(topic, num_partitions=partitions)])[topic].result(30)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+    wait_listed(admin, topic)
+
+
+def delete_topics(admin: AdminClient, topics: Sequence[str]) -> None:
+    """Delete ``topics`` and wait until the broker no longer lists them: a deletion is
+    acknowledged before it is visible, and a client listing meanwhile still sees the topic."""
+    for future in admin.delete_topics(list(topics)).values():
+        future.result(30)
+    wait_until(lambda: not set(topics) & set(admin.list_topics(timeout=10).topics), timeout=30)
+
+
+def delete_existing(admin: AdminClient, topics: Sequence[str]) -> None:
+    """Delete those of ``topics`` that exist (as :func:`delete_topics`): a test's cleanup."""
+    existing = set(admin.list_topics(timeout=10).topics)
+    doomed = [topic for topic in topics if topic in existing]
+    if doomed:
+        delete_topics(admin, doomed)

@@ -1,5 +1,6 @@
-"""Outbox rows written straight to the table, as a producer stages them, and the count the
-relay has acknowledged."""
+"""Outbox rows written straight to the table, as a producer stages them; what a relay records
+of them (every row acknowledged, a key parked with rows held behind it); the count the relay
+has acknowledged."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from oncely.storage import outbox
-from tests.helpers.database import scalar
+from oncely.storage.tables import shard_of
+from tests.helpers.database import Bind, execute, scalar
 
 
 def outbox_row(
@@ -49,10 +51,82 @@ def outbox_rows(
     ]
 
 
+def staged_rows(
+    codec: object, events: Sequence[tuple[uuid.UUID, object]]
+) -> list[dict[str, object]]:
+    """The outbox rows :func:`oncely.stage` writes for ``events`` (id, event): each on its
+    type's topic under its key, encoded by ``codec`` (value and headers)."""
+    from pydantic import BaseModel
+
+    from oncely.schemas.codec import Codec
+
+    assert isinstance(codec, Codec)
+    rows = []
+    for event_id, event in events:
+        assert isinstance(event, BaseModel)
+        event_type = codec.registry.for_model(type(event))
+        value, headers = codec.encode(event)
+        rows.append(
+            outbox_row(
+                event_type.topic,
+                event_type.key_of(event),
+                event_id=event_id,
+                aggregatetype=event_type.aggregate,
+                type=event_type.name,
+                payload=value,
+                headers=headers,
+            )
+        )
+    return rows
+
+
 def insert_rows(engine: sa.Engine, rows: Sequence[dict[str, object]]) -> None:
     with engine.begin() as conn:
         for start in range(0, len(rows), 1000):
             conn.execute(sa.insert(outbox), list(rows[start : start + 1000]))
+
+
+def acknowledge_all(bind: Bind) -> None:
+    """What a relay records once every row committed so far is acknowledged."""
+    execute(bind, "UPDATE oncely_relay_shards SET done = pg_current_snapshot()")
+
+
+def park(
+    bind: Bind,
+    row: dict[str, object],
+    reason: str = "dead",
+    *,
+    held: Sequence[dict[str, object]] = (),
+    error: str | None = None,
+    until_seconds: float | None = None,
+    request: str | None = None,
+    shards: int = 32,
+) -> None:
+    """Park ``row``'s key as the relay does (``dead``: it failed for good; ``delayed``: retried
+    in ``until_seconds``), the rows ``held`` behind it, with an operator's ``request`` if any."""
+    topic, key = str(row["topic"]), str(row["aggregateid"])
+    execute(
+        bind,
+        "INSERT INTO oncely_relay_parked (topic, aggregateid, shard, event_id, reason, error, "
+        "until, request) VALUES (:t, :k, :s, :e, :r, :err, "
+        "now() + make_interval(secs => CAST(:u AS double precision)), :q)",
+        t=topic,
+        k=key,
+        s=shard_of(topic, key, shards),
+        e=row["id"],
+        r=reason,
+        err=error,
+        u=until_seconds,
+        q=request,
+    )
+    for held_row in held:
+        execute(
+            bind,
+            "INSERT INTO oncely_relay_held (event_id, topic, aggregateid) VALUES (:e, :t, :k)",
+            e=held_row["id"],
+            t=topic,
+            k=key,
+        )
 
 
 def count_published(engine: sa.Engine) -> int:

@@ -25,6 +25,20 @@ def process_environment(
     return {**inherited, **(env or {})}
 
 
+def run_captured(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float,
+) -> subprocess.CompletedProcess[str]:
+    """Run the command ``argv`` to its end, its output captured as text, whatever its exit
+    status; ``env`` is its whole environment (default: this process's)."""
+    return subprocess.run(
+        list(argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
 def oncely_process(
     *argv: str,
     env: Mapping[str, str] | None = None,
@@ -34,14 +48,8 @@ def oncely_process(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``oncely ARGV`` as a process to its end, its output captured as text; the
     environment as :func:`process_environment` makes it."""
-    return subprocess.run(
-        [*ONCELY, *argv],
-        env=process_environment(env, without=without),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
+    return run_captured(
+        [*ONCELY, *argv], env=process_environment(env, without=without), cwd=cwd, timeout=timeout
     )
 
 

@@ -1,4 +1,5 @@
-"""A relay and effect consumers run in this process, with settings quick enough for tests."""
+"""A relay and effect consumers run in this process, with settings quick enough for tests;
+a relay run until rows are published."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from oncely.consumers.runner import EffectConsumer
 from oncely.relay import Relay
 from oncely.runtime.tracing import Tracing
 from oncely.settings import ConsumerSettings, KafkaSettings, RelaySettings
+from tests.helpers.outbox import count_published
+from tests.helpers.probes import wait_until
 
 
 def fast_settings(**overrides: object) -> RelaySettings:
@@ -40,6 +43,23 @@ def running_relay(
     """:func:`oncely.testing.running_relay` on a PLAINTEXT ``bootstrap`` (or ``kafka``)."""
     kafka = kafka or KafkaSettings(bootstrap_servers=bootstrap)
     return testing.running_relay(engine, kafka, settings, tracing=tracing)
+
+
+def publish_all(
+    engine: sa.Engine,
+    bootstrap: str,
+    count: int,
+    settings: RelaySettings | None = None,
+    *,
+    tracing: Tracing | None = None,
+    timeout: float = 60,
+) -> Relay:
+    """Run a relay (:func:`fast_settings` unless ``settings``) until ``count`` rows are
+    published (:func:`~tests.helpers.outbox.count_published`), then stop it; the relay is
+    returned, stopped, for its metrics."""
+    with running_relay(engine, bootstrap, settings or fast_settings(), tracing=tracing) as relay:
+        wait_until(lambda: count_published(engine) == count, timeout=timeout)
+    return relay
 
 
 def running_consumers(

@@ -28,24 +28,13 @@ from oncely.consumers.service import build_consumers
 from oncely.events import Registry
 from oncely.runtime.metrics import ConsumerMetrics
 from oncely.settings import ConsumerSettings, KafkaSettings, TopicSettings
-from tests.helpers import CliResult, oncely_cli, wait_until
-from tests.integration.test_topics_ensure import create_topic, delete_topics
+from tests.apps.payments import Paid, Refunded, build
+from tests.helpers import CliResult, create_topic, delete_existing, oncely_cli, wait_listed
 
 pytestmark = pytest.mark.integration
 
 
-class Paid(BaseModel):
-    order: str
-
-
-class Refunded(BaseModel):
-    order: str
-
-
-REGISTRY = Registry(topic_prefix=f"dl{uuid.uuid4().hex[:8]}.")
-REGISTRY.register(Paid, name="order.paid", key="order", aggregate="order")
-REGISTRY.register(Refunded, name="order.refunded", key="order", aggregate="order")
-PAID, REFUNDED = (REGISTRY.get(name).topic for name in ("order.paid", "order.refunded"))
+REGISTRY, PAID, REFUNDED = build(f"dl{uuid.uuid4().hex[:8]}.")
 #: Used by the CLI tests (``--effects tests.integration.test_dead_letter_topics:EFFECTS``).
 EFFECTS = Effects(REGISTRY)
 PAID_DLQ, REFUNDED_DLQ = f"{PAID}.notify.dlq", f"{REFUNDED}.notify.dlq"
@@ -71,10 +60,7 @@ OVERRIDES = {"ONCELY_TOPICS_OVERRIDES": json.dumps({"order.paid": {"partitions":
 @pytest.fixture
 def cleanup(kafka_admin: AdminClient) -> Iterator[None]:
     yield
-    existing = set(kafka_admin.list_topics(timeout=10).topics)
-    doomed = [topic for topic in ALL if topic in existing]
-    if doomed:
-        delete_topics(kafka_admin, doomed)
+    delete_existing(kafka_admin, ALL)
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
@@ -84,12 +70,6 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
 def _partitions(admin: AdminClient) -> dict[str, int]:
     topics = admin.list_topics(timeout=10).topics
     return {name: len(topics[name].partitions) for name in ALL if name in topics}
-
-
-def _listed(admin: AdminClient, *topics: str) -> None:
-    """Wait until the broker lists ``topics``: a creation is acknowledged before every client
-    sees it (on a loaded machine, the next listing may still miss it)."""
-    wait_until(lambda: set(topics) <= set(admin.list_topics(timeout=10).topics), timeout=30)
 
 
 def _base(bootstrap: str) -> list[str]:
@@ -175,7 +155,7 @@ def test_a_starting_consumer_creates_dead_letter_topics_as_declared(
     monkeypatch.setenv("ONCELY_TOPICS_PARTITIONS", "5")
     monkeypatch.setenv("ONCELY_TOPICS_OVERRIDES", OVERRIDES["ONCELY_TOPICS_OVERRIDES"])
     _start(kafka_bootstrap, database_url)
-    _listed(kafka_admin, PAID_DLQ, REFUNDED_DLQ)
+    wait_listed(kafka_admin, PAID_DLQ, REFUNDED_DLQ)
     partitions = _partitions(kafka_admin)
     assert {name: partitions.get(name) for name in (PAID_DLQ, REFUNDED_DLQ)} == {
         PAID_DLQ: 3,
@@ -193,7 +173,7 @@ def test_a_starting_consumer_warns_of_a_weaker_dead_letter_topic(
     create_topic(kafka_admin, PAID_DLQ, partitions=1)
     with caplog.at_level(logging.WARNING, logger="oncely.consumers.dlq"):
         _start(kafka_bootstrap, database_url, topics=TopicSettings(partitions=4))
-    _listed(kafka_admin, REFUNDED_DLQ)
+    wait_listed(kafka_admin, REFUNDED_DLQ)
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         f"dead-letter topic weaker than declared: {PAID_DLQ}: 1 partitions, 4 declared"
     ]

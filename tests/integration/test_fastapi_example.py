@@ -23,7 +23,14 @@ from examples.fastapi.api import api
 from examples.fastapi.app import app
 from examples.fastapi.models import Base
 
-from tests.helpers import fast_settings, oncely_cli, running_consumers, running_relay, scalar
+from tests.helpers import (
+    fast_settings,
+    oncely_cli,
+    query_one,
+    running_consumers,
+    running_relay,
+    scalar,
+)
 from tests.helpers import wait_until as wait_until_sync
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -102,13 +109,11 @@ async def test_an_order_and_its_event_commit_in_the_request_s_transaction(
     assert read.json() == order
 
     assert counts(shop) == (1, 1)
-    with shop.connect() as conn:
-        event = conn.execute(
-            sa.text(
-                "SELECT o.type, o.topic, o.aggregateid, o.txid::text::bigint AS txid, "
-                "orders.xmin::text::bigint AS order_xid FROM oncely_outbox AS o, orders"
-            )
-        ).one()
+    event = query_one(
+        shop,
+        "SELECT o.type, o.topic, o.aggregateid, o.txid::text::bigint AS txid, "
+        "orders.xmin::text::bigint AS order_xid FROM oncely_outbox AS o, orders",
+    )
     assert (event.type, event.topic) == ("order.placed", "storefront.order.placed")
     assert event.aggregateid == order["id"]
     # One transaction wrote both rows: the outbox row's xid8 wraps to the order row's xmin.

@@ -20,6 +20,7 @@ from oncely.producer.idempotency import (
     IdempotencyMismatchError,
     InvalidIdempotencyKeyError,
 )
+from tests.helpers import execute, query_one
 
 pytestmark = pytest.mark.integration
 
@@ -64,26 +65,23 @@ def keys(request: pytest.FixtureRequest, database_url: str) -> Iterator[_Keys]:
 
 
 def _age(database_url: str, owner: str, key: str, seconds: int) -> None:
-    engine = sa.create_engine(database_url)
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "UPDATE oncely_idempotency_keys SET received_at = now() - make_interval(secs => :s)"
-                " WHERE owner = :o AND key = :k"
-            ),
-            {"s": seconds, "o": owner, "k": key},
-        )
-    engine.dispose()
+    execute(
+        database_url,
+        "UPDATE oncely_idempotency_keys SET received_at = now() - make_interval(secs => :s)"
+        " WHERE owner = :o AND key = :k",
+        s=seconds,
+        o=owner,
+        k=key,
+    )
 
 
 def _row(database_url: str, owner: str, key: str) -> dict[str, Any]:
-    engine = sa.create_engine(database_url)
-    with engine.connect() as conn:
-        row = conn.execute(
-            sa.text("SELECT * FROM oncely_idempotency_keys WHERE owner = :o AND key = :k"),
-            {"o": owner, "k": key},
-        ).one()
-    engine.dispose()
+    row = query_one(
+        database_url,
+        "SELECT * FROM oncely_idempotency_keys WHERE owner = :o AND key = :k",
+        o=owner,
+        k=key,
+    )
     return dict(row._mapping)
 
 
@@ -190,17 +188,13 @@ def _racer(url: str, barrier: Any, results: Any) -> None:
 
 
 def test_two_processes_reclaiming_a_stale_key_exactly_one_wins(database_url: str) -> None:
-    engine = sa.create_engine(database_url)
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "INSERT INTO oncely_idempotency_keys (owner, key, status, received_at)"
-                " SELECT 'hook-race', 'key-' || n, 'processing', now() - interval '1 hour'"
-                " FROM generate_series(0, :last) AS n"
-            ),
-            {"last": ROUNDS - 1},
-        )
-    engine.dispose()
+    execute(
+        database_url,
+        "INSERT INTO oncely_idempotency_keys (owner, key, status, received_at)"
+        " SELECT 'hook-race', 'key-' || n, 'processing', now() - interval '1 hour'"
+        " FROM generate_series(0, :last) AS n",
+        last=ROUNDS - 1,
+    )
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(2)
     results = context.Queue()

@@ -26,6 +26,7 @@ from tests.helpers import (
     fast_settings,
     insert_rows,
     outbox_rows,
+    query_all,
     read_topics,
     running_relay,
     wait_until,
@@ -210,13 +211,11 @@ def test_shards_fix_the_number_of_key_shards(
     with pytest.raises(ConfigurationError, match=r"--shards 1025: choose between 1 and 1024"):
         upgrade(engine, shards=1025)
     assert upgrade(engine, shards=8) == list(migrations())
-    with engine.connect() as conn:
-        shards = conn.execute(sa.text("SELECT shard FROM oncely_relay_shards ORDER BY 1")).scalars()
-        assert list(shards) == list(range(8))
+    shards = query_all(engine, "SELECT shard FROM oncely_relay_shards ORDER BY 1")
+    assert [shard for (shard,) in shards] == list(range(8))
     topics = [new_topic(partitions=2) for _ in range(2)]
     insert_rows(engine, outbox_rows(400, topics=topics, keys=50))
-    with engine.connect() as conn:
-        rows = conn.execute(sa.text("SELECT topic, aggregateid, shard FROM oncely_outbox")).all()
+    rows = query_all(engine, "SELECT topic, aggregateid, shard FROM oncely_outbox")
     assert {row.shard for row in rows} == set(range(8))
     assert all(row.shard == shard_of(row.topic, row.aggregateid, 8) for row in rows)
 

@@ -22,9 +22,13 @@ from oncely.storage import outbox
 from oncely.storage.stores.outbox.relay import Progress, RelayStore, ShardProgress
 from tests.helpers import (
     count_published,
+    execute,
     fast_settings,
     insert_rows,
     outbox_rows,
+    publish_all,
+    query_all,
+    query_one,
     read_topics,
     running_relay,
     scalar,
@@ -40,9 +44,7 @@ def _sample(relay: Relay, name: str, **labels: str) -> float:
 
 
 def _seqs(engine: sa.Engine) -> dict[str, int]:
-    with engine.connect() as conn:
-        rows = conn.execute(sa.text("SELECT id, seq FROM oncely_outbox")).all()
-    return {str(r.id): r.seq for r in rows}
+    return {str(r.id): r.seq for r in query_all(engine, "SELECT id, seq FROM oncely_outbox")}
 
 
 def _first_occurrences_in_seq_order(records: list, seqs: dict[str, int]) -> None:  # type: ignore[type-arg]
@@ -60,8 +62,7 @@ def test_ten_thousand_events_are_published_once_in_per_key_order(
 ) -> None:
     topics = [new_topic(partitions=3) for _ in range(3)]
     insert_rows(engine, outbox_rows(10_000, topics=topics, keys=100))
-    with running_relay(engine, kafka_bootstrap, fast_settings(batch_size=500)) as relay:
-        wait_until(lambda: count_published(engine) == 10_000, timeout=120)
+    relay = publish_all(engine, kafka_bootstrap, 10_000, fast_settings(batch_size=500), timeout=120)
     assert _sample(relay, "oncely_relay_progress_refused_total") == 0
     assert sum(_sample(relay, "oncely_relay_published_total", topic=t) for t in topics) == 10_000
 
@@ -72,27 +73,21 @@ def test_ten_thousand_events_are_published_once_in_per_key_order(
     seqs = _seqs(engine)
     assert set(by_id) == set(seqs)
     assert {record.headers["eventType"] for record in records} == {b"test.event"}
-    with engine.connect() as conn:
-        created = {
-            str(r.id): r.ms
-            for r in conn.execute(
-                sa.text(
-                    "SELECT id, floor(extract(epoch FROM created_at) * 1000) AS ms "
-                    "FROM oncely_outbox"
-                )
-            )
-        }
+    created = {
+        str(r.id): r.ms
+        for r in query_all(
+            engine,
+            "SELECT id, floor(extract(epoch FROM created_at) * 1000) AS ms FROM oncely_outbox",
+        )
+    }
     assert all(r.timestamp == created[r.headers["id"].decode()] for r in records), (
         "a record's timestamp is not its row's created_at in ms"
     )
     _first_occurrences_in_seq_order(records, seqs)
-    with engine.connect() as conn:
-        untouched = conn.execute(
-            sa.text(
-                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
-                " WHERE relname = 'oncely_outbox'"
-            )
-        ).one()
+    untouched = query_one(
+        engine,
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'oncely_outbox'",
+    )
     assert untouched.n_tup_upd == 0, "the relay never updates an outbox row"
 
 
@@ -299,10 +294,9 @@ def test_a_relay_paused_inside_a_transaction_cannot_keep_its_shards(
 
 
 def _parked(engine: sa.Engine) -> list[tuple[str, str, str | None]]:
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text("SELECT aggregateid, reason, error FROM oncely_relay_parked ORDER BY 1")
-        ).all()
+    rows = query_all(
+        engine, "SELECT aggregateid, reason, error FROM oncely_relay_parked ORDER BY 1"
+    )
     return [(r.aggregateid, r.reason, r.error) for r in rows]
 
 
@@ -317,8 +311,7 @@ def _held(engine: sa.Engine) -> list[str]:
 
 
 def _request(engine: sa.Engine, request: str) -> None:
-    with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE oncely_relay_parked SET request = :r"), {"r": request})
+    execute(engine, "UPDATE oncely_relay_parked SET request = :r", r=request)
 
 
 def test_a_record_the_client_refuses_parks_its_key_and_skip_releases_it(
@@ -453,11 +446,9 @@ def test_a_stopped_relay_resumes_where_it_recorded(
 ) -> None:
     topic = new_topic(partitions=2)
     insert_rows(engine, outbox_rows(2000, topics=[topic], keys=20))
-    with running_relay(engine, kafka_bootstrap, fast_settings()):
-        wait_until(lambda: count_published(engine) == 2000, timeout=60)
+    publish_all(engine, kafka_bootstrap, 2000)
     insert_rows(engine, outbox_rows(500, topics=[topic], keys=20))
-    with running_relay(engine, kafka_bootstrap, fast_settings()):
-        wait_until(lambda: count_published(engine) == 2500, timeout=60)
+    publish_all(engine, kafka_bootstrap, 2500)
     assert len(read_topics(kafka_bootstrap, [topic])) == 2500, "nothing published twice"
 
 

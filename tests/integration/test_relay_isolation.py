@@ -37,6 +37,7 @@ from tests.helpers import (
     fast_settings,
     insert_rows,
     outbox_rows,
+    query_all,
     read_topics,
     running_relay,
     wait_until,
@@ -68,9 +69,8 @@ def _blocked_rows(relay: Relay) -> dict[str, float]:
 
 
 def _parked(engine: sa.Engine) -> list[tuple[str, str, str]]:
-    with engine.connect() as conn:
-        rows = conn.execute(sa.text("SELECT topic, aggregateid, reason FROM oncely_relay_parked"))
-        return sorted((r.topic, r.aggregateid, r.reason) for r in rows)
+    rows = query_all(engine, "SELECT topic, aggregateid, reason FROM oncely_relay_parked")
+    return sorted((r.topic, r.aggregateid, r.reason) for r in rows)
 
 
 def _ids(records: list, topic: str) -> list[str]:  # type: ignore[type-arg]

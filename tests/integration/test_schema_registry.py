@@ -47,15 +47,7 @@ from oncely.schemas.registration import (
 from oncely.settings import SchemaSettings
 from tests.apps.orders import OrderPlacedV2, Version, build, create_tables
 from tests.chaos.proxy import FaultyProxy
-from tests.helpers import (
-    count_published,
-    fast_settings,
-    read_topics,
-    running_consumers,
-    running_relay,
-    scalar,
-    wait_until,
-)
+from tests.helpers import publish_all, read_topics, running_consumers, scalar, wait_until
 from tests.integration.secure_kafka import signed_leaf, throwaway_ca
 
 pytestmark = pytest.mark.integration
@@ -148,8 +140,7 @@ def test_staged_events_are_relayed_and_consumed_by_their_schema_ids(
         [orders.v2.model(order_id=f"o-{i % 3}", amount=i, currency="USD") for i in range(5, 10)],
     )
 
-    with running_relay(engine, kafka_bootstrap, fast_settings()):
-        wait_until(lambda: count_published(engine) == 10, timeout=60)
+    publish_all(engine, kafka_bootstrap, 10)
     records = read_topics(kafka_bootstrap, [orders.v1.topic])
     assert len(records) == 10
     framing = {(int(r.headers["schema-version"]), schema_id(r.value)) for r in records}

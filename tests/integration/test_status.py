@@ -28,8 +28,11 @@ from oncely.storage.tables import shard_of
 from tests.apps.ledger import App, build
 from tests.helpers import (
     CliResult,
+    acknowledge_all,
+    effect_status,
     oncely_cli,
     outbox_row,
+    park,
     publish_events,
     running_consumers,
     scalar,
@@ -93,38 +96,15 @@ def deployment(app: App, engine: sa.Engine, kafka_bootstrap: str) -> str:
     with engine.begin() as conn:
         conn.execute(sa.insert(outbox), passed)
     with engine.begin() as conn:  # what a relay records once every row above is acknowledged
-        conn.execute(sa.text("UPDATE oncely_relay_shards SET done = pg_current_snapshot()"))
+        acknowledge_all(conn)
         conn.execute(
             sa.text(
                 "UPDATE oncely_relay_shards SET owner = 'relay-a', epoch = epoch + 2, "
                 "lease_until = now() + interval '1 hour' WHERE shard < 16"
             )
         )
-        for parked, reason, request in ((dead, "dead", "requeue"), (delayed, "delayed", None)):
-            conn.execute(
-                sa.text(
-                    "INSERT INTO oncely_relay_parked (topic, aggregateid, shard, event_id, "
-                    "reason, error, until, request) VALUES (:t, :k, :s, :e, :r, :err, "
-                    "CASE WHEN :r = 'delayed' THEN now() + interval '1 hour' END, :q)"
-                ),
-                {
-                    "t": parked["topic"],
-                    "k": parked["aggregateid"],
-                    "s": shard_of(parked["topic"], parked["aggregateid"], SHARDS),
-                    "e": parked["id"],
-                    "r": reason,
-                    "err": "MSG_SIZE_TOO_LARGE" if reason == "dead" else None,
-                    "q": request,
-                },
-            )
-        for row in held:
-            conn.execute(
-                sa.text(
-                    "INSERT INTO oncely_relay_held (event_id, topic, aggregateid) "
-                    "VALUES (:e, :t, :k)"
-                ),
-                {"e": row["id"], "t": row["topic"], "k": row["aggregateid"]},
-            )
+        park(conn, dead, held=held[:2], error="MSG_SIZE_TOO_LARGE", request="requeue")
+        park(conn, delayed, "delayed", held=held[2:], until_seconds=3600)
     unpublished = [
         outbox_row(app.topic, "acc-1", created_at=ago),
         outbox_row(app.topic, "acc-2", created_at=ago),
@@ -166,17 +146,8 @@ def _unpublished_keys(app: App, other: str) -> list[tuple[str, str]]:
 
 
 def _effect(app: App, name: str, **values: Any) -> dict[str, Any]:
-    return {
-        "effect": name,
-        "group": app.effects.group_prefix + name,
-        "topics": [app.topic],
-        "applied": 0,
-        "applied_last_minute": 0,
-        "lag": 5,
-        "dlq": 0,
-        "duplicates_suppressed": None,
-        **values,
-    }
+    """The effect's entry: five records behind unless ``values`` say otherwise."""
+    return effect_status(app, name, **{"lag": 5, **values})
 
 
 def test_status_reports_backlog_progress_and_tasks_of_a_known_setup(

@@ -13,48 +13,31 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
-from pydantic import BaseModel
 
-from oncely.events import Registry
 from oncely.settings import TopicSettings
 from oncely.topics import TopicSpec, ensure_topics, planned_topics
-from tests.helpers import CliResult, oncely_cli, wait_until
+from tests.apps.payments import build
+from tests.helpers import (
+    CliResult,
+    create_topic,
+    delete_existing,
+    delete_topics,
+    oncely_cli,
+    wait_listed,
+)
 
 pytestmark = pytest.mark.integration
 
 
-class Paid(BaseModel):
-    order: str
-
-
-class Refunded(BaseModel):
-    order: str
-
-
 #: Used by the CLI test (``--registry tests.integration.test_topics_ensure:REGISTRY``).
-REGISTRY = Registry(topic_prefix=f"te{uuid.uuid4().hex[:8]}.")
-REGISTRY.register(Paid, name="order.paid", key="order", aggregate="order")
-REGISTRY.register(Refunded, name="order.refunded", key="order", aggregate="order")
-PAID, REFUNDED = (REGISTRY.get(name).topic for name in ("order.paid", "order.refunded"))
-
-
-def delete_topics(admin: AdminClient, topics: list[str]) -> None:
-    """Delete ``topics`` and wait until the broker no longer lists them: a deletion is
-    acknowledged before it is visible, and a client listing meanwhile still sees the topic."""
-    for future in admin.delete_topics(topics).values():
-        future.result(30)
-    wait_until(lambda: not set(topics) & set(admin.list_topics(timeout=10).topics), timeout=30)
+REGISTRY, PAID, REFUNDED = build(f"te{uuid.uuid4().hex[:8]}.")
 
 
 @pytest.fixture
 def cleanup(kafka_admin: AdminClient) -> Iterator[None]:
     yield
-    existing = set(kafka_admin.list_topics(timeout=10).topics)
-    doomed = [topic for topic in (PAID, REFUNDED) if topic in existing]
-    if doomed:
-        delete_topics(kafka_admin, doomed)
+    delete_existing(kafka_admin, [PAID, REFUNDED])
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
@@ -117,6 +100,7 @@ def test_overrides_set_one_event_type_apart(
     base = ["--registry", f"{__name__}:REGISTRY", "--bootstrap-servers", kafka_bootstrap]
     result = _cli(*base, env=env)
     assert result.exit_code == 0, result.output
+    wait_listed(kafka_admin, PAID, REFUNDED)
     partitions = {
         name: len(topic.partitions)
         for name, topic in kafka_admin.list_topics(timeout=10).topics.items()
@@ -165,16 +149,6 @@ class ChangingAdmin(AdminClient):
             if self.creates:
                 create_topic(self.other, self.creates, partitions=2)
         return metadata
-
-
-def create_topic(admin: AdminClient, topic: str, *, partitions: int) -> None:
-    """Create ``topic`` (unless it exists) and wait until the broker lists it."""
-    try:
-        admin.create_topics([NewTopic(topic, num_partitions=partitions)])[topic].result(30)
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise
-    wait_until(lambda: topic in admin.list_topics(timeout=10).topics, timeout=30)
 
 
 def _paid_spec() -> list[TopicSpec]:

@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import NoOpTracerProvider, Span, SpanKind
+from opentelemetry.trace import NoOpTracerProvider, Span, SpanKind, Tracer
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
@@ -29,15 +29,7 @@ from oncely.events import Registry
 from oncely.producer.staging import stage
 from oncely.runtime.tracing import Tracing
 from oncely.tasks import Task, Tasks, TaskWorker
-from tests.helpers import (
-    count_published,
-    fast_settings,
-    read_topics,
-    running_consumers,
-    running_relay,
-    scalar,
-    wait_until,
-)
+from tests.helpers import publish_all, read_topics, running_consumers, scalar, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -84,12 +76,32 @@ def pipeline(kafka_admin: AdminClient) -> Iterator[Pipeline]:
         future.result(30)
 
 
+@dataclass
+class Spans:
+    """Spans recorded in memory: the shop's tracer starts the trace, ``tracing`` hands the
+    provider to oncely, ``finished()`` is every span ended so far."""
+
+    provider: TracerProvider
+    exporter: InMemorySpanExporter
+
+    @property
+    def tracer(self) -> Tracer:
+        return self.provider.get_tracer("shop")
+
+    @property
+    def tracing(self) -> Tracing:
+        return Tracing(self.provider)
+
+    def finished(self) -> list[ReadableSpan]:
+        return list(self.exporter.get_finished_spans())
+
+
 @pytest.fixture
-def spans() -> tuple[TracerProvider, InMemorySpanExporter]:
+def spans() -> Spans:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return provider, exporter
+    return Spans(provider, exporter)
 
 
 def _run_tasks(engine: sa.Engine, tasks: Tasks, tracing: Tracing, done: Callable[[], bool]) -> None:
@@ -124,15 +136,16 @@ def test_one_trace_from_stage_to_the_effects_and_their_tasks(
     engine: sa.Engine,
     kafka_bootstrap: str,
     pipeline: Pipeline,
-    spans: tuple[TracerProvider, InMemorySpanExporter],
+    spans: Spans,
 ) -> None:
-    provider, exporter = spans
-    tracing = Tracing(provider)
-    tracer = provider.get_tracer("shop")
-    with tracer.start_as_current_span("place order"), Session(engine) as session, session.begin():
+    tracing = spans.tracing
+    with (
+        spans.tracer.start_as_current_span("place order"),
+        Session(engine) as session,
+        session.begin(),
+    ):
         staged = stage(session, OrderPlaced(order_id="o-1", email="a@example.com"))
-    with running_relay(engine, kafka_bootstrap, fast_settings(), tracing=tracing):
-        wait_until(lambda: count_published(engine) == 1, timeout=30)
+    publish_all(engine, kafka_bootstrap, 1, tracing=tracing, timeout=30)
     receipts = "SELECT count(*) FROM oncely_receipts"
     with running_consumers(
         pipeline.effects, ["notify", "notify-async"], engine, kafka_bootstrap, tracing=tracing
@@ -140,7 +153,7 @@ def test_one_trace_from_stage_to_the_effects_and_their_tasks(
         wait_until(lambda: scalar(engine, receipts) == 2, timeout=60)
     _run_tasks(engine, pipeline.tasks, tracing, lambda: len(pipeline.emailed) == 2)
 
-    finished = list(exporter.get_finished_spans())
+    finished = spans.finished()
     root = _one(finished, "place order")
     send = _one(finished, f"send {pipeline.topic}")
     assert {s.context.trace_id for s in finished} == {root.context.trace_id}, "one trace"
@@ -181,12 +194,10 @@ def test_a_relay_that_does_not_trace_forwards_the_staged_context(
     engine: sa.Engine,
     kafka_bootstrap: str,
     pipeline: Pipeline,
-    spans: tuple[TracerProvider, InMemorySpanExporter],
+    spans: Spans,
 ) -> None:
-    provider, exporter = spans
-    tracer = provider.get_tracer("shop")
     with (
-        tracer.start_as_current_span("place order") as root,
+        spans.tracer.start_as_current_span("place order") as root,
         Session(engine) as session,
         session.begin(),
     ):
@@ -194,16 +205,15 @@ def test_a_relay_that_does_not_trace_forwards_the_staged_context(
     with Session(engine) as session, session.begin():
         stage(session, OrderPlaced(order_id="o-3", email="c@example.com"))  # no span
     untraced = Tracing(NoOpTracerProvider())
-    with running_relay(engine, kafka_bootstrap, fast_settings(), tracing=untraced):
-        wait_until(lambda: count_published(engine) == 2, timeout=30)
+    publish_all(engine, kafka_bootstrap, 2, tracing=untraced, timeout=30)
     records = {r.key: r for r in read_topics(kafka_bootstrap, [pipeline.topic])}
     context = root.get_span_context()
     assert records["o-2"].headers["traceparent"].decode() == _traceparent(root)
     assert "traceparent" not in records["o-3"].headers
     with running_consumers(
-        pipeline.effects, ["notify"], engine, kafka_bootstrap, tracing=Tracing(provider)
+        pipeline.effects, ["notify"], engine, kafka_bootstrap, tracing=spans.tracing
     ):
         wait_until(lambda: scalar(engine, "SELECT count(*) FROM oncely_receipts") == 2, timeout=60)
-    processed = [s for s in exporter.get_finished_spans() if s.name.startswith("process ")]
+    processed = [s for s in spans.finished() if s.name.startswith("process ")]
     by_parent = {s.parent.span_id if s.parent else None for s in processed}
     assert by_parent == {context.span_id, None}, "the staged span, and a new trace for o-3"

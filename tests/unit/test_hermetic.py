@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from oncely.cli._errors import run
 from oncely.devstack.jvm import cache_root
 from oncely.devstack.stack import StackInfo, default_stack_dir, write_state
 from tests.conftest import INHERITED
-from tests.helpers import oncely_process, process_environment
+from tests.helpers import oncely_process, process_environment, run_captured
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,7 +78,7 @@ def test_a_stack_running_in_the_default_folder_changes_no_test(tmp_path: Path) -
     seen = oncely_process("dev", "status", "--json", env=exported, without=unset, timeout=60)
     assert seen.returncode == 0, seen.stderr
     assert json.loads(seen.stdout)["supervisor_pid"] == os.getpid()
-    suite = subprocess.run(
+    suite = run_captured(
         [
             sys.executable,
             "-m",
@@ -91,10 +90,7 @@ def test_a_stack_running_in_the_default_folder_changes_no_test(tmp_path: Path) -
         ],
         cwd=ROOT,
         env=shell,
-        capture_output=True,
-        text=True,
         timeout=280,
-        check=False,
     )
     assert suite.returncode == 0, suite.stdout[-3000:] + suite.stderr[-2000:]
     assert (stack / "state.json").exists(), "the suite left the developer's stack alone"
