@@ -93,35 +93,50 @@ def test_unknown_model_is_named() -> None:
         Registry().for_model(Added)
 
 
-def test_duplicate_type_name_is_rejected() -> None:
+@pytest.mark.parametrize(
+    ("first", "second", "error", "message"),
+    [
+        pytest.param(
+            (Added, {"name": "download.added"}),
+            (Removed, {"name": "download.added"}),
+            DuplicateEventTypeError,
+            r"'download.added' is already registered",
+            id="type-name",
+        ),
+        pytest.param(
+            (Added, {"name": "download.added"}),
+            (Added, {"name": "download.readded"}),
+            DuplicateEventTypeError,
+            r"Added is already registered",
+            id="one-model-one-type",
+        ),
+        pytest.param(
+            (Added, {"name": "download.added", "topic": "t"}),
+            (Removed, {"name": "download.removed", "topic": "t"}),
+            DuplicateTopicError,
+            r"'t' of event type 'download.removed'.*topic of event type 'download.added'",
+            id="topic-naming-both-owners",
+        ),
+        pytest.param(
+            (Added, {"name": "a.b"}),
+            (Removed, {"name": "a_b"}),
+            DuplicateTopicError,
+            r"'a_b'.*collides with 'a.b'",
+            id="topics-colliding-in-metric-names",
+        ),
+    ],
+)
+def test_a_clashing_declaration_is_rejected(
+    first: tuple[type[BaseModel], dict[str, str]],
+    second: tuple[type[BaseModel], dict[str, str]],
+    error: type[RegistryError],
+    message: str,
+) -> None:
+    (first_model, first_names), (second_model, second_names) = first, second
     registry = Registry()
-    registry.register(Added, name="download.added", key="download_id", aggregate="d")
-    with pytest.raises(DuplicateEventTypeError, match=r"'download.added' is already registered"):
-        registry.register(Removed, name="download.added", key="download_id", aggregate="d")
-
-
-def test_one_model_is_one_event_type() -> None:
-    registry = Registry()
-    registry.register(Added, name="download.added", key="download_id", aggregate="d")
-    with pytest.raises(DuplicateEventTypeError, match=r"Added is already registered"):
-        registry.register(Added, name="download.readded", key="download_id", aggregate="d")
-
-
-def test_duplicate_topic_is_rejected_naming_both_owners() -> None:
-    registry = Registry()
-    registry.register(Added, name="download.added", key="download_id", aggregate="d", topic="t")
-    with pytest.raises(DuplicateTopicError, match=r"'t' of event type 'download.removed'.*"
-                       "topic of event type 'download.added'"):  # fmt: skip
-        registry.register(
-            Removed, name="download.removed", key="download_id", aggregate="d", topic="t"
-        )
-
-
-def test_topics_colliding_in_metric_names_are_rejected() -> None:
-    registry = Registry()
-    registry.register(Added, name="a.b", key="download_id", aggregate="d")
-    with pytest.raises(DuplicateTopicError, match=r"'a_b'.*collides with 'a.b'"):
-        registry.register(Removed, name="a_b", key="download_id", aggregate="d")
+    registry.register(first_model, key="download_id", aggregate="d", **first_names)
+    with pytest.raises(error, match=message):
+        registry.register(second_model, key="download_id", aggregate="d", **second_names)
 
 
 def test_failed_declaration_leaves_the_registry_unchanged() -> None:
