@@ -26,9 +26,24 @@ from oncely.events import Registry
 from oncely.schemas.catalog import SchemaCatalog, SchemaEntry
 from oncely.schemas.compatibility import CompatibilityMode, check_compatibility, incompatibilities
 
+UNITS = ("millis", "micros", "nanos")
+
+#: The timestamp logical types, all on long.
+TIMESTAMPS = [f"{local}timestamp-{unit}" for local in ("", "local-") for unit in UNITS]
+
 
 def _fixed(size: int, **props: Any) -> dict[str, Any]:
     return {"type": "fixed", "name": "F", "size": size, **props}
+
+
+def _logical(underlying: str, logical: str) -> tuple[dict[str, Any], str]:
+    """``logical`` on ``underlying`` and how the gate describes it."""
+    return {"type": underlying, "logicalType": logical}, f"{logical} ({underlying})"
+
+
+def _decimal(precision: int, scale: int) -> tuple[dict[str, Any], str]:
+    schema = {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": scale}
+    return schema, f"decimal(precision={precision}, scale={scale}) (bytes)"
 
 
 #: label -> (schema, how the gate describes it). The label also names the logical type (and
@@ -40,52 +55,20 @@ VARIANTS: dict[str, tuple[Any, str]] = {
     "bytes": ("bytes", "bytes (no logical type)"),
     "fixed12": (_fixed(12), "fixed (no logical type)"),
     "fixed16": (_fixed(16), "fixed (no logical type)"),
-    "decimal(4,2)": (
-        {"type": "bytes", "logicalType": "decimal", "precision": 4, "scale": 2},
-        "decimal(precision=4, scale=2) (bytes)",
-    ),
-    "decimal(5,2)": (
-        {"type": "bytes", "logicalType": "decimal", "precision": 5, "scale": 2},
-        "decimal(precision=5, scale=2) (bytes)",
-    ),
-    "decimal(4,3)": (
-        {"type": "bytes", "logicalType": "decimal", "precision": 4, "scale": 3},
-        "decimal(precision=4, scale=3) (bytes)",
-    ),
+    "decimal(4,2)": _decimal(4, 2),
+    "decimal(5,2)": _decimal(5, 2),
+    "decimal(4,3)": _decimal(4, 3),
     "fixed-decimal(4,2)": (
         _fixed(12, logicalType="decimal", precision=4, scale=2),
         "decimal(precision=4, scale=2) (fixed)",
     ),
-    "big-decimal": ({"type": "bytes", "logicalType": "big-decimal"}, "big-decimal (bytes)"),
-    "uuid": ({"type": "string", "logicalType": "uuid"}, "uuid (string)"),
+    "big-decimal": _logical("bytes", "big-decimal"),
+    "uuid": _logical("string", "uuid"),
     "fixed-uuid": (_fixed(16, logicalType="uuid"), "uuid (fixed)"),
-    "date": ({"type": "int", "logicalType": "date"}, "date (int)"),
-    "time-millis": ({"type": "int", "logicalType": "time-millis"}, "time-millis (int)"),
-    "time-micros": ({"type": "long", "logicalType": "time-micros"}, "time-micros (long)"),
-    "timestamp-millis": (
-        {"type": "long", "logicalType": "timestamp-millis"},
-        "timestamp-millis (long)",
-    ),
-    "timestamp-micros": (
-        {"type": "long", "logicalType": "timestamp-micros"},
-        "timestamp-micros (long)",
-    ),
-    "timestamp-nanos": (
-        {"type": "long", "logicalType": "timestamp-nanos"},
-        "timestamp-nanos (long)",
-    ),
-    "local-timestamp-millis": (
-        {"type": "long", "logicalType": "local-timestamp-millis"},
-        "local-timestamp-millis (long)",
-    ),
-    "local-timestamp-micros": (
-        {"type": "long", "logicalType": "local-timestamp-micros"},
-        "local-timestamp-micros (long)",
-    ),
-    "local-timestamp-nanos": (
-        {"type": "long", "logicalType": "local-timestamp-nanos"},
-        "local-timestamp-nanos (long)",
-    ),
+    "date": _logical("int", "date"),
+    "time-millis": _logical("int", "time-millis"),
+    "time-micros": _logical("long", "time-micros"),
+    **{name: _logical("long", name) for name in TIMESTAMPS},
     "duration": (_fixed(12, logicalType="duration"), "duration (fixed)"),
 }
 PLAIN = {"int", "long", "string", "bytes", "fixed12", "fixed16"}
