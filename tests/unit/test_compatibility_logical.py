@@ -132,6 +132,14 @@ def test_a_logical_type_on_a_type_that_cannot_carry_it_is_ignored() -> None:
     assert incompatibilities(reader=_record(wrong_size), writer=_record(_fixed(8))) == []
 
 
+def _array(items: Any) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+def _map(values: Any) -> dict[str, Any]:
+    return {"type": "map", "values": values}
+
+
 MILLIS = {"type": "long", "logicalType": "timestamp-millis"}
 MICROS = {"type": "long", "logicalType": "timestamp-micros"}
 
@@ -139,20 +147,8 @@ MICROS = {"type": "long", "logicalType": "timestamp-micros"}
 @pytest.mark.parametrize(
     ("reader_type", "writer_type", "location", "path"),
     [
-        pytest.param(
-            {"type": "array", "items": MICROS},
-            {"type": "array", "items": MILLIS},
-            "/fields/0/type/items",
-            "at[]",
-            id="array",
-        ),
-        pytest.param(
-            {"type": "map", "values": MICROS},
-            {"type": "map", "values": MILLIS},
-            "/fields/0/type/values",
-            "at{}",
-            id="map",
-        ),
+        pytest.param(_array(MICROS), _array(MILLIS), "/fields/0/type/items", "at[]", id="array"),
+        pytest.param(_map(MICROS), _map(MILLIS), "/fields/0/type/values", "at{}", id="map"),
         pytest.param(["null", MICROS], ["null", MILLIS], "/fields/0/type/1", "at", id="union"),
         pytest.param(["null", MICROS], MILLIS, "/fields/0/type/1", "at", id="to-union"),
         pytest.param(MICROS, [MILLIS], "/fields/0/type", "at", id="from-union"),
@@ -164,10 +160,8 @@ MICROS = {"type": "long", "logicalType": "timestamp-micros"}
             id="union-promotion",
         ),
         pytest.param(
-            _record(["null", {"type": "array", "items": _record(MICROS) | {"name": "l"}}])
-            | {"name": "m"},
-            _record(["null", {"type": "array", "items": _record(MILLIS) | {"name": "l"}}])
-            | {"name": "m"},
+            _record(["null", _array(_record(MICROS) | {"name": "l"})]) | {"name": "m"},
+            _record(["null", _array(_record(MILLIS) | {"name": "l"})]) | {"name": "m"},
             "/fields/0/type/fields/0/type/1/items/fields/0/type",
             "at.at[].at",
             id="nested",
