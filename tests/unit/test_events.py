@@ -94,49 +94,32 @@ def test_unknown_model_is_named() -> None:
 
 
 @pytest.mark.parametrize(
-    ("first", "second", "error", "message"),
+    ("model", "name", "topic", "error", "message"),
     [
-        pytest.param(
-            (Added, {"name": "download.added"}),
-            (Removed, {"name": "download.added"}),
-            DuplicateEventTypeError,
-            r"'download.added' is already registered",
-            id="type-name",
-        ),
-        pytest.param(
-            (Added, {"name": "download.added"}),
-            (Added, {"name": "download.readded"}),
-            DuplicateEventTypeError,
-            r"Added is already registered",
-            id="one-model-one-type",
-        ),
-        pytest.param(
-            (Added, {"name": "download.added", "topic": "t"}),
-            (Removed, {"name": "download.removed", "topic": "t"}),
+        (Removed, "a.b", None, DuplicateEventTypeError, r"'a.b' is already registered"),
+        (Added, "a.c", None, DuplicateEventTypeError, r"Added is already registered"),
+        (
+            Removed,
+            "a.c",
+            "a.b",
             DuplicateTopicError,
-            r"'t' of event type 'download.removed'.*topic of event type 'download.added'",
-            id="topic-naming-both-owners",
+            r"'a.b' of event type 'a.c'.*topic of event type 'a.b'",
         ),
-        pytest.param(
-            (Added, {"name": "a.b"}),
-            (Removed, {"name": "a_b"}),
-            DuplicateTopicError,
-            r"'a_b'.*collides with 'a.b'",
-            id="topics-colliding-in-metric-names",
-        ),
+        (Removed, "a_b", None, DuplicateTopicError, r"'a_b'.*collides with 'a.b'"),
     ],
+    ids=["type-name", "one-model-one-type", "topic-naming-both-owners", "metric-name-collision"],
 )
-def test_a_clashing_declaration_is_rejected(
-    first: tuple[type[BaseModel], dict[str, str]],
-    second: tuple[type[BaseModel], dict[str, str]],
+def test_a_declaration_clashing_with_a_registered_one_is_rejected(
+    model: type[BaseModel],
+    name: str,
+    topic: str | None,
     error: type[RegistryError],
     message: str,
 ) -> None:
-    (first_model, first_names), (second_model, second_names) = first, second
     registry = Registry()
-    registry.register(first_model, key="download_id", aggregate="d", **first_names)
+    registry.register(Added, name="a.b", key="download_id", aggregate="d")
     with pytest.raises(error, match=message):
-        registry.register(second_model, key="download_id", aggregate="d", **second_names)
+        registry.register(model, name=name, key="download_id", aggregate="d", topic=topic)
 
 
 def test_failed_declaration_leaves_the_registry_unchanged() -> None:
