@@ -11,6 +11,7 @@ import json
 import signal
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +45,6 @@ def engine(database_url: str) -> Iterator[sa.Engine]:
     create_tables(engine)
     yield engine
     engine.dispose()
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"t{uuid.uuid4().hex[:10]}."
-
-
-def versions(prefix: str, kafka_admin: Any, encoding: Encoding = "avro") -> tuple[Version, Version]:
-    v1, v2 = build(prefix, group_prefix=prefix, encoding=encoding)
-    kafka_admin.create_topics([NewTopic(v1.topic, num_partitions=1)])[v1.topic].result(30)
-    return v1, v2
 
 
 def catalog(directory: Path, *committed: Version) -> Path:
@@ -170,107 +160,118 @@ def dead_letter_warnings(log: Sequence[dict[str, Any]]) -> list[str]:
     ]
 
 
+@dataclass
+class Orders:
+    """v1 and v2 of the orders app on a topic of their own, the database, and `oncely consume`
+    with either version's code against them, run in ``cwd``."""
+
+    v1: Version
+    v2: Version
+    prefix: str
+    engine: sa.Engine
+    database_url: str
+    bootstrap: str
+    cwd: Path
+    encoding: Encoding
+
+    def publish(self, version: Version, sent: Sequence[tuple[Any, Any]]) -> None:
+        publish_events(self.bootstrap, Codec(registry=version.registry), sent)
+
+    def consume(
+        self, version: Version, count: int, *args: str, env: dict[str, str] | None = None
+    ) -> tuple[int, int, list[dict[str, Any]]]:
+        """Run `oncely consume` with ``version``'s code until ``count`` records are applied or
+        dead-lettered, then stop it: (applied, dead-lettered, its log records)."""
+        number = version.registry.get("order.placed").version
+        process = ConsumeProcess(
+            number, self.prefix, self.database_url, self.bootstrap, *args,
+            cwd=self.cwd, encoding=self.encoding, env=env,
+        )  # fmt: skip
+        try:
+            applied, dead = settle(self.engine, self.bootstrap, version, count, process)
+        finally:
+            log = process.stop()
+        return applied, dead, log
+
+
+@pytest.fixture
+def encoding() -> Encoding:
+    """The orders app's encoding; a test parametrizes it to run with others."""
+    return "avro"
+
+
+@pytest.fixture
+def orders(
+    encoding: Encoding,
+    kafka_admin: Any,
+    engine: sa.Engine,
+    database_url: str,
+    kafka_bootstrap: str,
+    tmp_path: Path,
+) -> Orders:
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    v1, v2 = build(prefix, group_prefix=prefix, encoding=encoding)
+    kafka_admin.create_topics([NewTopic(v1.topic, num_partitions=1)])[v1.topic].result(30)
+    return Orders(v1, v2, prefix, engine, database_url, kafka_bootstrap, tmp_path, encoding)
+
+
 @pytest.mark.parametrize("encoding", ["avro", "json"])
 def test_a_consumer_deployed_first_applies_v1_records_with_v2_code_new_fields_defaulted(
-    encoding: Encoding,
-    prefix: str,
-    kafka_admin: Any,
-    engine: sa.Engine,
-    database_url: str,
-    kafka_bootstrap: str,
-    tmp_path: Path,
+    orders: Orders,
 ) -> None:
-    v1, v2 = versions(prefix, kafka_admin, encoding)
-    schemas = catalog(tmp_path / "catalog", v1, v2)
-    publish_events(kafka_bootstrap, Codec(registry=v1.registry), events(v1, 40))
-    consumer = ConsumeProcess(
-        2, prefix, database_url, kafka_bootstrap, "--schemas-dir", str(schemas),
-        cwd=tmp_path, encoding=encoding,
-    )  # fmt: skip
-    try:
-        applied, dead = settle(engine, kafka_bootstrap, v2, 40, consumer)
-    finally:
-        log = consumer.stop()
+    v1, v2 = orders.v1, orders.v2
+    schemas = catalog(orders.cwd / "catalog", v1, v2)
+    orders.publish(v1, events(v1, 40))
+    applied, dead, log = orders.consume(v2, 40, "--schemas-dir", str(schemas))
     assert (applied, dead) == (40, 0), "every v1 record applied by the v2 code, none dead"
-    assert rows(engine) == [(f"o-{i % 7}", i, "EUR", 2) for i in range(40)], "default taken"
+    assert rows(orders.engine) == [(f"o-{i % 7}", i, "EUR", 2) for i in range(40)], "default taken"
     assert dead_letter_warnings(log) == []
 
 
-def test_a_producer_deployed_first_has_v2_records_applied_by_v1_code(
-    prefix: str,
-    kafka_admin: Any,
-    engine: sa.Engine,
-    database_url: str,
-    kafka_bootstrap: str,
-    tmp_path: Path,
-) -> None:
-    v1, v2 = versions(prefix, kafka_admin)
-    schemas = catalog(tmp_path / "catalog", v1, v2)  # the v2 schema is committed with the change
-    publish_events(kafka_bootstrap, Codec(registry=v2.registry), events(v2, 40, currency="USD"))
-    consumer = ConsumeProcess(
-        1, prefix, database_url, kafka_bootstrap,
-        cwd=tmp_path, env={"ONCELY_SCHEMAS_DIR": str(schemas)},
-    )  # fmt: skip
-    try:
-        applied, dead = settle(engine, kafka_bootstrap, v1, 40, consumer)
-    finally:
-        log = consumer.stop()
+def test_a_producer_deployed_first_has_v2_records_applied_by_v1_code(orders: Orders) -> None:
+    v1, v2 = orders.v1, orders.v2
+    schemas = catalog(orders.cwd / "catalog", v1, v2)  # the v2 schema is committed with the change
+    orders.publish(v2, events(v2, 40, currency="USD"))
+    applied, dead, log = orders.consume(v1, 40, env={"ONCELY_SCHEMAS_DIR": str(schemas)})
     assert (applied, dead) == (40, 0), "every v2 record applied by the v1 code, none dead"
-    assert rows(engine) == [(f"o-{i % 7}", i, None, 1) for i in range(40)], "new field dropped"
+    assert rows(orders.engine) == [(f"o-{i % 7}", i, None, 1) for i in range(40)], (
+        "new field dropped"
+    )
     assert dead_letter_warnings(log) == []
 
 
-def test_a_replay_to_earliest_after_the_upgrade_applies_the_old_records(
-    prefix: str,
-    kafka_admin: Any,
-    engine: sa.Engine,
-    database_url: str,
-    kafka_bootstrap: str,
-    tmp_path: Path,
-) -> None:
-    v1, v2 = versions(prefix, kafka_admin)
-    schemas = catalog(tmp_path / "schemas", v1)  # ./schemas of the service's checkout
-    publish_events(kafka_bootstrap, Codec(registry=v1.registry), events(v1, 20))
-    before = ConsumeProcess(1, prefix, database_url, kafka_bootstrap, cwd=tmp_path)
-    try:
-        assert settle(engine, kafka_bootstrap, v1, 20, before) == (20, 0)
-    finally:
-        before.stop()
+def test_a_replay_to_earliest_after_the_upgrade_applies_the_old_records(orders: Orders) -> None:
+    v1, v2 = orders.v1, orders.v2
+    schemas = catalog(orders.cwd / "schemas", v1)  # ./schemas of the service's checkout
+    orders.publish(v1, events(v1, 20))
+    assert orders.consume(v1, 20)[:2] == (20, 0)
 
     # The upgrade: v2 is exported next to v1, producers and consumers run the v2 code.
     catalog(schemas, v2)
-    publish_events(kafka_bootstrap, Codec(registry=v2.registry), events(v2, 20, start=20))
-    upgraded = ConsumeProcess(2, prefix, database_url, kafka_bootstrap, cwd=tmp_path)
-    try:
-        assert settle(engine, kafka_bootstrap, v2, 40, upgraded) == (40, 0)
-    finally:
-        upgraded.stop()
+    orders.publish(v2, events(v2, 20, start=20))
+    assert orders.consume(v2, 40)[:2] == (40, 0)
 
     # Rebuild the projection from the topic: forget it and its receipts, replay to earliest.
-    with engine.begin() as conn:
+    with orders.engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM orders_applied"))
         conn.execute(sa.text("DELETE FROM oncely_receipts WHERE effect = :e"), {"e": EFFECT})
     replay = oncely_process(
         *("replay", "--app", "tests.apps.orders:effects_v2", "--effect", EFFECT),
-        *("--to-earliest", "--execute", "--bootstrap-servers", kafka_bootstrap),
-        cwd=tmp_path,
+        *("--to-earliest", "--execute", "--bootstrap-servers", orders.bootstrap),
+        cwd=orders.cwd,
         env={
             "PYTHONPATH": str(REPO),
-            "ONCELY_TEST_TOPIC_PREFIX": prefix,
-            "ONCELY_TEST_GROUP_PREFIX": prefix,
+            "ONCELY_TEST_TOPIC_PREFIX": orders.prefix,
+            "ONCELY_TEST_GROUP_PREFIX": orders.prefix,
         },
         timeout=60,
     )
     assert replay.returncode == 0, replay.stderr
     assert "40 record(s) will be re-read" in replay.stdout
 
-    replayed = ConsumeProcess(2, prefix, database_url, kafka_bootstrap, cwd=tmp_path)
-    try:
-        applied, dead = settle(engine, kafka_bootstrap, v2, 40, replayed)
-    finally:
-        log = replayed.stop()
+    applied, dead, log = orders.consume(v2, 40)
     assert (applied, dead) == (40, 0), "the v1 history applied again, none dead-lettered"
-    assert rows(engine) == [
+    assert rows(orders.engine) == [
         *[(f"o-{i % 7}", i, "EUR", 2) for i in range(20)],
         *[(f"o-{i % 7}", i, "EUR", 2) for i in range(20, 40)],
     ]
@@ -281,27 +282,16 @@ def test_a_replay_to_earliest_after_the_upgrade_applies_the_old_records(
 
 
 def test_an_unknown_writer_schema_is_dead_lettered_with_the_reason_and_a_warning(
-    prefix: str,
-    kafka_admin: Any,
-    engine: sa.Engine,
-    database_url: str,
-    kafka_bootstrap: str,
-    tmp_path: Path,
+    orders: Orders,
 ) -> None:
-    v1, v2 = versions(prefix, kafka_admin)
-    schemas = catalog(tmp_path / "catalog", v1)  # v2 was never exported to this catalog
+    v1, v2 = orders.v1, orders.v2
+    schemas = catalog(orders.cwd / "catalog", v1)  # v2 was never exported to this catalog
     sent = events(v2, 5, currency="USD")
-    publish_events(kafka_bootstrap, Codec(registry=v2.registry), sent)
-    consumer = ConsumeProcess(
-        1, prefix, database_url, kafka_bootstrap, "--schemas-dir", str(schemas), cwd=tmp_path
-    )
-    try:
-        applied, dead = settle(engine, kafka_bootstrap, v1, 5, consumer)
-    finally:
-        log = consumer.stop()
+    orders.publish(v2, sent)
+    applied, dead, log = orders.consume(v1, 5, "--schemas-dir", str(schemas))
     assert (applied, dead) == (0, 5)
     fingerprint = v2.registry.get("order.placed").fingerprint.hex()
-    dlq = read_topics(kafka_bootstrap, [v1.effects.get(EFFECT).dlq_topic(v1.topic)])
+    dlq = read_topics(orders.bootstrap, [v1.effects.get(EFFECT).dlq_topic(v1.topic)])
     # the DLQ has its source topic's partitions: order holds per key, not across the topic
     assert sorted(r.headers["id"].decode() for r in dlq) == sorted(str(i) for i, _ in sent)
     for record in dlq:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,45 +85,37 @@ def _ledger_row(event: Any, ctx: EffectContext[Any]) -> dict[str, Any]:
     }
 
 
-def _post(event: Any, ctx: EffectContext) -> None:
-    ctx.session.execute(sa.insert(ledger).values(_ledger_row(event, ctx)))
-
-
-def _post_insert(event: Any, ctx: EffectContext) -> None:
-    ctx.insert(ledger, _ledger_row(event, ctx))
-
-
-def _post_batch(batch: Sequence[tuple[Any, EffectContext]]) -> None:
-    for event, ctx in batch:
-        ctx.insert(ledger, _ledger_row(event, ctx))
-
-
-async def _post_async(event: Any, ctx: AsyncEffectContext) -> None:
-    row = _ledger_row(event, ctx)
-    await asyncio.sleep(0)  # a real await between the handler's start and its write
-    await ctx.session.execute(sa.insert(ledger).values(row))
-
-
 def _notification(event: Any, ctx: EffectContext[Any]) -> dict[str, Any]:
     # Violates the foreign key until the account exists: the receipt rolls back with it.
     return {"event_id": ctx.event_id, "account_id": event.account_id}
 
 
-def _notify(event: Any, ctx: EffectContext) -> None:
-    ctx.session.execute(sa.insert(notifications).values(_notification(event, ctx)))
+@dataclass(frozen=True)
+class _Writes:
+    """Handlers that write ``row(event, ctx)`` into ``table``, one for each way a handler can
+    write: through ``ctx.session``, through ``ctx.insert``, as a batch handler, as an async one."""
+
+    table: sa.Table
+    row: Callable[[Any, EffectContext[Any]], dict[str, Any]]
+
+    def session(self, event: Any, ctx: EffectContext) -> None:
+        ctx.session.execute(sa.insert(self.table).values(self.row(event, ctx)))
+
+    def insert(self, event: Any, ctx: EffectContext) -> None:
+        ctx.insert(self.table, self.row(event, ctx))
+
+    def batch(self, batch: Sequence[tuple[Any, EffectContext]]) -> None:
+        for event, ctx in batch:
+            self.insert(event, ctx)
+
+    async def session_async(self, event: Any, ctx: AsyncEffectContext) -> None:
+        row = self.row(event, ctx)
+        await asyncio.sleep(0)  # a real await between the handler's start and its write
+        await ctx.session.execute(sa.insert(self.table).values(row))
 
 
-def _notify_insert(event: Any, ctx: EffectContext) -> None:
-    ctx.insert(notifications, _notification(event, ctx))
-
-
-def _notify_batch(batch: Sequence[tuple[Any, EffectContext]]) -> None:
-    for event, ctx in batch:
-        ctx.insert(notifications, _notification(event, ctx))
-
-
-async def _notify_async(event: Any, ctx: AsyncEffectContext) -> None:
-    await ctx.session.execute(sa.insert(notifications).values(_notification(event, ctx)))
+_post = _Writes(ledger, _ledger_row)
+_notify = _Writes(notifications, _notification)
 
 
 def _email(event: Any, ctx: EffectContext) -> None:
@@ -140,18 +132,16 @@ def build(topic_prefix: str, group_prefix: str = "", *, ways: bool = False) -> A
     quick = FailurePolicy(max_attempts=3, initial_backoff_seconds=0.1, max_backoff_seconds=0.2)
     patient = FailurePolicy(max_attempts=200, initial_backoff_seconds=0.1, max_backoff_seconds=0.2)
     blocking = FailurePolicy(max_attempts=2, initial_backoff_seconds=0.1, then="block")
-    effects.effect("ledger", on=[model], failure=quick)(_post)
-    effects.effect("audit", on=[model], failure=quick)(_post_insert)
-    effects.effect("notify", on=[model], failure=patient)(_notify)
+    effects.effect("ledger", on=[model], failure=quick)(_post.session)
+    effects.effect("audit", on=[model], failure=quick)(_post.insert)
+    effects.effect("notify", on=[model], failure=patient)(_notify.session)
     if ways:
-        effects.effect("ledger.insert", on=[model], failure=quick)(_post_insert)
-        effects.effect("ledger.batch", on=[model], failure=quick, batch=True)(_post_batch)
-        effects.effect("ledger.async", on=[model], failure=quick)(_post_async)
-        effects.effect("notify.insert", on=[model], failure=patient)(_notify_insert)
-        effects.effect("notify.batch", on=[model], failure=patient, batch=True)(_notify_batch)
-        effects.effect("notify.async", on=[model], failure=patient)(_notify_async)
+        for name, writes, failure in [("ledger", _post, quick), ("notify", _notify, patient)]:
+            effects.effect(f"{name}.insert", on=[model], failure=failure)(writes.insert)
+            effects.effect(f"{name}.batch", on=[model], failure=failure, batch=True)(writes.batch)
+            effects.effect(f"{name}.async", on=[model], failure=failure)(writes.session_async)
     effects.effect("email", on=[model], failure=quick)(_email)
-    effects.effect("strict", on=[model], failure=blocking)(_post)
+    effects.effect("strict", on=[model], failure=blocking)(_post.session)
     return App(registry, effects, model)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import sqlalchemy as sa
@@ -19,7 +21,7 @@ from sqlalchemy.orm import Session
 from oncely.producer.staging import stage
 from oncely.schemas.codec import Codec
 from tests.chaos.harness import Pipeline, Proc
-from tests.chaos.ledger import check
+from tests.chaos.ledger import LedgerReport, check
 from tests.helpers import count_published, read_topics, wait_until
 
 #: The relay loop's failpoints, in the order a page meets them (oncely/failpoints.py).
@@ -152,16 +154,35 @@ def _wait_published(relay: Proc, timeout: float = 60) -> float:
     return time.monotonic() - started
 
 
+@contextmanager
+def _writing_under_load(chaos: Pipeline, *, pause: float) -> Iterator[None]:
+    """One writer stages batches over 50 keys (one event of 11 rolled back in each), ``pause``
+    seconds apart, for as long as the block runs."""
+    stop = threading.Event()
+    writer = chaos.write_until(stop, keys=50, rollback_every=11, pause=pause)
+    try:
+        yield
+    finally:
+        stop.set()
+        writer.join(60)
+
+
+def _drained(chaos: Pipeline) -> tuple[float, LedgerReport]:
+    """Wait (up to 300 s) until every committed row is applied: the seconds it took and the
+    ledger check then."""
+    recovery = chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
+    report = check(chaos.engine, chaos.bootstrap, topics=[chaos.app.topic], effects=["ledger"])
+    return recovery, report
+
+
 @pytest.mark.chaos
 @pytest.mark.timeout(600)
 def test_s1_a_relay_killed_under_load_is_taken_over_quickly(chaos: Pipeline) -> None:
     """SIGKILL the relay under load, restart it: with the default settings its successor
     publishes again within ~10 s (the dead relay's 6 s shard leases must expire)."""
     chaos.consumer().start()
-    stop = threading.Event()
-    writer = chaos.write_until(stop, keys=50, rollback_every=11, pause=0)
     takeovers: list[float] = []
-    try:
+    with _writing_under_load(chaos, pause=0):
         relay = chaos.relay("relay-0", metrics=True, defaults=True).start()
         _wait_published(relay)
         for kill in range(1, 5):
@@ -171,12 +192,7 @@ def test_s1_a_relay_killed_under_load_is_taken_over_quickly(chaos: Pipeline) -> 
             relay = chaos.relay(f"relay-{kill}", metrics=True, defaults=True).start()
             _wait_published(relay)
             takeovers.append(time.monotonic() - killed)
-    finally:
-        stop.set()
-        writer.join(60)
-    committed = chaos.count("SELECT count(*) FROM oncely_outbox")
-    recovery = chaos.wait_applied(committed, timeout=300)
-    report = check(chaos.engine, chaos.bootstrap, topics=[chaos.app.topic], effects=["ledger"])
+    recovery, report = _drained(chaos)
     print(
         f"S1 kills={len(takeovers)} takeover_after_sigkill="
         f"{'/'.join(f'{t:.1f}' for t in takeovers)}s (max {max(takeovers):.1f}s) "
@@ -268,8 +284,6 @@ def test_s14_three_relays_joining_and_leaving_under_load_share_the_shards(
     others join: the shards are shared fairly after each change, and the ledger holds."""
     chaos.consumer().start()
     total = chaos.count("SELECT count(*) FROM oncely_relay_shards")
-    stop = threading.Event()
-    writer = chaos.write_until(stop, keys=50, rollback_every=11, pause=0.05)
     relays: dict[str, Proc] = {}
     timings: list[str] = []
 
@@ -293,7 +307,7 @@ def test_s14_three_relays_joining_and_leaving_under_load_share_the_shards(
         for name in names:
             wait_until(lambda n=name: relays[n].published() > 0, timeout=60)  # type: ignore[misc]
 
-    try:
+    with _writing_under_load(chaos, pause=0.05):
         for name in ("r0", "r1", "r2"):
             join(name)
             time.sleep(2)
@@ -309,11 +323,6 @@ def test_s14_three_relays_joining_and_leaving_under_load_share_the_shards(
         join("r4")
         shared("join_r4")
         time.sleep(3)
-    finally:
-        stop.set()
-        writer.join(60)
-    committed = chaos.count("SELECT count(*) FROM oncely_outbox")
-    recovery = chaos.wait_applied(committed, timeout=300)
-    report = check(chaos.engine, chaos.bootstrap, topics=[chaos.app.topic], effects=["ledger"])
+    recovery, report = _drained(chaos)
     print(f"S14 {' '.join(timings)} drain={recovery:.1f}s {chaos.peak_memory()} {report.summary()}")
     assert report.ok, f"{report.summary()}\n{chaos.logs()}"

@@ -303,26 +303,29 @@ def test_an_async_handler_runs_to_completion_in_the_sync_worker(engine: sa.Engin
 # -- fences: a lost lease never reports success -----------------------------------------------
 
 
-def test_a_late_result_is_refused(engine: sa.Engine) -> None:
+def _leased_by_worker_a_and_lapsed(engine: sa.Engine) -> tuple[TaskStore, Task]:
+    """A new task leased by worker-a whose lease then ran out, and the store that leased it."""
     task_id = _enqueue(engine, "email.send", {})
     store = TaskStore(engine=engine, lease_seconds=30)
     task = store.lease("worker-a", ["email.send"])
     assert task is not None
+    assert task.id == task_id
     _lapse(engine, task_id)
+    return store, task
+
+
+def test_a_late_result_is_refused(engine: sa.Engine) -> None:
+    store, task = _leased_by_worker_a_and_lapsed(engine)
     with pytest.raises(LeaseLostError, match="success is not recorded"):
         store.complete(task)
     with pytest.raises(LeaseLostError, match="failure is not recorded"):
         store.fail(task, RuntimeError("late"))
-    row = _row(engine, task_id)
+    row = _row(engine, task.id)
     assert (row["status"], row["last_error"], row["lease_owner"]) == ("leased", None, "worker-a")
 
 
 def test_a_settle_with_a_stale_attempt_is_refused_after_a_newer_lease(engine: sa.Engine) -> None:
-    task_id = _enqueue(engine, "email.send", {})
-    store = TaskStore(engine=engine, lease_seconds=30)
-    old = store.lease("worker-a", ["email.send"])
-    assert old is not None
-    _lapse(engine, task_id)
+    store, old = _leased_by_worker_a_and_lapsed(engine)
     assert [c.outcome for c in store.sweep()] == ["requeued"]
     new = store.lease("worker-b", ["email.send"])
     assert new is not None
@@ -334,7 +337,7 @@ def test_a_settle_with_a_stale_attempt_is_refused_after_a_newer_lease(engine: sa
     with pytest.raises(LeaseLostError):
         store.complete(stale_attempt)
     store.complete(new)
-    assert _row(engine, task_id)["status"] == "completed"
+    assert _row(engine, old.id)["status"] == "completed"
 
 
 def test_a_worker_counts_a_lost_lease_and_never_reports_success(engine: sa.Engine) -> None:

@@ -90,33 +90,30 @@ def _verify(app: App, engine: sa.Engine, bootstrap: str, since: datetime, **kw: 
     )
 
 
-def _cli(app: App, monkeypatch: pytest.MonkeyPatch, *args: str) -> CliResult:
-    monkeypatch.setenv("ONCELY_TEST_TOPIC_PREFIX", app.registry.topic_prefix)
-    monkeypatch.setenv("ONCELY_TEST_GROUP_PREFIX", app.effects.group_prefix)
-    monkeypatch.delitem(sys.modules, "tests.apps.ledger")  # re-imported with the env above
-    return oncely_cli("verify", "--app", "tests.apps.ledger:effects", *args)
+@pytest.fixture
+def verify_cli(
+    app: App, database_url: str, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., CliResult]:
+    """``oncely verify`` of the app's EFFECTS against this database and broker, in this process."""
+
+    def run(*args: str) -> CliResult:
+        monkeypatch.setenv("ONCELY_TEST_TOPIC_PREFIX", app.registry.topic_prefix)
+        monkeypatch.setenv("ONCELY_TEST_GROUP_PREFIX", app.effects.group_prefix)
+        monkeypatch.delitem(sys.modules, "tests.apps.ledger")  # re-imported with the env above
+        return oncely_cli(
+            *("verify", "--app", "tests.apps.ledger:effects", "--database-url", database_url),
+            *("--bootstrap-servers", kafka_bootstrap),
+            *(option for effect in EFFECTS for option in ("--effect", effect)),
+            *args,
+        )
+
+    return run
 
 
 def test_a_clean_window_verifies_and_the_command_exits_0(
-    app: App,
-    engine: sa.Engine,
-    database_url: str,
-    kafka_bootstrap: str,
-    since: datetime,
-    pipeline: list[uuid.UUID],
-    monkeypatch: pytest.MonkeyPatch,
+    since: datetime, pipeline: list[uuid.UUID], verify_cli: Callable[..., CliResult]
 ) -> None:
-    result = _cli(
-        app,
-        monkeypatch,
-        "--since",
-        since.isoformat(),
-        "--database-url",
-        database_url,
-        "--bootstrap-servers",
-        kafka_bootstrap,
-        *("--effect", "ledger", "--effect", "audit", "--json"),
-    )
+    result = verify_cli("--since", since.isoformat(), "--json")
 
     assert result.exit_code == 0, result.stdout + result.stderr
     document = json.loads(result.stdout)
@@ -215,11 +212,10 @@ def test_published_rows_missing_from_their_topic_are_lost(
 def test_an_effect_applied_out_of_order_or_not_at_all_is_reported(
     app: App,
     engine: sa.Engine,
-    database_url: str,
     kafka_bootstrap: str,
     since: datetime,
     pipeline: list[uuid.UUID],
-    monkeypatch: pytest.MonkeyPatch,
+    verify_cli: Callable[..., CliResult],
 ) -> None:
     key_events = pipeline[1::4]  # acc-1's three events, in seq order
     with engine.begin() as conn:
@@ -237,12 +233,7 @@ def test_an_effect_applied_out_of_order_or_not_at_all_is_reported(
         )
 
     report = _verify(app, engine, kafka_bootstrap, since)
-    result = _cli(
-        app,
-        monkeypatch,
-        *("--since", "15m", "--database-url", database_url),
-        *("--bootstrap-servers", kafka_bootstrap, "--effect", "ledger", "--effect", "audit"),
-    )
+    result = verify_cli("--since", "15m")
 
     ledger, audit = report.effects
     assert (ledger.out_of_order, ledger.not_applied) == (2, 0)

@@ -26,9 +26,24 @@ from oncely.events import Registry
 from oncely.schemas.catalog import SchemaCatalog, SchemaEntry
 from oncely.schemas.compatibility import CompatibilityMode, check_compatibility, incompatibilities
 
+UNITS = ("millis", "micros", "nanos")
+
+#: The timestamp logical types, all on long.
+TIMESTAMPS = [f"{local}timestamp-{unit}" for local in ("", "local-") for unit in UNITS]
+
 
 def _fixed(size: int, **props: Any) -> dict[str, Any]:
     return {"type": "fixed", "name": "F", "size": size, **props}
+
+
+def _logical(underlying: str, logical: str) -> tuple[dict[str, Any], str]:
+    """``logical`` on ``underlying`` and how the gate describes it."""
+    return {"type": underlying, "logicalType": logical}, f"{logical} ({underlying})"
+
+
+def _decimal(precision: int, scale: int) -> tuple[dict[str, Any], str]:
+    schema = {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": scale}
+    return schema, f"decimal(precision={precision}, scale={scale}) (bytes)"
 
 
 #: label -> (schema, how the gate describes it). The label also names the logical type (and
@@ -40,52 +55,20 @@ VARIANTS: dict[str, tuple[Any, str]] = {
     "bytes": ("bytes", "bytes (no logical type)"),
     "fixed12": (_fixed(12), "fixed (no logical type)"),
     "fixed16": (_fixed(16), "fixed (no logical type)"),
-    "decimal(4,2)": (
-        {"type": "bytes", "logicalType": "decimal", "precision": 4, "scale": 2},
-        "decimal(precision=4, scale=2) (bytes)",
-    ),
-    "decimal(5,2)": (
-        {"type": "bytes", "logicalType": "decimal", "precision": 5, "scale": 2},
-        "decimal(precision=5, scale=2) (bytes)",
-    ),
-    "decimal(4,3)": (
-        {"type": "bytes", "logicalType": "decimal", "precision": 4, "scale": 3},
-        "decimal(precision=4, scale=3) (bytes)",
-    ),
+    "decimal(4,2)": _decimal(4, 2),
+    "decimal(5,2)": _decimal(5, 2),
+    "decimal(4,3)": _decimal(4, 3),
     "fixed-decimal(4,2)": (
         _fixed(12, logicalType="decimal", precision=4, scale=2),
         "decimal(precision=4, scale=2) (fixed)",
     ),
-    "big-decimal": ({"type": "bytes", "logicalType": "big-decimal"}, "big-decimal (bytes)"),
-    "uuid": ({"type": "string", "logicalType": "uuid"}, "uuid (string)"),
+    "big-decimal": _logical("bytes", "big-decimal"),
+    "uuid": _logical("string", "uuid"),
     "fixed-uuid": (_fixed(16, logicalType="uuid"), "uuid (fixed)"),
-    "date": ({"type": "int", "logicalType": "date"}, "date (int)"),
-    "time-millis": ({"type": "int", "logicalType": "time-millis"}, "time-millis (int)"),
-    "time-micros": ({"type": "long", "logicalType": "time-micros"}, "time-micros (long)"),
-    "timestamp-millis": (
-        {"type": "long", "logicalType": "timestamp-millis"},
-        "timestamp-millis (long)",
-    ),
-    "timestamp-micros": (
-        {"type": "long", "logicalType": "timestamp-micros"},
-        "timestamp-micros (long)",
-    ),
-    "timestamp-nanos": (
-        {"type": "long", "logicalType": "timestamp-nanos"},
-        "timestamp-nanos (long)",
-    ),
-    "local-timestamp-millis": (
-        {"type": "long", "logicalType": "local-timestamp-millis"},
-        "local-timestamp-millis (long)",
-    ),
-    "local-timestamp-micros": (
-        {"type": "long", "logicalType": "local-timestamp-micros"},
-        "local-timestamp-micros (long)",
-    ),
-    "local-timestamp-nanos": (
-        {"type": "long", "logicalType": "local-timestamp-nanos"},
-        "local-timestamp-nanos (long)",
-    ),
+    "date": _logical("int", "date"),
+    "time-millis": _logical("int", "time-millis"),
+    "time-micros": _logical("long", "time-micros"),
+    **{name: _logical("long", name) for name in TIMESTAMPS},
     "duration": (_fixed(12, logicalType="duration"), "duration (fixed)"),
 }
 PLAIN = {"int", "long", "string", "bytes", "fixed12", "fixed16"}
@@ -149,6 +132,14 @@ def test_a_logical_type_on_a_type_that_cannot_carry_it_is_ignored() -> None:
     assert incompatibilities(reader=_record(wrong_size), writer=_record(_fixed(8))) == []
 
 
+def _array(items: Any) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+def _map(values: Any) -> dict[str, Any]:
+    return {"type": "map", "values": values}
+
+
 MILLIS = {"type": "long", "logicalType": "timestamp-millis"}
 MICROS = {"type": "long", "logicalType": "timestamp-micros"}
 
@@ -156,20 +147,8 @@ MICROS = {"type": "long", "logicalType": "timestamp-micros"}
 @pytest.mark.parametrize(
     ("reader_type", "writer_type", "location", "path"),
     [
-        pytest.param(
-            {"type": "array", "items": MICROS},
-            {"type": "array", "items": MILLIS},
-            "/fields/0/type/items",
-            "at[]",
-            id="array",
-        ),
-        pytest.param(
-            {"type": "map", "values": MICROS},
-            {"type": "map", "values": MILLIS},
-            "/fields/0/type/values",
-            "at{}",
-            id="map",
-        ),
+        pytest.param(_array(MICROS), _array(MILLIS), "/fields/0/type/items", "at[]", id="array"),
+        pytest.param(_map(MICROS), _map(MILLIS), "/fields/0/type/values", "at{}", id="map"),
         pytest.param(["null", MICROS], ["null", MILLIS], "/fields/0/type/1", "at", id="union"),
         pytest.param(["null", MICROS], MILLIS, "/fields/0/type/1", "at", id="to-union"),
         pytest.param(MICROS, [MILLIS], "/fields/0/type", "at", id="from-union"),
@@ -181,10 +160,8 @@ MICROS = {"type": "long", "logicalType": "timestamp-micros"}
             id="union-promotion",
         ),
         pytest.param(
-            _record(["null", {"type": "array", "items": _record(MICROS) | {"name": "l"}}])
-            | {"name": "m"},
-            _record(["null", {"type": "array", "items": _record(MILLIS) | {"name": "l"}}])
-            | {"name": "m"},
+            _record(["null", _array(_record(MICROS) | {"name": "l"})]) | {"name": "m"},
+            _record(["null", _array(_record(MILLIS) | {"name": "l"})]) | {"name": "m"},
             "/fields/0/type/fields/0/type/1/items/fields/0/type",
             "at.at[].at",
             id="nested",

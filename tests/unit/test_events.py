@@ -93,35 +93,33 @@ def test_unknown_model_is_named() -> None:
         Registry().for_model(Added)
 
 
-def test_duplicate_type_name_is_rejected() -> None:
-    registry = Registry()
-    registry.register(Added, name="download.added", key="download_id", aggregate="d")
-    with pytest.raises(DuplicateEventTypeError, match=r"'download.added' is already registered"):
-        registry.register(Removed, name="download.added", key="download_id", aggregate="d")
-
-
-def test_one_model_is_one_event_type() -> None:
-    registry = Registry()
-    registry.register(Added, name="download.added", key="download_id", aggregate="d")
-    with pytest.raises(DuplicateEventTypeError, match=r"Added is already registered"):
-        registry.register(Added, name="download.readded", key="download_id", aggregate="d")
-
-
-def test_duplicate_topic_is_rejected_naming_both_owners() -> None:
-    registry = Registry()
-    registry.register(Added, name="download.added", key="download_id", aggregate="d", topic="t")
-    with pytest.raises(DuplicateTopicError, match=r"'t' of event type 'download.removed'.*"
-                       "topic of event type 'download.added'"):  # fmt: skip
-        registry.register(
-            Removed, name="download.removed", key="download_id", aggregate="d", topic="t"
-        )
-
-
-def test_topics_colliding_in_metric_names_are_rejected() -> None:
+@pytest.mark.parametrize(
+    ("model", "name", "topic", "error", "message"),
+    [
+        (Removed, "a.b", None, DuplicateEventTypeError, r"'a.b' is already registered"),
+        (Added, "a.c", None, DuplicateEventTypeError, r"Added is already registered"),
+        (
+            Removed,
+            "a.c",
+            "a.b",
+            DuplicateTopicError,
+            r"'a.b' of event type 'a.c'.*topic of event type 'a.b'",
+        ),
+        (Removed, "a_b", None, DuplicateTopicError, r"'a_b'.*collides with 'a.b'"),
+    ],
+    ids=["type-name", "one-model-one-type", "topic-naming-both-owners", "metric-name-collision"],
+)
+def test_a_declaration_clashing_with_a_registered_one_is_rejected(
+    model: type[BaseModel],
+    name: str,
+    topic: str | None,
+    error: type[RegistryError],
+    message: str,
+) -> None:
     registry = Registry()
     registry.register(Added, name="a.b", key="download_id", aggregate="d")
-    with pytest.raises(DuplicateTopicError, match=r"'a_b'.*collides with 'a.b'"):
-        registry.register(Removed, name="a_b", key="download_id", aggregate="d")
+    with pytest.raises(error, match=message):
+        registry.register(model, name=name, key="download_id", aggregate="d", topic=topic)
 
 
 def test_failed_declaration_leaves_the_registry_unchanged() -> None:
