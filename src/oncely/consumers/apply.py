@@ -83,6 +83,11 @@ class Failure:
     def offset(self) -> int:
         return self.message.offset() or 0
 
+    @property
+    def partition_id(self) -> PartitionId:
+        """The record's ``(topic, partition)``."""
+        return topic_partition(self.message)
+
 
 @dataclass
 class BatchResult:
