@@ -83,6 +83,11 @@ class Failure:
     def offset(self) -> int:
         return self.message.offset() or 0
 
+    @property
+    def partition_id(self) -> PartitionId:
+        """The record's ``(topic, partition)``."""
+        return topic_partition(self.message)
+
 
 @dataclass
 class BatchResult:
@@ -198,9 +203,7 @@ class Applier:
             if stopped and tp in stopped:
                 continue
             if isinstance(record, Undecodable):
-                outcome.failures.append(
-                    Failure(message, record.reason, "undecodable", record.failure)
-                )
+                outcome.failures.append(_undecodable(record))
                 stopped.add(tp)
                 continue
             offset = message.offset() or 0
@@ -253,57 +256,51 @@ class Applier:
             tp = topic_partition(message)
             if tp in stopped:
                 continue
-            if isinstance(record, Undecodable):
-                outcome.failures.append(
-                    Failure(message, record.reason, "undecodable", record.failure)
-                )
+            applied = self._apply_one(session, record, handed)
+            if isinstance(applied, Failure):
+                outcome.failures.append(applied)
                 stopped.add(tp)
-                continue
-            savepoint = session.begin_nested()
-            try:
-                applied = self._apply_one(session, record, handed)
-            except Exception as exc:  # the failure policy decides, nothing is swallowed
-                savepoint.rollback()
-                outcome.failures.append(Failure(message, exc, "handler"))
-                stopped.add(tp)
-                continue
-            if isinstance(applied, Undecodable):
-                savepoint.rollback()
-                outcome.failures.append(
-                    Failure(message, applied.reason, "undecodable", applied.failure)
-                )
-                stopped.add(tp)
-                continue
-            savepoint.commit()
-            outcome.done[tp] = (message.offset() or 0) + 1
-            if applied:
-                outcome.applied += 1
             else:
-                outcome.duplicates += 1
+                outcome.done[tp] = (message.offset() or 0) + 1
+                if applied:
+                    outcome.applied += 1
+                else:
+                    outcome.duplicates += 1
         failpoint("consumer.after_effect_before_db_commit")
         return outcome
 
     def _apply_one(
-        self, session: Session, envelope: Envelope, handed: Session | AsyncSession
-    ) -> bool | Undecodable:
-        message = envelope.message
-        if not receipts.insert_receipt(
-            session,
-            effect=self.effect.name,
-            event_id=envelope.event_id,
-            topic=message.topic(),
-            partition=message.partition(),
-            offset=message.offset(),
-        ):
-            return False
-        decoded = decode_event(envelope, codec=self.codec)
+        self, session: Session, record: Record, handed: Session | AsyncSession
+    ) -> bool | Failure:
+        """Apply ``record`` in a savepoint of its own: ``True`` when it was new, ``False`` when
+        its receipt was there already, else why it failed (its savepoint rolled back)."""
+        if isinstance(record, Undecodable):
+            return _undecodable(record)
+        message = record.message
+        savepoint = session.begin_nested()
+        try:
+            new = receipts.insert_receipt(
+                session,
+                effect=self.effect.name,
+                event_id=record.event_id,
+                topic=message.topic(),
+                partition=message.partition(),
+                offset=message.offset(),
+            )
+            decoded = decode_event(record, codec=self.codec) if new else None
+            if isinstance(decoded, Decoded):
+                writes = Writes()
+                self._call_handler([decoded], handed, writes)
+                writes.write(session)
+                session.flush()  # integrity errors surface here, inside the record's savepoint
+        except Exception as exc:  # the failure policy decides, nothing is swallowed
+            savepoint.rollback()
+            return Failure(message, exc, "handler")
         if isinstance(decoded, Undecodable):
-            return decoded
-        writes = Writes()
-        self._call_handler([decoded], handed, writes)
-        writes.write(session)
-        session.flush()  # integrity errors surface here, inside the record's savepoint
-        return True
+            savepoint.rollback()
+            return _undecodable(decoded)
+        savepoint.commit()
+        return new
 
     def _call_handler(
         self, records: Sequence[Decoded], session: Session | AsyncSession, writes: Writes
@@ -363,6 +360,10 @@ class Applier:
             f"declared async but returned an awaitable ({type(result).__name__}), which would "
             "never run; declare it with `async def`"
         )
+
+
+def _undecodable(record: Undecodable) -> Failure:
+    return Failure(record.message, record.reason, "undecodable", record.failure)
 
 
 def _database_failure(records: Sequence[Record], exc: sa.exc.DBAPIError) -> BatchResult:

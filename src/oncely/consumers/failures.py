@@ -53,7 +53,7 @@ class FailureHandling:
 
     def handle(self, failure: Failure) -> None:
         """Retry, dead-letter or block ``failure``'s record (never raises for Kafka trouble)."""
-        tp = topic_partition(failure.message)
+        tp = failure.partition_id
         offset = failure.offset
         policy = self.effect.failure
         if failure.kind == "undecodable":
@@ -132,7 +132,7 @@ class FailureHandling:
 
 def dead_letter_fix(failure: Failure, *, effect: str) -> str:
     """How an operator repairs a dead-lettered record: the cause's fix, then the redrive."""
-    tp = topic_partition(failure.message)
+    tp = failure.partition_id
     redrive = (
         f"then redrive it with `oncely replay --app <module:effects> --effect {effect} "
         f"--to-offset {tp[0]}:{tp[1]}:{failure.offset} --execute` (consumers stopped)"

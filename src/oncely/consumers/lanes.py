@@ -24,40 +24,18 @@ from oncely.consumers.apply import (
     Failure,
     PartitionId,
     Record,
-    topic_partition,
 )
-from oncely.consumers.effects import Effect
-from oncely.runtime.metrics import ConsumerMetrics
-from oncely.runtime.tracing import Tracing
-from oncely.schemas.codec import Codec
 
 
 class Lanes:
-    """Applies batches of ``effect`` (an ``async`` one's in ``count`` lanes); used from one
-    thread (the apply thread), which must also :meth:`close` it."""
+    """Applies batches through ``applier`` (an ``async`` effect's in ``count`` lanes, on the
+    applier's async engine, which :meth:`close` disposes); used from one thread (the apply
+    thread), which must also :meth:`close` it."""
 
-    def __init__(
-        self,
-        effect: Effect,
-        engine: sa.Engine,
-        metrics: ConsumerMetrics,
-        codec: Codec,
-        count: int,
-        *,
-        group_id: str = "",
-        tracing: Tracing | None = None,
-    ) -> None:
+    def __init__(self, applier: Applier, count: int) -> None:
         self.count = count
-        self._async_engine = _async_engine(engine, count) if effect.is_async else None
-        self._applier = Applier(
-            effect,
-            engine,
-            metrics,
-            codec,
-            self._async_engine,
-            group_id=group_id,
-            tracing=tracing,
-        )
+        self._applier = applier
+        self._async_engine = applier.async_engine
         self._event_loop: asyncio.Runner | None = None  # created on the apply thread
 
     def apply(self, records: Sequence[Record]) -> list[BatchResult]:
@@ -81,9 +59,9 @@ class Lanes:
             self._event_loop = None
 
 
-def _async_engine(engine: sa.Engine, lanes: int) -> AsyncEngine:
-    """An asyncio engine on ``engine``'s database (psycopg 3's async driver), one connection
-    per lane."""
+def async_engine(engine: sa.Engine, lanes: int) -> AsyncEngine:
+    """The asyncio engine of an ``async`` effect's lanes: on ``engine``'s database (psycopg 3's
+    async driver), one connection per lane."""
     url = engine.url.set(drivername="postgresql+psycopg")
     return create_async_engine(url, pool_size=max(2, lanes), pool_pre_ping=True)
 
@@ -130,7 +108,7 @@ def merge_results(
         for tp, offset in result.done.items():
             next_offsets[tp] = max(next_offsets.get(tp, offset), offset)
         for failure in result.failures:
-            tp = topic_partition(failure.message)
+            tp = failure.partition_id
             if tp not in stops or failure.offset < stops[tp].offset:
                 stops[tp] = failure
     for tp, failure in stops.items():

@@ -58,7 +58,7 @@ from oncely.consumers.dlq import DeadLetters
 from oncely.consumers.effects import Effect
 from oncely.consumers.failures import FailureHandling
 from oncely.consumers.gate import PartitionGate
-from oncely.consumers.lanes import Lanes, merge_results
+from oncely.consumers.lanes import Lanes, async_engine, merge_results
 from oncely.consumers.membership import Membership
 from oncely.consumers.records import read_envelope
 from oncely.consumers.workers import LaneWorkers
@@ -118,8 +118,6 @@ class EffectConsumer:
         """``tracing`` records the handlers' spans (default: the global tracer provider)."""
         self.effect = effect
         self.group_id = group_id
-        self.codec = codec
-        self.engine = engine
         self.settings = settings
         self.metrics = metrics
         self.dead_letters = dead_letters
@@ -130,8 +128,16 @@ class EffectConsumer:
         # Lanes that keep taking work (sync effects with lanes > 1), or batch after batch.
         self._workers: LaneWorkers | None = None
         self._lanes: Lanes | None = None
+        applier = Applier(
+            effect,
+            engine,
+            metrics,
+            codec,
+            async_engine(engine, settings.lanes) if effect.is_async else None,
+            group_id=group_id,
+            tracing=tracing,
+        )
         if settings.lanes > 1 and not effect.is_async:
-            applier = Applier(effect, engine, metrics, codec, group_id=group_id, tracing=tracing)
             self._workers = LaneWorkers(
                 applier,
                 settings.lanes,
@@ -139,9 +145,7 @@ class EffectConsumer:
                 bound=_IN_FLIGHT_BATCHES * settings.batch_size,
             )
         else:
-            self._lanes = Lanes(
-                effect, engine, metrics, codec, settings.lanes, group_id=group_id, tracing=tracing
-            )
+            self._lanes = Lanes(applier, settings.lanes)
         self._commit_every = Every(_COMMIT_INTERVAL)
         self._uncommitted = False
         self._apply_thread = ThreadPoolExecutor(1, thread_name_prefix=f"apply-{effect.name}")
@@ -402,7 +406,7 @@ class EffectConsumer:
             if failure.kind == "database":
                 # Nothing of that lane was applied or committed: read it again.
                 log.warning("database failed, re-reading from the failed record: %s", failure.error)
-                self._gate.seek(topic_partition(failure.message), failure.offset)
+                self._gate.seek(failure.partition_id, failure.offset)
             else:
                 self._failures.handle(failure)
         if not self.database_ok:

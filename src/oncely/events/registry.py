@@ -16,22 +16,6 @@ from oncely.errors import ConfigurationError
 from oncely.events.avro import event_schema
 from oncely.events.canonical import fingerprint
 
-__all__ = [
-    "ENCODINGS",
-    "DuplicateEventTypeError",
-    "DuplicateTopicError",
-    "Encoding",
-    "EventDeclarationError",
-    "EventType",
-    "InvalidTopicNameError",
-    "Registry",
-    "RegistryError",
-    "TopicNameWarning",
-    "UnknownEventTypeError",
-    "registry_of",
-    "validate_topic_name",
-]
-
 M = TypeVar("M", bound=BaseModel)
 
 Encoding = Literal["avro", "avro-confluent", "json"]
