@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import cache
 from importlib import resources
 
@@ -23,6 +24,7 @@ import psycopg.errors
 import sqlalchemy as sa
 
 from oncely.errors import ConfigurationError, OncelyError
+from oncely.storage import partitions
 from oncely.storage.tables import MAX_SHARDS, validate_schema_name
 
 #: pg_advisory_xact_lock key of ``oncely db upgrade`` ("oncely" in ASCII).
@@ -32,6 +34,8 @@ _FILE_NAME = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
 
 #: The version whose migration creates the shards (``oncely_relay_shards``).
 SHARDS_VERSION = 3
+#: Steps of partitions created ahead by the conversion (``oncely retention run`` keeps them).
+AHEAD = 3
 #: Messages a migration raises on purpose start with this (see 0003's lease check).
 _REFUSAL = "oncely db upgrade: "
 
@@ -79,6 +83,7 @@ def upgrade(
     schema: str | None = None,
     shards: int | None = None,
     to_version: int | None = None,
+    partition_every: timedelta | None = None,
 ) -> list[Migration]:
     """Apply the migrations ``engine``'s database lacks; return those applied (empty: no-op).
 
@@ -86,7 +91,13 @@ def upgrade(
     Any error rolls the whole upgrade back.
     """
     with engine.begin() as conn:
-        return upgrade_connection(conn, schema=schema, shards=shards, to_version=to_version)
+        return upgrade_connection(
+            conn,
+            schema=schema,
+            shards=shards,
+            to_version=to_version,
+            partition_every=partition_every,
+        )
 
 
 def upgrade_connection(
@@ -95,6 +106,7 @@ def upgrade_connection(
     schema: str | None = None,
     shards: int | None = None,
     to_version: int | None = None,
+    partition_every: timedelta | None = None,
 ) -> list[Migration]:
     """Apply the migrations ``conn``'s database lacks, in ``conn``'s open transaction (the
     caller commits); return those applied (empty: no-op).
@@ -104,8 +116,11 @@ def upgrade_connection(
     schema (created if missing). ``shards`` is the number of key shards the relay reads by
     (default 32): it is fixed by the upgrade that applies migration 0003 and cannot change
     later; given to a later upgrade it must equal the database's count. ``to_version`` stops
-    after that migration (an Alembic revision pins it; tests of older schemas). The
-    transaction's ``search_path`` is as before when this returns.
+    after that migration (an Alembic revision pins it; tests of older schemas). With
+    ``partition_every``, the outbox and the receipts are then converted to tables partitioned
+    by that step (:func:`oncely.storage.partitions.convert`: every row copied, both tables
+    locked until commit), unless they already are. The transaction's ``search_path`` is as
+    before when this returns.
 
     Raises :class:`~oncely.errors.ConfigurationError` for an invalid schema name, shard count
     (or one that differs from the database's) or version, :class:`UpgradeRefusedError` when a
@@ -150,6 +165,9 @@ def upgrade_connection(
                 {"v": migration.version, "n": migration.name},
             )
             applied.append(migration)
+        if partition_every is not None:
+            now = conn.execute(sa.text("SELECT now()")).scalar_one()
+            partitions.convert(conn, step=partition_every, ahead=AHEAD, now=now)
     return applied
 
 

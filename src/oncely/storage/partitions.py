@@ -1,0 +1,396 @@
+"""The time-partitioned layout of the outbox and the receipts: converting the tables, reading
+their partitions, creating partitions ahead and dropping one.
+
+Both tables are range-partitioned by their event id (``oncely_outbox.id``,
+``oncely_receipts.event_id``). Event ids are UUIDv7, whose first 48 bits are Unix milliseconds,
+so the lowest id of a millisecond (:func:`bound_of`) bounds a time range, and a partition holds
+the events created in one *step* (an interval fixed at conversion, aligned to the Unix epoch:
+``1d`` partitions start at midnight UTC). The primary keys include the partition key, so
+``oncely_outbox.id`` and the receipts' ``(event_id, effect)`` stay unique over the whole table.
+A ``_default`` partition takes the rows no range holds (ids of another UUID version, a clock far
+off, no partition created ahead yet): staging and consuming never fail for want of a partition.
+
+The outbox's ``event_key`` (the idempotency key) cannot be a constraint of the partitioned
+table, as it does not include the id. Each partition has its own unique index on it, and a
+``BEFORE INSERT`` trigger takes a transaction-level advisory lock on the key and refuses a key
+that any partition still holds, raising PostgreSQL's unique violation under the constraint name
+``oncely_outbox_event_key_key`` (so :class:`~oncely.storage.errors.DuplicateEventError` is
+raised as before). So a key stays unique among every row the outbox retains: for at least the
+outbox's retention horizon. The check sees rows committed before it under READ COMMITTED (the
+default isolation); a transaction at REPEATABLE READ or SERIALIZABLE that races another staging
+the same key in *another* partition is not stopped by it (within one partition the index stops
+it at any isolation).
+
+Which partition may be dropped is decided by :mod:`oncely.retention`; this module only runs the
+DDL. Every identifier written into DDL comes from the catalog or from :func:`partition_name`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from uuid import UUID
+
+import sqlalchemy as sa
+
+from oncely.errors import ConfigurationError, OncelyError
+
+#: The partitioned tables, with their partition key column.
+PARTITION_KEYS = {"oncely_outbox": "id", "oncely_receipts": "event_id"}
+#: Where the layout is recorded: one row per partitioned table.
+LAYOUT_TABLE = "oncely_partitioning"
+#: The shortest step: partitions of one minute (benchmarks and tests use short steps).
+MIN_STEP = timedelta(minutes=1)
+#: The class id (the first key) of the outbox key guard's advisory locks ("on" in ASCII).
+KEY_LOCK_CLASS = 0x6F6E
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NAME = re.compile(r"(oncely_outbox|oncely_receipts)_p(\d{8}t\d{6})")
+_BOUND = re.compile(r"FOR VALUES FROM \('([0-9a-f-]{36})'\) TO \('([0-9a-f-]{36})'\)")
+_STEP = re.compile(r"(\d+)\s*([mhd])")
+_UNITS = {"m": "minutes", "h": "hours", "d": "days"}
+
+
+class PartitionError(OncelyError):
+    """A partition could not be created or dropped now (the message says why)."""
+
+
+def parse_step(text: str) -> timedelta:
+    """``"1d"``, ``"6h"``, ``"15m"`` as a step; raise ConfigurationError for anything else."""
+    match = _STEP.fullmatch(text.strip().lower())
+    step = timedelta(**{_UNITS[match.group(2)]: int(match.group(1))}) if match else None
+    if step is None or step < MIN_STEP or timedelta(days=1) % step:
+        raise ConfigurationError(
+            f"partition step {text!r}: give minutes, hours or days that divide a day or are "
+            "whole days, e.g. 1d, 6h or 15m (at least 1m)"
+        )
+    return step
+
+
+def bound_of(moment: datetime) -> UUID:
+    """The lowest UUIDv7 of ``moment``'s millisecond: the range bound of partitions."""
+    millis = (moment - _EPOCH) // timedelta(milliseconds=1)
+    return UUID(int=max(millis, 0) << 80)
+
+
+def moment_of(event_id: UUID) -> datetime:
+    """The millisecond a UUIDv7 was made at (for another version: whatever its first bits say)."""
+    return _EPOCH + timedelta(milliseconds=event_id.int >> 80)
+
+
+def window_start(moment: datetime, step: timedelta) -> datetime:
+    """The start of the step ``moment`` falls in (steps are aligned to the Unix epoch)."""
+    return _EPOCH + ((moment - _EPOCH) // step) * step
+
+
+def partition_name(table: str, lower: datetime) -> str:
+    """``oncely_outbox_p20261206t000000``: the table and the partition's start, UTC."""
+    return f"{table}_p{lower.astimezone(UTC):%Y%m%dt%H%M%S}"
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One partition: its table, name, time range (``None`` for the default partition) and
+    size on disk (table, indexes and TOAST)."""
+
+    table: str
+    name: str
+    lower: datetime | None
+    upper: datetime | None
+    bytes: int
+
+    @property
+    def is_default(self) -> bool:
+        return self.lower is None
+
+    def ids(self) -> tuple[UUID, UUID]:
+        """The partition's id range ``[low, high)``; raises ValueError for the default one."""
+        if self.lower is None or self.upper is None:
+            raise ValueError(f"{self.name} is the default partition: it has no range")
+        return bound_of(self.lower), bound_of(self.upper)
+
+
+def step_of(conn: sa.Connection) -> timedelta | None:
+    """The partition step of this database's tables, ``None`` if they are not partitioned."""
+    if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": LAYOUT_TABLE}).scalar() is None:
+        return None
+    seconds = conn.execute(sa.text(f"SELECT min(step_seconds) FROM {LAYOUT_TABLE}")).scalar()
+    return None if seconds is None else timedelta(seconds=int(seconds))
+
+
+def partitions(conn: sa.Connection, table: str) -> list[Partition]:
+    """``table``'s partitions, oldest first, the default partition last."""
+    rows = conn.execute(
+        sa.text(
+            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) AS bound,"
+            " pg_total_relation_size(c.oid) AS bytes"
+            " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = to_regclass(:table)"
+        ),
+        {"table": table},
+    ).all()
+    found = []
+    for row in rows:
+        match = _BOUND.fullmatch(row.bound)
+        lower = moment_of(UUID(match.group(1))) if match else None
+        upper = moment_of(UUID(match.group(2))) if match else None
+        found.append(Partition(table, row.relname, lower, upper, int(row.bytes)))
+    return sorted(found, key=lambda p: (p.lower is None, p.lower or _EPOCH))
+
+
+def convert(conn: sa.Connection, *, step: timedelta, ahead: int, now: datetime) -> list[str]:
+    """Convert the outbox and the receipts into partitioned tables of ``step``, in ``conn``'s
+    transaction (``search_path`` names oncely's schema; the caller commits); return the tables
+    converted (none if both already are).
+
+    Every row is copied into the new table (the pause: both tables are locked for writes until
+    the transaction commits), with its ``seq`` and ``txid`` (the relay's progress stays valid);
+    partitions cover the steps that hold rows and ``ahead`` steps from ``now``. Grants on the
+    old tables are carried over.
+
+    Raises :class:`~oncely.errors.ConfigurationError` when the tables are already partitioned
+    by another step.
+    """
+    current = step_of(conn)
+    if current is not None and current != step:
+        raise ConfigurationError(
+            f"--partition-every {_describe(step)}: the tables are partitioned by "
+            f"{_describe(current)} already; the step cannot change (drop --partition-every)"
+        )
+    conn.exec_driver_sql(
+        f"CREATE TABLE IF NOT EXISTS {LAYOUT_TABLE} ("
+        " table_name text PRIMARY KEY,"
+        " step_seconds bigint NOT NULL,"
+        " converted_at timestamptz NOT NULL DEFAULT now())"
+    )
+    converted = []
+    for table in PARTITION_KEYS:
+        if conn.execute(
+            sa.text("SELECT 1 FROM " + LAYOUT_TABLE + " WHERE table_name = :t"), {"t": table}
+        ).first():
+            continue
+        _convert_table(conn, table, step, ahead=ahead, now=now)
+        conn.execute(
+            sa.text(f"INSERT INTO {LAYOUT_TABLE} (table_name, step_seconds) VALUES (:t, :s)"),
+            {"t": table, "s": int(step.total_seconds())},
+        )
+        converted.append(table)
+    return converted
+
+
+def _describe(step: timedelta) -> str:
+    minutes = int(step.total_seconds()) // 60
+    if minutes % 1440 == 0:
+        return f"{minutes // 1440}d"
+    return f"{minutes // 60}h" if minutes % 60 == 0 else f"{minutes}m"
+
+
+def _convert_table(
+    conn: sa.Connection, table: str, step: timedelta, *, ahead: int, now: datetime
+) -> None:
+    key = PARTITION_KEYS[table]
+    old = f"{table}_unpartitioned"
+    run = conn.exec_driver_sql
+    run(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+    run(f"ALTER TABLE {table} RENAME TO {old}")
+    indexes = conn.execute(
+        sa.text("SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = to_regclass(:t)"),
+        {"t": old},
+    ).scalars()
+    for index in list(indexes):
+        bare = index.rsplit(".", 1)[-1]
+        run(f"ALTER INDEX {index} RENAME TO {bare.replace(table, old, 1)}")
+    if table == "oncely_outbox":
+        run(f"DROP TRIGGER oncely_outbox_wake ON {old}")
+        run(f"ALTER SEQUENCE oncely_outbox_seq_seq RENAME TO {old}_seq_seq")
+        run(
+            f"CREATE TABLE {table} (LIKE {old} INCLUDING DEFAULTS INCLUDING GENERATED)"
+            " PARTITION BY RANGE (id)"
+        )
+        run("CREATE SEQUENCE oncely_outbox_seq_seq OWNED BY oncely_outbox.seq")
+        run(
+            "ALTER TABLE oncely_outbox ALTER COLUMN seq SET DEFAULT nextval('oncely_outbox_seq_seq')"
+        )
+        run(
+            "SELECT setval('oncely_outbox_seq_seq', GREATEST("
+            f"(SELECT last_value FROM {old}_seq_seq), (SELECT max(seq) FROM {old}), 1))"
+        )
+        run("ALTER TABLE oncely_outbox ADD CONSTRAINT oncely_outbox_pkey PRIMARY KEY (id)")
+        run("CREATE INDEX oncely_outbox_shard_txid_idx ON oncely_outbox (shard, txid)")
+        run(
+            "CREATE TRIGGER oncely_outbox_wake AFTER INSERT ON oncely_outbox"
+            " FOR EACH STATEMENT EXECUTE FUNCTION oncely_outbox_wake()"
+        )
+        _create_key_guard(conn)
+    else:
+        run(f"CREATE TABLE {table} (LIKE {old} INCLUDING DEFAULTS) PARTITION BY RANGE (event_id)")
+        run(
+            "ALTER TABLE oncely_receipts ADD CONSTRAINT oncely_receipts_pkey"
+            " PRIMARY KEY (event_id, effect)"
+        )
+        run(
+            "CREATE INDEX oncely_receipts_effect_applied_at_idx"
+            " ON oncely_receipts (effect, applied_at)"
+        )
+    _copy_grants(conn, old, table)
+    create_partition(conn, table, None, None)
+    windows = conn.execute(
+        sa.text(
+            f"SELECT DISTINCT ((('x' || substr(replace({key}::text, '-', ''), 1, 12))::bit(48)"
+            f"::bigint) / :step_ms) AS n FROM {old} WHERE substr({key}::text, 15, 1) = '7'"
+        ),
+        {"step_ms": int(step / timedelta(milliseconds=1))},
+    ).scalars()
+    starts = {_EPOCH + step * int(n) for n in windows}
+    first = window_start(now, step)
+    starts |= {first + step * n for n in range(ahead + 1)}
+    for start in sorted(starts):
+        create_partition(conn, table, start, start + step)
+    columns = ", ".join(
+        f'"{name}"'
+        for name in conn.execute(
+            sa.text(
+                "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(:t)"
+                " AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum"
+            ),
+            {"t": table},
+        ).scalars()
+    )
+    run(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {old}")
+    run(f"DROP TABLE {old}")
+
+
+def _copy_grants(conn: sa.Connection, old: str, new: str) -> None:
+    """Give every role what it was granted on ``old`` (whole table and per column) on ``new``;
+    a role that may insert into the outbox also gets its ``seq`` sequence."""
+    conn.execute(
+        sa.text(
+            "DO $grants$ DECLARE g record; BEGIN"
+            " FOR g IN SELECT a.privilege_type, a.grantee::regrole::text AS grantee"
+            f" FROM pg_class c, aclexplode(c.relacl) a WHERE c.oid = '{old}'::regclass"
+            " AND a.grantee <> 0 AND a.grantee <> c.relowner LOOP"
+            f" EXECUTE format('GRANT %s ON {new} TO %s', g.privilege_type, g.grantee);"
+            f" IF g.privilege_type = 'INSERT' AND '{new}' = 'oncely_outbox' THEN"
+            " EXECUTE format('GRANT USAGE ON SEQUENCE oncely_outbox_seq_seq TO %s', g.grantee);"
+            " END IF; END LOOP;"
+            " FOR g IN SELECT t.attname, a.privilege_type, a.grantee::regrole::text AS grantee"
+            f" FROM pg_attribute t, aclexplode(t.attacl) a WHERE t.attrelid = '{old}'::regclass"
+            " AND a.grantee <> 0 LOOP"
+            f" EXECUTE format('GRANT %s (%I) ON {new} TO %s', g.privilege_type, g.attname,"
+            " g.grantee);"
+            f" IF g.privilege_type = 'INSERT' AND '{new}' = 'oncely_outbox' THEN"
+            " EXECUTE format('GRANT USAGE ON SEQUENCE oncely_outbox_seq_seq TO %s', g.grantee);"
+            " END IF; END LOOP; END $grants$"
+        )
+    )
+
+
+def _create_key_guard(conn: sa.Connection) -> None:
+    """The outbox's ``event_key`` check across partitions (see the module's docstring); the
+    function names the outbox by its schema, as the wake-up trigger does."""
+    schema = conn.execute(sa.text("SELECT quote_ident(current_schema())")).scalar_one()
+    conn.execute(
+        sa.text(
+            "CREATE OR REPLACE FUNCTION oncely_outbox_key_guard() RETURNS trigger LANGUAGE plpgsql"
+            " AS $body$ BEGIN"
+            f" PERFORM pg_advisory_xact_lock({KEY_LOCK_CLASS}, hashtext(NEW.event_key));"
+            f" IF EXISTS (SELECT 1 FROM {schema}.oncely_outbox WHERE event_key = NEW.event_key) THEN"
+            " RAISE unique_violation USING"
+            " MESSAGE = 'duplicate key value violates unique constraint"
+            ' "oncely_outbox_event_key_key"\','
+            " DETAIL = format('Key (event_key)=(%s) already exists.', NEW.event_key),"
+            " CONSTRAINT = 'oncely_outbox_event_key_key', TABLE = 'oncely_outbox',"
+            f" SCHEMA = {_literal(schema)};"
+            " END IF; RETURN NEW; END $body$"
+        )
+    )
+    conn.exec_driver_sql(
+        "CREATE TRIGGER oncely_outbox_key_guard BEFORE INSERT ON oncely_outbox"
+        " FOR EACH ROW EXECUTE FUNCTION oncely_outbox_key_guard()"
+    )
+
+
+def _literal(text: str) -> str:
+    return "'" + text.strip('"').replace("'", "''") + "'"
+
+
+def create_partition(
+    conn: sa.Connection, table: str, lower: datetime | None, upper: datetime | None
+) -> str:
+    """Create ``table``'s partition for ``[lower, upper)`` (both ``None``: the default one) if
+    missing, in ``conn``'s transaction; return its name.
+
+    Raises :class:`PartitionError` when the default partition holds rows of that range (they
+    would have to move: the range stays in the default partition).
+    """
+    if lower is None or upper is None:
+        name, spec = f"{table}_default", "DEFAULT"
+    else:
+        name = partition_name(table, lower)
+        low, high = bound_of(lower), bound_of(upper)
+        spec = f"FOR VALUES FROM ('{low}') TO ('{high}')"
+        default = f"{table}_default"
+        key = PARTITION_KEYS[table]
+        if conn.execute(
+            sa.text(
+                f"SELECT 1 FROM {default} WHERE {key} >= CAST(:low AS uuid)"
+                f" AND {key} < CAST(:high AS uuid) LIMIT 1"
+            ),
+            {"low": str(low), "high": str(high)},
+        ).first():
+            raise PartitionError(
+                f"{name}: the default partition {default} holds rows of its range, so it "
+                "cannot be created; they stay there (purge them with the batched DELETE)"
+            )
+    if conn.execute(sa.text("SELECT to_regclass(:n)"), {"n": name}).scalar() is not None:
+        return name
+    conn.exec_driver_sql(f"CREATE TABLE {name} PARTITION OF {table} {spec}")
+    if table == "oncely_outbox":
+        conn.exec_driver_sql(f"CREATE UNIQUE INDEX {name}_event_key_key ON {name} (event_key)")
+    return name
+
+
+def create_ahead(
+    conn: sa.Connection, table: str, step: timedelta, *, until: datetime, now: datetime
+) -> list[str]:
+    """Create ``table``'s missing partitions from the step of ``now`` to the one holding
+    ``until``, in ``conn``'s transaction; return the names created."""
+    existing = {p.name for p in partitions(conn, table)}
+    created = []
+    start = window_start(now, step)
+    while start <= until:
+        if partition_name(table, start) not in existing:
+            created.append(create_partition(conn, table, start, start + step))
+        start += step
+    return created
+
+
+def drop(conn: sa.Connection, partition: Partition) -> None:
+    """Drop ``partition`` in ``conn``'s transaction (the caller has taken its lock and checked
+    that it may go). Raises ValueError for a default partition."""
+    if partition.is_default or not _NAME.fullmatch(partition.name):
+        raise ValueError(f"{partition.name}: only a range partition oncely created is dropped")
+    conn.exec_driver_sql(f"DROP TABLE {partition.name}")
+
+
+def lock(conn: sa.Connection, partitions_: Sequence[Partition], *, timeout: float) -> None:
+    """Lock ``partitions_`` against every reader and writer for the rest of ``conn``'s
+    transaction, waiting at most ``timeout`` seconds.
+
+    Raises :class:`PartitionError` when a lock is not granted in time (a long transaction is
+    reading or writing one): nothing is dropped, a later run tries again.
+    """
+    conn.execute(
+        sa.text("SELECT set_config('lock_timeout', :ms, true)"), {"ms": f"{timeout * 1000:.0f}ms"}
+    )
+    for partition in partitions_:
+        try:
+            with conn.begin_nested():
+                conn.exec_driver_sql(f"LOCK TABLE {partition.name} IN ACCESS EXCLUSIVE MODE")
+        except sa.exc.OperationalError as exc:
+            raise PartitionError(
+                f"{partition.name}: lock not granted in {timeout:g} s (a transaction is using "
+                "it); retried next run"
+            ) from exc
