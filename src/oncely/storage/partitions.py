@@ -211,7 +211,8 @@ def _convert_table(
         )
         run("CREATE SEQUENCE oncely_outbox_seq_seq OWNED BY oncely_outbox.seq")
         run(
-            "ALTER TABLE oncely_outbox ALTER COLUMN seq SET DEFAULT nextval('oncely_outbox_seq_seq')"
+            "ALTER TABLE oncely_outbox ALTER COLUMN seq"
+            " SET DEFAULT nextval('oncely_outbox_seq_seq')"
         )
         run(
             "SELECT setval('oncely_outbox_seq_seq', GREATEST("
@@ -296,7 +297,8 @@ def _create_key_guard(conn: sa.Connection) -> None:
             "CREATE OR REPLACE FUNCTION oncely_outbox_key_guard() RETURNS trigger LANGUAGE plpgsql"
             " AS $body$ BEGIN"
             f" PERFORM pg_advisory_xact_lock({KEY_LOCK_CLASS}, hashtext(NEW.event_key));"
-            f" IF EXISTS (SELECT 1 FROM {schema}.oncely_outbox WHERE event_key = NEW.event_key) THEN"
+            f" IF EXISTS (SELECT 1 FROM {schema}.oncely_outbox"
+            " WHERE event_key = NEW.event_key) THEN"
             " RAISE unique_violation USING"
             " MESSAGE = 'duplicate key value violates unique constraint"
             ' "oncely_outbox_event_key_key"\','
@@ -394,3 +396,83 @@ def lock(conn: sa.Connection, partitions_: Sequence[Partition], *, timeout: floa
                 f"{partition.name}: lock not granted in {timeout:g} s (a transaction is using "
                 "it); retried next run"
             ) from exc
+
+
+def unpassed_shards(conn: sa.Connection, partition: Partition) -> list[int]:
+    """The shards whose progress has not passed every row of the outbox ``partition``: the
+    partition's highest ``txid`` of the shard is not below the ``xmin`` of the shard's done
+    snapshot (one index probe per shard; conservative, as the relay's own purge)."""
+    return list(
+        conn.execute(
+            sa.text(
+                "SELECT s.shard FROM oncely_relay_shards AS s CROSS JOIN LATERAL"
+                f" (SELECT max(o.txid) AS txid FROM {_checked(partition)} AS o"
+                "  WHERE o.shard = s.shard) AS m"
+                " WHERE m.txid IS NOT NULL AND m.txid >= pg_snapshot_xmin(s.done)"
+                " ORDER BY s.shard"
+            )
+        ).scalars()
+    )
+
+
+def parked_in(conn: sa.Connection, partition: Partition) -> tuple[dict[str, int], int]:
+    """Parked rows of the outbox ``partition``'s range by reason, and its rows held behind a
+    parked key."""
+    low, high = (str(bound) for bound in partition.ids())
+    params = {"low": low, "high": high}
+    within = "event_id >= CAST(:low AS uuid) AND event_id < CAST(:high AS uuid)"
+    parked = conn.execute(
+        sa.text(f"SELECT reason, count(*) FROM oncely_relay_parked WHERE {within} GROUP BY reason"),
+        params,
+    ).all()
+    held = conn.execute(
+        sa.text(f"SELECT count(*) FROM oncely_relay_held WHERE {within}"), params
+    ).scalar_one()
+    return {row[0]: int(row[1]) for row in parked}, int(held)
+
+
+def outbox_holds(conn: sa.Connection, partition: Partition) -> bool:
+    """Whether the outbox holds an event of the receipts ``partition``'s range (any of its
+    partitions, the default one included)."""
+    low, high = (str(bound) for bound in partition.ids())
+    return (
+        conn.execute(
+            sa.text(
+                "SELECT 1 FROM oncely_outbox WHERE id >= CAST(:low AS uuid)"
+                " AND id < CAST(:high AS uuid) LIMIT 1"
+            ),
+            {"low": low, "high": high},
+        ).first()
+        is not None
+    )
+
+
+def highest_offsets(conn: sa.Connection, partition: Partition) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> the highest offset receipted there, over the receipts
+    ``partition`` (one scan of it)."""
+    rows = conn.execute(
+        sa.text(
+            f'SELECT topic, partition, max("offset") FROM {_checked(partition)}'
+            ' WHERE topic IS NOT NULL AND partition IS NOT NULL AND "offset" IS NOT NULL'
+            " GROUP BY topic, partition"
+        )
+    ).all()
+    return {(row[0], int(row[1])): int(row[2]) for row in rows}
+
+
+def default_rows(conn: sa.Connection, table: str, *, at_most: int = 100_000) -> int:
+    """How many rows ``table``'s default partition holds, counted up to ``at_most``."""
+    if table not in PARTITION_KEYS:
+        raise ValueError(f"{table}: not a partitioned oncely table")
+    return int(
+        conn.execute(
+            sa.text(f"SELECT count(*) FROM (SELECT 1 FROM {table}_default LIMIT :n) AS d"),
+            {"n": at_most},
+        ).scalar_one()
+    )
+
+
+def _checked(partition: Partition) -> str:
+    if not _NAME.fullmatch(partition.name) and partition.name != f"{partition.table}_default":
+        raise ValueError(f"{partition.name}: not a partition oncely created")
+    return partition.name

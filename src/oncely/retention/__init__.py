@@ -1,0 +1,32 @@
+"""Retention of the time-partitioned outbox and receipts: guarded partition drops.
+
+:func:`plan` says what a run would do; :func:`run` creates partitions ahead and drops those
+:mod:`.guard` lets go (see :mod:`.maintenance`); :func:`.kafka.log_starts` asks Kafka where its
+logs start. The tables are partitioned by ``oncely db upgrade --partition-every``
+(:mod:`oncely.storage.partitions`).
+"""
+
+from oncely.retention.guard import Verdict
+from oncely.retention.kafka import KafkaUnansweredError, log_starts
+from oncely.retention.maintenance import (
+    NotPartitionedError,
+    Outcome,
+    Plan,
+    Policy,
+    TableState,
+    plan,
+    run,
+)
+
+__all__ = [
+    "KafkaUnansweredError",
+    "NotPartitionedError",
+    "Outcome",
+    "Plan",
+    "Policy",
+    "TableState",
+    "Verdict",
+    "log_starts",
+    "plan",
+    "run",
+]

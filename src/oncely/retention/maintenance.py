@@ -1,0 +1,250 @@
+"""Retention of the partitioned outbox and receipts: the plan (partitions to create ahead,
+each closed partition's verdict, each table's state) and its execution.
+
+:func:`plan` reads the catalog, the relay's progress, the parked and held rows, the receipts'
+highest offsets and Kafka's log start offsets, and changes nothing. :func:`run` executes a plan:
+it creates the partitions ahead, then drops each partition the guard lets go, in a transaction
+of its own that first locks the partition (so nothing can write a row into it meanwhile),
+gathers its facts again under the lock and drops it only if the guard still agrees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+
+from oncely.errors import ConfigurationError
+from oncely.retention import guard
+from oncely.retention.guard import OutboxFacts, ReceiptsFacts, Verdict
+from oncely.storage import partitions
+from oncely.storage.partitions import Partition, PartitionError
+
+#: Kafka's log start offsets of the asked (topic, partition)s (see :mod:`.kafka`).
+LogStarts = Callable[[Iterable[tuple[str, int]]], Mapping[tuple[str, int], int | None]]
+
+
+class NotPartitionedError(ConfigurationError):
+    """The outbox and the receipts are not partitioned: there is no partition to keep."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How long partitions are kept at least, and how maintenance behaves.
+
+    Attributes:
+        outbox_horizon: an outbox partition stays until its range ended this long ago (the
+            republish horizon: ``oncely replay --from-outbox`` reaches back this far).
+        receipts_horizon: a receipts partition stays until its range ended this long ago
+            (and until Kafka has deleted what it receipted); set it to at least the outbox
+            horizon plus the topics' ``retention.ms``, after which a partition still retained
+            counts as blocked.
+        ahead: partitions created ahead of the current one, in steps.
+        lock_timeout: seconds a drop or a creation waits for its locks before giving up
+            until the next run (staging waits behind it that long at most).
+    """
+
+    outbox_horizon: timedelta = timedelta(days=7)
+    receipts_horizon: timedelta = timedelta(days=14)
+    ahead: int = 3
+    lock_timeout: float = 2.0
+
+    def horizon(self, table: str) -> timedelta:
+        return self.outbox_horizon if table == "oncely_outbox" else self.receipts_horizon
+
+
+@dataclass(frozen=True)
+class TableState:
+    """One partitioned table now.
+
+    Attributes:
+        partitions: its range partitions (the default one not counted).
+        bytes: its size on disk, every partition's table, indexes and TOAST.
+        oldest: the start of its oldest retained range partition.
+        default_rows: rows in its default partition (counted up to 100,000).
+        blocked_seconds: how long its oldest partition has been past its horizon and still
+            retained (0 when none is).
+    """
+
+    table: str
+    partitions: int
+    bytes: int
+    oldest: datetime | None
+    default_rows: int
+    blocked_seconds: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run would do now: ``create`` the partitions (table, start) ahead, and each
+    closed partition's verdict, oldest first per table."""
+
+    step: timedelta
+    now: datetime
+    create: list[tuple[str, datetime]]
+    verdicts: list[Verdict]
+    tables: list[TableState]
+
+    @property
+    def droppable(self) -> list[Partition]:
+        return [v.partition for v in self.verdicts if v.droppable]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a run did: the partitions created and dropped, and every partition kept with its
+    reason (a refusal at drop time included: a lock not granted, a fact changed)."""
+
+    plan: Plan
+    created: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    kept: list[Verdict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def plan(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Plan:
+    """The plan now; changes nothing. Each table's closed partitions are judged oldest first
+    until one must stay; Kafka is asked only about receipts partitions every other check lets
+    go.
+
+    Raises:
+        NotPartitionedError: the tables are not partitioned.
+        oncely.retention.kafka.KafkaUnansweredError: Kafka did not answer.
+    """
+    with engine.connect() as conn:
+        step = partitions.step_of(conn)
+        if step is None:
+            raise NotPartitionedError(
+                "the outbox and the receipts are not partitioned: convert them with "
+                "`oncely db upgrade --partition-every 1d`, or purge with `oncely relay purge` "
+                "and `oncely receipts purge`"
+            )
+        now: datetime = conn.execute(sa.text("SELECT now()")).scalar_one()
+        create: list[tuple[str, datetime]] = []
+        verdicts: list[Verdict] = []
+        tables: list[TableState] = []
+        for table in partitions.PARTITION_KEYS:
+            found = partitions.partitions(conn, table)
+            names = {p.name for p in found}
+            start = partitions.window_start(now, step)
+            for n in range(policy.ahead + 1):
+                moment = start + step * n
+                if partitions.partition_name(table, moment) not in names:
+                    create.append((table, moment))
+            closed = [p for p in found if p.upper is not None and p.upper <= now]
+            verdicts += guard.in_order(closed, lambda p: _reason(conn, p, policy, now, log_starts))
+            tables.append(_state(conn, table, found, policy, now))
+    return Plan(step, now, create, verdicts, tables)
+
+
+def _reason(
+    conn: sa.Connection, partition: Partition, policy: Policy, now: datetime, log_starts: LogStarts
+) -> str | None:
+    """Why ``partition`` must stay now, or ``None``: the cheap checks first, Kafka last."""
+    if partition.table == "oncely_outbox":
+        return guard.outbox_reason(
+            partition, outbox_facts(conn, partition), now=now, horizon=policy.outbox_horizon
+        )
+    horizon = policy.receipts_horizon
+    held = ReceiptsFacts(partitions.outbox_holds(conn, partition))
+    reason = guard.receipts_reason(partition, held, now=now, horizon=horizon)
+    if reason is not None:
+        return reason
+    offsets = partitions.highest_offsets(conn, partition)
+    delivered = ReceiptsFacts(False, offsets, log_starts(offsets))
+    return guard.receipts_reason(partition, delivered, now=now, horizon=horizon)
+
+
+def outbox_facts(conn: sa.Connection, partition: Partition) -> OutboxFacts:
+    parked, held = partitions.parked_in(conn, partition)
+    return OutboxFacts(partitions.unpassed_shards(conn, partition), parked, held)
+
+
+def _state(
+    conn: sa.Connection, table: str, found: list[Partition], policy: Policy, now: datetime
+) -> TableState:
+    ranges = [p for p in found if p.lower is not None]
+    oldest = ranges[0] if ranges else None
+    blocked = 0.0
+    if oldest is not None and oldest.upper is not None:
+        blocked = max(0.0, (now - oldest.upper - policy.horizon(table)).total_seconds())
+    return TableState(
+        table,
+        len(ranges),
+        sum(p.bytes for p in found),
+        oldest.lower if oldest else None,
+        partitions.default_rows(conn, table),
+        blocked,
+    )
+
+
+def run(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Outcome:
+    """Execute :func:`plan`: create the partitions ahead, then drop those the guard lets go,
+    oldest first, each under its lock after checking it again; return what was done.
+
+    A partition whose lock is not granted within ``policy.lock_timeout`` (or whose facts
+    changed) is kept and reported; later partitions of its table wait for it.
+    """
+    current = plan(engine, policy, log_starts)
+    outcome = Outcome(current)
+    for table, moment in current.create:
+        try:
+            with engine.begin() as conn:
+                _lock_timeout(conn, policy.lock_timeout)
+                outcome.created.append(
+                    partitions.create_partition(conn, table, moment, moment + current.step)
+                )
+        except PartitionError as exc:
+            outcome.errors.append(str(exc))
+        except sa.exc.OperationalError as exc:
+            outcome.errors.append(
+                f"{partitions.partition_name(table, moment)}: not created, lock not granted in "
+                f"{policy.lock_timeout:g} s ({type(exc.orig).__name__}); retried next run"
+            )
+    blocked: set[str] = set()
+    for verdict in current.verdicts:
+        table = verdict.partition.table
+        if not verdict.droppable or table in blocked:
+            kept = verdict.reason or "waits for an older partition kept in this run"
+            outcome.kept.append(Verdict(verdict.partition, kept))
+            continue
+        refused = _drop(engine, verdict.partition, policy, current.now, log_starts)
+        if refused is None:
+            outcome.dropped.append(verdict.partition.name)
+        else:
+            blocked.add(table)
+            outcome.kept.append(Verdict(verdict.partition, refused))
+    return outcome
+
+
+def _drop(
+    engine: sa.Engine,
+    partition: Partition,
+    policy: Policy,
+    now: datetime,
+    log_starts: LogStarts,
+) -> str | None:
+    """Drop ``partition`` if the guard, asked again under its lock, agrees; else the reason."""
+    try:
+        with engine.begin() as conn:
+            partitions.lock(conn, [partition], timeout=policy.lock_timeout)
+            reason = _reason(conn, partition, policy, now, log_starts)
+            if reason is not None:
+                return reason
+            partitions.drop(conn, partition)
+    except PartitionError as exc:
+        return str(exc)
+    except sa.exc.OperationalError as exc:
+        return (
+            f"lock on {partition.table} not granted in {policy.lock_timeout:g} s "
+            f"({type(exc.orig).__name__}); retried next run"
+        )
+    return None
+
+
+def _lock_timeout(conn: sa.Connection, seconds: float) -> None:
+    conn.execute(
+        sa.text("SELECT set_config('lock_timeout', :ms, true)"), {"ms": f"{seconds * 1000:.0f}ms"}
+    )
