@@ -44,6 +44,7 @@ from tests.helpers.outbox import (
     outbox_rows,
     park,
     staged_rows,
+    uuid7_at,
 )
 from tests.helpers.probes import http_get, metric, wait_until
 from tests.helpers.processes import (
@@ -90,6 +91,7 @@ __all__ = [
     "set_topic_config",
     "staged_rows",
     "start_oncely",
+    "uuid7_at",
     "wait_listed",
     "wait_until",
 ]

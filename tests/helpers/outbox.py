@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 
 import sqlalchemy as sa
 
@@ -143,3 +144,11 @@ def count_published(engine: sa.Engine) -> int:
             """,
         )
     )
+
+
+def uuid7_at(moment: datetime) -> uuid.UUID:
+    """A new UUIDv7 of ``moment``'s millisecond (the partition of that time holds its row)."""
+    from oncely.storage.partitions import bound_of
+
+    rand = uuid.uuid4().int >> 66
+    return uuid.UUID(int=bound_of(moment).int | (0x7 << 76) | (0b10 << 62) | rand)

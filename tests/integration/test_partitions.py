@@ -4,8 +4,6 @@ idempotency key stays unique across partitions; receipts stay unique per (event,
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,21 +12,18 @@ import sqlalchemy as sa
 from oncely.storage import partitions, upgrade
 from oncely.storage.errors import DuplicateEventError, translate_errors_of
 from oncely.storage.stores.outbox import writes
-from tests.helpers import insert_rows, outbox_row, query_all, scalar
+from tests.helpers import insert_rows, outbox_row, query_all, scalar, uuid7_at
 
 pytestmark = pytest.mark.integration
 
 STEP = timedelta(minutes=1)
 
 
-def _id_at(moment: datetime) -> uuid.UUID:
-    return uuid.UUID(int=partitions.bound_of(moment).int | (0x7 << 76) | (0b10 << 62) | uuid.uuid4().int >> 66)
-
-
 def test_conversion_keeps_rows_seq_and_txid(engine: sa.Engine) -> None:
     now = datetime.now(UTC)
     old = [
-        outbox_row("t", f"k{i}", event_id=_id_at(now - timedelta(minutes=5 * i))) for i in range(4)
+        outbox_row("t", f"k{i}", event_id=uuid7_at(now - timedelta(minutes=5 * i)))
+        for i in range(4)
     ]
     old.append(outbox_row("t", "v4"))  # a UUIDv4: to the default partition
     insert_rows(engine, old)
@@ -44,7 +39,7 @@ def test_conversion_keeps_rows_seq_and_txid(engine: sa.Engine) -> None:
     assert scalar(engine, "SELECT count(*) FROM oncely_outbox_default") == 1
     upgrade(engine, partition_every=STEP)  # twice: a no-op
     seq = scalar(engine, "SELECT max(seq) FROM oncely_outbox")
-    insert_rows(engine, [outbox_row("t", "new", event_id=_id_at(now))])
+    insert_rows(engine, [outbox_row("t", "new", event_id=uuid7_at(now))])
     assert scalar(engine, "SELECT max(seq) FROM oncely_outbox") > seq
 
 
@@ -52,9 +47,9 @@ def test_idempotency_key_is_unique_across_partitions(engine: sa.Engine) -> None:
     upgrade(engine, partition_every=STEP)
     now = datetime.now(UTC)
     insert_rows(
-        engine, [outbox_row("t", event_id=_id_at(now - timedelta(minutes=2)), event_key="k")]
+        engine, [outbox_row("t", event_id=uuid7_at(now - timedelta(minutes=2)), event_key="k")]
     )
-    row = outbox_row("t", event_id=_id_at(now), event_key="k")
+    row = outbox_row("t", event_id=uuid7_at(now), event_key="k")
     with engine.begin() as conn:
         translate_errors_of(conn)
         with pytest.raises(DuplicateEventError, match="idempotency_key"):

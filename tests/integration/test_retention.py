@@ -5,8 +5,7 @@ holds its events) and dropped once Kafka has deleted them."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import pytest
@@ -16,19 +15,21 @@ from confluent_kafka.admin import AdminClient
 
 from oncely import retention
 from oncely.storage import partitions, upgrade
-from tests.helpers import acknowledge_all, execute, insert_rows, outbox_row, park, scalar
+from tests.helpers import (
+    acknowledge_all,
+    execute,
+    insert_rows,
+    outbox_row,
+    park,
+    scalar,
+    uuid7_at,
+)
 
 pytestmark = pytest.mark.integration
 
 STEP = timedelta(minutes=1)
 #: Everything older than a minute is past the horizons: only the guard's other checks count.
 POLICY = retention.Policy(outbox_horizon=STEP, receipts_horizon=STEP, ahead=2)
-
-
-def id_at(moment: datetime) -> uuid.UUID:
-    """A UUIDv7 of ``moment``'s millisecond."""
-    rand = uuid.uuid4().int >> 66
-    return uuid.UUID(int=partitions.bound_of(moment).int | (0x7 << 76) | (0b10 << 62) | rand)
 
 
 @pytest.fixture
@@ -69,11 +70,13 @@ def test_outbox_partitions_with_unpublished_dead_or_held_rows_are_kept(
         name: now - timedelta(minutes=minutes)
         for name, minutes in [("published", 15), ("dead", 12), ("held", 9), ("unpublished", 6)]
     }
-    rows = {name: outbox_row("t", name, event_id=id_at(moment)) for name, moment in times.items()}
+    rows = {
+        name: outbox_row("t", name, event_id=uuid7_at(moment)) for name, moment in times.items()
+    }
     insert_rows(engine, [rows["published"], rows["dead"], rows["held"]])
     acknowledge_all(engine)
     park(engine, rows["dead"], "dead")
-    parked = outbox_row("t", "held", event_id=id_at(now - timedelta(minutes=30)))
+    parked = outbox_row("t", "held", event_id=uuid7_at(now - timedelta(minutes=30)))
     park(engine, parked, "dead", held=[rows["held"]])
     insert_rows(engine, [rows["unpublished"]])
 
@@ -129,7 +132,7 @@ def test_receipts_partition_is_kept_while_kafka_holds_a_record_it_receipted(
         engine,
         'INSERT INTO oncely_receipts (event_id, effect, topic, partition, "offset")'
         " VALUES (:e, 'send-email', :t, 0, 1)",
-        e=id_at(moment),
+        e=uuid7_at(moment),
         t=topic,
     )
     name = _name("oncely_receipts", moment)
@@ -156,7 +159,7 @@ def test_receipts_partition_is_kept_while_the_outbox_holds_its_events(
     engine: sa.Engine, now: datetime, log_starts: retention.maintenance.LogStarts
 ) -> None:
     moment = now - timedelta(minutes=10)
-    event = outbox_row("t", event_id=id_at(moment))
+    event = outbox_row("t", event_id=uuid7_at(moment))
     insert_rows(engine, [event])
     execute(
         engine, "INSERT INTO oncely_receipts (event_id, effect) VALUES (:e, 'x')", e=event["id"]
