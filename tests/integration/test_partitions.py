@@ -54,3 +54,19 @@ def test_idempotency_key_is_unique_across_partitions(engine: sa.Engine) -> None:
         translate_errors_of(conn)
         with pytest.raises(DuplicateEventError, match="idempotency_key"):
             writes.add_rows(conn, [row])
+
+
+def test_a_key_equal_to_an_earlier_events_id_is_refused_across_partitions(
+    engine: sa.Engine,
+) -> None:
+    """Rows keyed by their own id skip the cross-partition check: a later row may not take such
+    a key."""
+    upgrade(engine, partition_every=STEP)
+    now = datetime.now(UTC)
+    earlier = outbox_row("t", event_id=uuid7_at(now - timedelta(minutes=2)))
+    insert_rows(engine, [earlier])
+    later = outbox_row("t", event_id=uuid7_at(now), event_key=str(earlier["id"]))
+    with engine.begin() as conn:
+        translate_errors_of(conn)
+        with pytest.raises(DuplicateEventError):
+            writes.add_rows(conn, [later])

@@ -16,7 +16,9 @@ table, as it does not include the id. Each partition has its own unique index on
 that any partition still holds, raising PostgreSQL's unique violation under the constraint name
 ``oncely_outbox_event_key_key`` (so :class:`~oncely.storage.errors.DuplicateEventError` is
 raised as before). So a key stays unique among every row the outbox retains: for at least the
-outbox's retention horizon. The check sees rows committed before it under READ COMMITTED (the
+outbox's retention horizon. A row whose key is its own id (``stage()`` without an
+idempotency key) skips the trigger: its id is new, so no earlier row can hold that key (a later
+row given it as its key is checked and refused). The check sees rows committed before it under READ COMMITTED (the
 default isolation); a transaction at REPEATABLE READ or SERIALIZABLE that races another staging
 the same key in *another* partition is not stopped by it (within one partition the index stops
 it at any isolation).
@@ -310,7 +312,8 @@ def _create_key_guard(conn: sa.Connection) -> None:
     )
     conn.exec_driver_sql(
         "CREATE TRIGGER oncely_outbox_key_guard BEFORE INSERT ON oncely_outbox"
-        " FOR EACH ROW EXECUTE FUNCTION oncely_outbox_key_guard()"
+        " FOR EACH ROW WHEN (NEW.event_key <> NEW.id::text)"
+        " EXECUTE FUNCTION oncely_outbox_key_guard()"
     )
 
 
