@@ -4,6 +4,7 @@ idempotency key stays unique across partitions; receipts stay unique per (event,
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -70,3 +71,33 @@ def test_a_key_equal_to_an_earlier_events_id_is_refused_across_partitions(
         translate_errors_of(conn)
         with pytest.raises(DuplicateEventError):
             writes.add_rows(conn, [later])
+
+
+def test_concurrent_stagings_of_one_key_in_two_partitions_commit_one(engine: sa.Engine) -> None:
+    """The key guard's advisory lock serialises the two: the second sees the first's row."""
+    upgrade(engine, partition_every=STEP)
+    now = datetime.now(UTC)
+    first = outbox_row("t", event_id=uuid7_at(now - timedelta(minutes=2)), event_key="k")
+    second = outbox_row("t", event_id=uuid7_at(now), event_key="k")
+    outcome: list[BaseException | None] = []
+    with engine.connect() as holder:
+        holder.begin()
+        writes.add_rows(holder, [first])
+
+        def stage_second() -> None:
+            try:
+                with engine.begin() as conn:
+                    translate_errors_of(conn)
+                    writes.add_rows(conn, [second])
+                outcome.append(None)
+            except DuplicateEventError as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=stage_second)
+        thread.start()
+        thread.join(timeout=1.0)
+        assert thread.is_alive(), "the second staging did not wait for the first"
+        holder.commit()
+    thread.join(timeout=30)
+    assert len(outcome) == 1 and isinstance(outcome[0], DuplicateEventError)
+    assert scalar(engine, "SELECT count(*) FROM oncely_outbox WHERE event_key = 'k'") == 1
