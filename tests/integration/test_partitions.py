@@ -5,6 +5,9 @@ idempotency key stays unique across partitions; receipts stay unique per (event,
 from __future__ import annotations
 
 import threading
+import time
+from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -13,7 +16,18 @@ import sqlalchemy as sa
 from oncely.storage import partitions, upgrade
 from oncely.storage.errors import DuplicateEventError, translate_errors_of
 from oncely.storage.stores.outbox import writes
-from tests.helpers import insert_rows, outbox_row, query_all, scalar, uuid7_at
+from tests.helpers import (
+    acknowledge_all,
+    fast_settings,
+    insert_rows,
+    outbox_row,
+    query_all,
+    read_topics,
+    running_relay,
+    scalar,
+    uuid7_at,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -101,3 +115,24 @@ def test_concurrent_stagings_of_one_key_in_two_partitions_commit_one(engine: sa.
     thread.join(timeout=30)
     assert len(outcome) == 1 and isinstance(outcome[0], DuplicateEventError)
     assert scalar(engine, "SELECT count(*) FROM oncely_outbox WHERE event_key = 'k'") == 1
+
+
+def test_rows_pending_at_conversion_are_published_once_and_acknowledged_ones_not_again(
+    engine: sa.Engine, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(partitions=3)
+    now = datetime.now(UTC)
+    done = [outbox_row(topic, f"k{i}", event_id=uuid7_at(now)) for i in range(10)]
+    insert_rows(engine, done)
+    acknowledge_all(engine)
+    pending = [
+        outbox_row(topic, f"k{i % 3}", event_id=uuid7_at(now - timedelta(minutes=i)))
+        for i in range(10)
+    ]
+    insert_rows(engine, pending)
+    upgrade(engine, partition_every=STEP)
+    with running_relay(engine, kafka_bootstrap, fast_settings()):
+        wait_until(lambda: len(read_topics(kafka_bootstrap, [topic])) >= len(pending), timeout=60)
+        time.sleep(1.0)  # a relay that would publish acknowledged rows has had the time to
+    copies = Counter(r.headers["id"].decode() for r in read_topics(kafka_bootstrap, [topic]))
+    assert copies == Counter(str(row["id"]) for row in pending)
