@@ -63,7 +63,8 @@ def parse_step(text: str) -> timedelta:
     """``"1d"``, ``"6h"``, ``"15m"`` as a step; raise ConfigurationError for anything else."""
     match = _STEP.fullmatch(text.strip().lower())
     step = timedelta(**{_UNITS[match.group(2)]: int(match.group(1))}) if match else None
-    if step is None or step < MIN_STEP or timedelta(days=1) % step:
+    day = timedelta(days=1)
+    if step is None or step < MIN_STEP or (day % step if step < day else step % day):
         raise ConfigurationError(
             f"partition step {text!r}: give minutes, hours or days that divide a day or are "
             "whole days, e.g. 1d, 6h or 15m (at least 1m)"
