@@ -169,3 +169,25 @@ def test_receipts_partition_is_kept_while_the_outbox_holds_its_events(
         _name("oncely_receipts", moment)
     ]
     assert "the outbox still holds its events" in str(reason)
+
+
+def test_one_run_at_a_time(
+    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.LogStarts
+) -> None:
+    row = outbox_row("t", event_id=uuid7_at(now - timedelta(minutes=10)))
+    insert_rows(engine, [row])
+    acknowledge_all(engine)
+    with engine.connect() as other:
+        other.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": retention.maintenance.RUN_LOCK})
+        outcome = retention.run(engine, POLICY, log_starts)
+        assert outcome.errors == [
+            "another retention run is in progress on this database: this one did nothing"
+        ]
+        assert not outcome.dropped and not outcome.created
+        other.execute(
+            sa.text("SELECT pg_advisory_unlock(:k)"), {"k": retention.maintenance.RUN_LOCK}
+        )
+    assert (
+        _name("oncely_outbox", now - timedelta(minutes=10))
+        in retention.run(engine, POLICY, log_starts).dropped
+    )

@@ -26,6 +26,10 @@ from oncely.storage.partitions import Partition, PartitionError
 LogStarts = Callable[[Iterable[tuple[str, int]]], Mapping[tuple[str, int], int | None]]
 
 
+#: pg_advisory_lock key held by a retention run ("retain" in ASCII).
+RUN_LOCK = 0x72657461696E
+
+
 class NotPartitionedError(ConfigurationError):
     """The outbox and the receipts are not partitioned: there is no partition to keep."""
 
@@ -63,7 +67,7 @@ class TableState:
         partitions: its range partitions (the default one not counted).
         bytes: its size on disk, every partition's table, indexes and TOAST.
         oldest: the start of its oldest retained range partition.
-        default_rows: rows in its default partition (counted up to 100,000).
+        default_rows: about how many rows its default partition holds (PostgreSQL's estimate).
         blocked_seconds: how long its oldest partition has been past its horizon and still
             retained (0 when none is).
     """
@@ -185,8 +189,29 @@ def run(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Outcome:
     oldest first, each under its lock after checking it again; return what was done.
 
     A partition whose lock is not granted within ``policy.lock_timeout`` (or whose facts
-    changed) is kept and reported; later partitions of its table wait for it.
+    changed) is kept and reported; later partitions of its table wait for it. One run at a
+    time: a run that finds another one running (any process, this database) does nothing and
+    says so in ``errors``. Creating and dropping partitions needs the tables' owner (the role
+    that ran ``oncely db upgrade``).
     """
+    with engine.connect() as session:
+        if not session.execute(
+            sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": RUN_LOCK}
+        ).scalar():
+            return Outcome(
+                plan(engine, policy, log_starts),
+                errors=[
+                    "another retention run is in progress on this database: this one did nothing"
+                ],
+            )
+        try:
+            return _run(engine, policy, log_starts)
+        finally:
+            session.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": RUN_LOCK})
+            session.commit()
+
+
+def _run(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Outcome:
     current = plan(engine, policy, log_starts)
     outcome = Outcome(current)
     for table, moment in current.create:

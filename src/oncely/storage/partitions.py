@@ -18,10 +18,10 @@ that any partition still holds, raising PostgreSQL's unique violation under the 
 raised as before). So a key stays unique among every row the outbox retains: for at least the
 outbox's retention horizon. A row whose key is its own id (``stage()`` without an
 idempotency key) skips the trigger: its id is new, so no earlier row can hold that key (a later
-row given it as its key is checked and refused). The check sees rows committed before it under READ COMMITTED (the
-default isolation); a transaction at REPEATABLE READ or SERIALIZABLE that races another staging
-the same key in *another* partition is not stopped by it (within one partition the index stops
-it at any isolation).
+row given it as its key is checked and refused). The check sees rows committed before it under
+READ COMMITTED (the default isolation); a transaction at REPEATABLE READ or SERIALIZABLE that
+races another staging the same key in *another* partition is not stopped by it (within one
+partition the index stops it at any isolation).
 
 Which partition may be dropped is decided by :mod:`oncely.retention`; this module only runs the
 DDL. Every identifier written into DDL comes from the catalog or from :func:`partition_name`.
@@ -268,27 +268,26 @@ def _convert_table(
 
 def _copy_grants(conn: sa.Connection, old: str, new: str) -> None:
     """Give every role what it was granted on ``old`` (whole table and per column) on ``new``;
-    a role that may insert into the outbox also gets its ``seq`` sequence."""
-    conn.execute(
+    a role that may insert into the outbox also gets its ``seq`` sequence and SELECT on its
+    ``event_key`` (the key guard's trigger reads it with the inserting role's privileges)."""
+    granted = conn.execute(
         sa.text(
-            "DO $grants$ DECLARE g record; BEGIN"
-            " FOR g IN SELECT a.privilege_type, a.grantee::regrole::text AS grantee"
-            f" FROM pg_class c, aclexplode(c.relacl) a WHERE c.oid = '{old}'::regclass"
-            " AND a.grantee <> 0 AND a.grantee <> c.relowner LOOP"
-            f" EXECUTE format('GRANT %s ON {new} TO %s', g.privilege_type, g.grantee);"
-            f" IF g.privilege_type = 'INSERT' AND '{new}' = 'oncely_outbox' THEN"
-            " EXECUTE format('GRANT USAGE ON SEQUENCE oncely_outbox_seq_seq TO %s', g.grantee);"
-            " END IF; END LOOP;"
-            " FOR g IN SELECT t.attname, a.privilege_type, a.grantee::regrole::text AS grantee"
-            f" FROM pg_attribute t, aclexplode(t.attacl) a WHERE t.attrelid = '{old}'::regclass"
-            " AND a.grantee <> 0 LOOP"
-            f" EXECUTE format('GRANT %s (%I) ON {new} TO %s', g.privilege_type, g.attname,"
-            " g.grantee);"
-            f" IF g.privilege_type = 'INSERT' AND '{new}' = 'oncely_outbox' THEN"
-            " EXECUTE format('GRANT USAGE ON SEQUENCE oncely_outbox_seq_seq TO %s', g.grantee);"
-            " END IF; END LOOP; END $grants$"
-        )
-    )
+            "SELECT a.privilege_type, a.grantee::regrole::text, NULL AS col"
+            " FROM pg_class c, aclexplode(c.relacl) a"
+            " WHERE c.oid = to_regclass(:old) AND a.grantee NOT IN (0, c.relowner)"
+            " UNION ALL"
+            " SELECT a.privilege_type, a.grantee::regrole::text, quote_ident(t.attname)"
+            " FROM pg_attribute t, aclexplode(t.attacl) a"
+            " WHERE t.attrelid = to_regclass(:old) AND a.grantee <> 0"
+        ),
+        {"old": old},
+    ).all()
+    for privilege, grantee, column in granted:
+        columns = f" ({column})" if column else ""
+        conn.exec_driver_sql(f"GRANT {privilege}{columns} ON {new} TO {grantee}")
+        if new == "oncely_outbox" and privilege == "INSERT":
+            conn.exec_driver_sql(f"GRANT USAGE ON SEQUENCE oncely_outbox_seq_seq TO {grantee}")
+            conn.exec_driver_sql(f"GRANT SELECT (event_key) ON oncely_outbox TO {grantee}")
 
 
 def _create_key_guard(conn: sa.Connection) -> None:
@@ -402,19 +401,31 @@ def lock(conn: sa.Connection, partitions_: Sequence[Partition], *, timeout: floa
             ) from exc
 
 
+def _range(partition: Partition) -> dict[str, str]:
+    low, high = partition.ids()
+    return {"low": str(low), "high": str(high)}
+
+
+#: A partition's rows, read through the partitioned table (pruned to the partition): a role
+#: with SELECT on the table plans retention without owning the partitions.
+_WITHIN = "{key} >= CAST(:low AS uuid) AND {key} < CAST(:high AS uuid)"
+
+
 def unpassed_shards(conn: sa.Connection, partition: Partition) -> list[int]:
     """The shards whose progress has not passed every row of the outbox ``partition``: the
     partition's highest ``txid`` of the shard is not below the ``xmin`` of the shard's done
     snapshot (one index probe per shard; conservative, as the relay's own purge)."""
+    within = _WITHIN.format(key="o.id")
     return list(
         conn.execute(
             sa.text(
                 "SELECT s.shard FROM oncely_relay_shards AS s CROSS JOIN LATERAL"
-                f" (SELECT max(o.txid) AS txid FROM {_checked(partition)} AS o"
-                "  WHERE o.shard = s.shard) AS m"
+                " (SELECT max(o.txid) AS txid FROM oncely_outbox AS o"
+                f"  WHERE o.shard = s.shard AND {within}) AS m"
                 " WHERE m.txid IS NOT NULL AND m.txid >= pg_snapshot_xmin(s.done)"
                 " ORDER BY s.shard"
-            )
+            ),
+            _range(partition),
         ).scalars()
     )
 
@@ -422,15 +433,13 @@ def unpassed_shards(conn: sa.Connection, partition: Partition) -> list[int]:
 def parked_in(conn: sa.Connection, partition: Partition) -> tuple[dict[str, int], int]:
     """Parked rows of the outbox ``partition``'s range by reason, and its rows held behind a
     parked key."""
-    low, high = (str(bound) for bound in partition.ids())
-    params = {"low": low, "high": high}
-    within = "event_id >= CAST(:low AS uuid) AND event_id < CAST(:high AS uuid)"
+    within = _WITHIN.format(key="event_id")
     parked = conn.execute(
         sa.text(f"SELECT reason, count(*) FROM oncely_relay_parked WHERE {within} GROUP BY reason"),
-        params,
+        _range(partition),
     ).all()
     held = conn.execute(
-        sa.text(f"SELECT count(*) FROM oncely_relay_held WHERE {within}"), params
+        sa.text(f"SELECT count(*) FROM oncely_relay_held WHERE {within}"), _range(partition)
     ).scalar_one()
     return {row[0]: int(row[1]) for row in parked}, int(held)
 
@@ -438,17 +447,9 @@ def parked_in(conn: sa.Connection, partition: Partition) -> tuple[dict[str, int]
 def outbox_holds(conn: sa.Connection, partition: Partition) -> bool:
     """Whether the outbox holds an event of the receipts ``partition``'s range (any of its
     partitions, the default one included)."""
-    low, high = (str(bound) for bound in partition.ids())
-    return (
-        conn.execute(
-            sa.text(
-                "SELECT 1 FROM oncely_outbox WHERE id >= CAST(:low AS uuid)"
-                " AND id < CAST(:high AS uuid) LIMIT 1"
-            ),
-            {"low": low, "high": high},
-        ).first()
-        is not None
-    )
+    within = _WITHIN.format(key="id")
+    statement = sa.text(f"SELECT 1 FROM oncely_outbox WHERE {within} LIMIT 1")
+    return conn.execute(statement, _range(partition)).first() is not None
 
 
 def highest_offsets(conn: sa.Connection, partition: Partition) -> dict[tuple[str, int], int]:
@@ -456,27 +457,21 @@ def highest_offsets(conn: sa.Connection, partition: Partition) -> dict[tuple[str
     ``partition`` (one scan of it)."""
     rows = conn.execute(
         sa.text(
-            f'SELECT topic, partition, max("offset") FROM {_checked(partition)}'
-            ' WHERE topic IS NOT NULL AND partition IS NOT NULL AND "offset" IS NOT NULL'
+            'SELECT topic, partition, max("offset") FROM oncely_receipts'
+            f" WHERE {_WITHIN.format(key='event_id')}"
+            ' AND topic IS NOT NULL AND partition IS NOT NULL AND "offset" IS NOT NULL'
             " GROUP BY topic, partition"
-        )
+        ),
+        _range(partition),
     ).all()
     return {(row[0], int(row[1])): int(row[2]) for row in rows}
 
 
-def default_rows(conn: sa.Connection, table: str, *, at_most: int = 100_000) -> int:
-    """How many rows ``table``'s default partition holds, counted up to ``at_most``."""
-    if table not in PARTITION_KEYS:
-        raise ValueError(f"{table}: not a partitioned oncely table")
-    return int(
-        conn.execute(
-            sa.text(f"SELECT count(*) FROM (SELECT 1 FROM {table}_default LIMIT :n) AS d"),
-            {"n": at_most},
-        ).scalar_one()
-    )
-
-
-def _checked(partition: Partition) -> str:
-    if not _NAME.fullmatch(partition.name) and partition.name != f"{partition.table}_default":
-        raise ValueError(f"{partition.name}: not a partition oncely created")
-    return partition.name
+def default_rows(conn: sa.Connection, table: str) -> int:
+    """About how many rows ``table``'s default partition holds (PostgreSQL's estimate, from the
+    catalog: no scan, no privilege on the partition needed; 0 before its first ANALYZE)."""
+    estimate = conn.execute(
+        sa.text("SELECT reltuples FROM pg_class WHERE oid = to_regclass(:name)"),
+        {"name": f"{table}_default"},
+    ).scalar()
+    return max(int(estimate or 0), 0)
