@@ -425,13 +425,11 @@ class _Soak:
         }
 
     def _first_removal(self, table: str) -> float | None:
-        """When rows first left ``table``: its first partition dropped (partitioned), or the
-        first sample with deleted tuples (unpartitioned: the batched DELETEs)."""
-        if self.partitioned:
-            times = [t for t, n in self.drops if n.startswith(table + "_p")]
-            return min(times) if times else None
-        for s in self.samples:
-            if s[table]["n_tup_del"] > 0:
+        """When soak rows first left ``table``: the first sample with fewer live rows than the
+        one before (a partition holding rows dropped) or with deleted rows (the batched
+        DELETEs). Drops of partitions still empty (created before the soak) do not count."""
+        for before, s in zip(self.samples, self.samples[1:], strict=False):
+            if s[table]["n_tup_del"] > 0 or s[table]["n_live_tup"] < before[table]["n_live_tup"]:
                 return float(s["t"])
         return None
 
