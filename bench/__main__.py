@@ -29,8 +29,9 @@ cores):
   sqlalchemy and confluent_kafka, and a relay's spawn to its first record;
 - R-RETAIN: a soak with retention on, partitioned by minute and unpartitioned side by side
   (table sizes, ``n_dead_tup``, partitions dropped, every event applied once), then the relay's
-  drain and R5 partitioned / unpartitioned (``python -m bench R-RETAIN`` runs it alone; its
-  broker checks log retention every 5 s).
+  drain and R5 partitioned / unpartitioned (``python -m bench R-RETAIN`` runs it alone, about
+  12 minutes at ``BENCH_SCALE=0.25``, at least 7 minutes of soak at any scale; when it is among
+  the cells, the devstack broker checks log retention every 5 s for the whole run).
 
 Not in the default set: R-CLUSTER (3 consumers vs 1, 2 relays vs 1, on a 3-broker cluster it
 starts).

@@ -4,9 +4,10 @@ partitioning costs the relay's drain and ``stage()``.
 Two databases on the run's PostgreSQL server, side by side: ``partitioned`` (``upgrade(...,
 partition_every=1 minute)``) and ``unpartitioned`` (the plain tables).
 
-**Soak** (both databases at once, ``seconds`` long): per database, writer threads commit one
-outbox row per transaction open loop at ``rate`` events/s (:func:`bench.fixtures.outbox_writers`,
-each row's id a UUIDv7 taken when it is written, as ``stage()`` makes them), an ``oncely relay
+**Soak** (both databases at once, ``seconds`` long): per database, 2 writer threads commit one
+outbox row per transaction open loop at ``rate`` events/s (each row's id a UUIDv7 taken when it is
+written, as ``stage()`` makes them; a transaction that fails, a deadlock victim of a partition
+drop, is counted and retried with a new row), an ``oncely relay
 run`` process relays them to a topic with ``retention.ms`` 60 s and ``segment.ms`` 10 s, and an
 ``oncely consume`` process applies them with receipts (the ``apply`` effect of
 :mod:`bench.effects_app`). On the partitioned database, :func:`oncely.retention.run` runs every
