@@ -26,7 +26,12 @@ cores):
   relay, consumer and writers in processes of their own;
 - R-RSS: the consumer process's RSS while it applies a 1,000,000-record backlog;
 - R-START: ``oncely --help`` and ``oncely relay run --help`` against the imports of
-  sqlalchemy and confluent_kafka, and a relay's spawn to its first record.
+  sqlalchemy and confluent_kafka, and a relay's spawn to its first record;
+- R-RETAIN: a soak with retention on, partitioned by minute and unpartitioned side by side
+  (table sizes, ``n_dead_tup``, partitions dropped, every event applied once), then the relay's
+  drain and R5 partitioned / unpartitioned (``python -m bench R-RETAIN`` runs it alone, about
+  12 minutes at ``BENCH_SCALE=0.25``, at least 7 minutes of soak at any scale; when it is among
+  the cells, the devstack broker checks log retention every 5 s for the whole run).
 
 Not in the default set: R-CLUSTER (3 consumers vs 1, 2 relays vs 1, on a 3-broker cluster it
 starts).
@@ -60,6 +65,7 @@ from bench.idle_cells import PG_SETTINGS, consumer_idle_cell, idle_cells
 from bench.latency_cells import latency_cells
 from bench.quiet_cells import quiet_cells
 from bench.quiet_cpu_cells import quiet_cpu_cells
+from bench.retain_cells import retain_cells, short_retention_checks, soak_result
 from bench.start_cells import start_cells
 from oncely.devstack import DevStack
 from oncely.storage import upgrade
@@ -83,12 +89,13 @@ ALL = [
     *LATENCY_CELLS,
     "R-RSS",
     "R-START",
+    "R-RETAIN",
 ]
 OPTIONAL = ["R-CLUSTER"]
 
 
 @contextlib.contextmanager
-def _services() -> Iterator[tuple[str, str, dict[str, str]]]:
+def _services(*, short_retention: bool = False) -> Iterator[tuple[str, str, dict[str, str]]]:
     url, kafka = (
         os.environ.get("ONCELY_DATABASE_URL"),
         os.environ.get("ONCELY_KAFKA_BOOTSTRAP_SERVERS"),
@@ -96,8 +103,10 @@ def _services() -> Iterator[tuple[str, str, dict[str, str]]]:
     if url and kafka:
         yield url, kafka, {"services": "environment"}
         return
-    # pg_stat_statements is preloaded, tracking nothing unless a cell asks (R-IDLE).
-    with DevStack(postgres_settings=PG_SETTINGS) as info:
+    # pg_stat_statements is preloaded, tracking nothing unless a cell asks (R-IDLE). R-RETAIN
+    # needs the broker to delete expired segments within seconds, not its default 5 minutes.
+    checks = short_retention_checks() if short_retention else contextlib.nullcontext()
+    with checks, DevStack(postgres_settings=PG_SETTINGS) as info:
         yield (
             info.database_url,
             info.kafka_bootstrap,
@@ -127,6 +136,9 @@ def _markdown(results: list[dict[str, Any]]) -> str:
     for result in results:
         if result.get("kind") == "memory":
             lines.append(_memory_line(result))
+            continue
+        if result.get("kind") == "soak":
+            lines += _soak_lines(result)
             continue
         if result.get("absolute"):
             lines.append(_absolute_line(result))
@@ -207,6 +219,39 @@ def _memory_line(result: dict[str, Any]) -> str:
     )
 
 
+def _soak_lines(result: dict[str, Any]) -> list[str]:
+    """R-RETAIN's soak: per database and table, size flatness, n_dead_tup and drops; no ratio."""
+    lines = []
+    for database, summary in result["summary"].items():
+        check = summary["check"]
+        once = "every event applied once" if check["exactly_once"] else f"**not once**: {check}"
+        failed = summary.get("staging_failures_retried") or {}
+        logged = summary.get("deadlocks_logged") or {}
+        trouble = ", ".join(
+            [f"{n} staging {kind} (retried)" for kind, n in failed.items()]
+            + [f"{n} deadlocks in the {who}'s log" for who, n in logged.items() if n]
+        )
+        for table, t in summary["tables"].items():
+            flat = (
+                "no removal seen"
+                if t["max_over_min"] is None
+                else f"max/min {t['max_over_min']}, last/first third "
+                f"{t['last_third_over_first_third']} from {t['first_removal_s']:.0f} s"
+            )
+            removed = (
+                f"{t['partitions_dropped']} partitions dropped"
+                if database == "partitioned"
+                else f"{t['rows_deleted']} rows deleted"
+            )
+            lines.append(
+                f"| {result['cell']} | {database} {table}: size from the first drop or purge "
+                f"| {flat} | n_dead_tup max {t['n_dead_tup_max']}, size max "
+                f"{t['bytes_max'] / 2**20:.1f} MiB, {removed} "
+                f"| | flat, n_dead_tup near 0 | {once}{'; ' + trouble if trouble else ''} |"
+            )
+    return lines
+
+
 def _plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -263,6 +308,12 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=None, help="relay page size")
     parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument(
+        "--soak-seconds",
+        type=float,
+        default=None,
+        help="R-RETAIN's soak (default 480 s x BENCH_SCALE, at least 420 s: several drops)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     unknown = set(args.cells) - set(ALL) - set(OPTIONAL)
@@ -275,7 +326,7 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     extra: dict[str, Any] = {}
     started = time.monotonic()
-    with _services() as (url, kafka, services):
+    with _services(short_retention="R-RETAIN" in args.cells) as (url, kafka, services):
         engine = sa.create_engine(url, pool_size=8)
         upgrade(engine)
         bench = Bench(engine=engine, database_url=url, bootstrap=kafka, rows=rows, keys=args.keys)
@@ -359,6 +410,17 @@ def main() -> None:
             results.append(consumer_cells.rss_cell(bench, records=records))
         if "R-START" in args.cells:
             results += [c.to_json() for c in start_cells(bench, repetitions=args.repetitions)]
+        if "R-RETAIN" in args.cells:
+            made, reports = retain_cells(
+                bench,
+                repetitions=args.repetitions,
+                seconds=args.soak_seconds or scaled(480.0, minimum=420.0),
+                rate=100.0,
+                transactions=transactions,
+            )
+            results.append(soak_result(reports))
+            results += [c.to_json() for c in made]
+            extra["R-RETAIN soak"] = reports
         if "R-CLUSTER" in args.cells:
             results += [c.to_json() for c in cluster_cells(repetitions=args.repetitions)]
         with engine.connect() as conn:

@@ -156,10 +156,8 @@ def _relay_asleep(engine: sa.Engine) -> Iterator[None]:
             )
 
 
-def measure(database_url: str, *, transactions: int, repetitions: int) -> list[Cell]:
-    """The R5 cells (one statement, five statements, 8 writers) and the NOTIFY context cell."""
-    engine = sa.create_engine(database_url, pool_size=WRITERS + 2)
-    upgrade(engine)
+def create_business_tables(engine: sa.Engine) -> None:
+    """R5's business tables (``transfers``, ``accounts``, ``ledger``), dropped and created."""
     with engine.begin() as conn:
         for table in ("transfers", "accounts", "ledger"):
             conn.execute(sa.text(f"DROP TABLE IF EXISTS {table}"))
@@ -172,6 +170,20 @@ def measure(database_url: str, *, transactions: int, repetitions: int) -> list[C
             )
         )
         conn.execute(sa.text("INSERT INTO accounts VALUES ('acc-1', 0), ('acc-2', 0)"))
+
+
+def one_statement_block(engine: sa.Engine, transactions: int, *, writers: int = 1) -> float:
+    """Transactions/s of R5's one-statement transaction + ``stage()`` on an emptied outbox,
+    from ``writers`` threads (the R5 side, for another cell's database)."""
+    return _block(engine, _events(transactions), _one, with_stage=True, writers=writers)
+
+
+def measure(database_url: str, *, transactions: int, repetitions: int) -> list[Cell]:
+    """The R5 cells (one statement, five statements, 8 writers) and the NOTIFY context cell."""
+    engine = sa.create_engine(database_url, pool_size=WRITERS + 2)
+    upgrade(engine)
+    create_business_tables(engine)
+    with engine.begin() as conn:
         synchronous_commit = conn.execute(sa.text("SHOW synchronous_commit")).scalar_one()
         asleep = conn.execute(
             sa.text("SELECT count(*) FROM oncely_relay_members WHERE asleep")
