@@ -189,7 +189,7 @@ def _print_outcome(outcome: Outcome) -> None:
     _print_verdicts(current, [*dropped, *outcome.kept], dropped=outcome.dropped)
     out.print(f"dropped {len(outcome.dropped)} partition(s), kept {len(outcome.kept)}")
     for error in outcome.errors:
-        out.print(f"[red]error:[/red] {escape(error)}")
+        out.print(f"[red]failed:[/red] {escape(error)}")
 
 
 def _print_verdicts(current: Plan, verdicts: list[Verdict], *, dropped: Collection[str]) -> None:
