@@ -148,6 +148,13 @@ def test_plan_lists_verdicts_and_run_executes_only_with_execute(
     assert any(v["partition"] == _name(unpublished) for v in outcome["kept"])
     assert not _exists(engine, _name(published))
     assert _exists(engine, _name(unpublished))
+    counts = {
+        when: {t["table"]: t["partitions"] for t in document["tables"]}
+        for when, document in (("before", plan), ("after", outcome))
+    }
+    gone = sum(1 for name in outcome["dropped"] if name.startswith("oncely_outbox_"))
+    new = sum(1 for name in outcome["created"] if name.startswith("oncely_outbox_"))
+    assert counts["after"]["oncely_outbox"] == counts["before"]["oncely_outbox"] - gone + new
     assert scalar(engine, "SELECT count(*) FROM oncely_outbox") == 1
 
 

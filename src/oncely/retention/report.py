@@ -26,8 +26,11 @@ def verdict_document(verdict: Verdict) -> dict[str, Any]:
     }
 
 
-def document(plan: Plan, outcome: Outcome | None = None) -> dict[str, Any]:
-    """``plan`` (and what ``outcome`` did, when a run was executed) for ``--json``."""
+def document(
+    plan: Plan, outcome: Outcome | None = None, *, tables: list[TableState] | None = None
+) -> dict[str, Any]:
+    """``plan`` (and what ``outcome`` did, when a run was executed) for ``--json``; ``tables``:
+    the states to report instead of the plan's (after a run: what it left)."""
     found: dict[str, Any] = {
         "executed": outcome is not None,
         "step_seconds": plan.step.total_seconds(),
@@ -46,7 +49,7 @@ def document(plan: Plan, outcome: Outcome | None = None) -> dict[str, Any]:
                 "default_rows": state.default_rows,
                 "blocked_seconds": state.blocked_seconds,
             }
-            for state in plan.tables
+            for state in (plan.tables if tables is None else tables)
         ],
     }
     if outcome is not None:
