@@ -24,7 +24,7 @@ from oncely.cli._output import JsonFlag, out, print_dry_run, print_json
 from oncely.settings import RetentionSettings
 
 if TYPE_CHECKING:
-    from oncely.retention import Outcome, Plan, Policy, Verdict
+    from oncely.retention import Outcome, Plan, Policy, TableState, Verdict
     from oncely.storage.partitions import Partition
 
 app = typer.Typer(
@@ -67,7 +67,7 @@ def plan(
     0). Exits 2 when the tables are not partitioned (`oncely db upgrade --partition-every`),
     1 when Kafka does not answer.
     """
-    current, _ = _carry_out(
+    current, _, _ = _carry_out(
         database_url, bootstrap_servers, outbox_horizon, receipts_horizon, execute=False
     )
     if as_json:
@@ -96,18 +96,18 @@ def run(
     partitioned. Run it from a Job (ONCELY_RETENTION_IN_RELAY=false), or let the relay run it
     on its purge timer (the default).
     """
-    current, outcome = _carry_out(
+    current, outcome, left = _carry_out(
         database_url, bootstrap_servers, outbox_horizon, receipts_horizon, execute=execute
     )
     if as_json:
         from oncely import retention
 
-        print_json(retention.document(current, outcome))
+        print_json(retention.document(current, outcome, tables=left))
     elif outcome is None:
         _print_plan(current)
         print_dry_run()
     else:
-        _print_outcome(outcome)
+        _print_outcome(outcome, left)
     if outcome is not None and outcome.errors:
         raise typer.Exit(ExitCode.FAILED)
 
@@ -119,7 +119,8 @@ def _carry_out(
     receipts_horizon: str | None,
     *,
     execute: bool,
-) -> tuple[Plan, Outcome | None]:
+) -> tuple[Plan, Outcome | None, list[TableState]]:
+    """The plan, and when ``execute`` what the run did; each table's state after it."""
     import sqlalchemy as sa
 
     from oncely import retention
@@ -141,9 +142,11 @@ def _carry_out(
     engine = sa.create_engine(database_url)
     try:
         if not execute:
-            return retention.plan(engine, policy, log_starts), None
+            current = retention.plan(engine, policy, log_starts)
+            return current, None, current.tables
         outcome = retention.run(engine, policy, log_starts)
-        return outcome.plan, outcome
+        left = retention.states(engine, policy) if outcome.dropped else outcome.plan.tables
+        return outcome.plan, outcome, left
     finally:
         engine.dispose()
 
@@ -177,16 +180,17 @@ def _print_plan(current: Plan) -> None:
         names = ", ".join(partitions.partition_name(t, start) for t, start in current.create)
         out.print(f"would create {len(current.create)} partition(s) ahead: {names}")
     _print_verdicts(current, current.verdicts, dropped=())
-    _print_states(current)
+    _print_states(current.tables)
 
 
-def _print_outcome(outcome: Outcome) -> None:
+def _print_outcome(outcome: Outcome, left: list[TableState]) -> None:
     current = outcome.plan
     out.print(f"partitions of {_step(current.step)}, now {_moment(current.now)}")
     if outcome.created:
         out.print(f"created {len(outcome.created)} partition(s): {', '.join(outcome.created)}")
     dropped = [v for v in current.verdicts if v.partition.name in set(outcome.dropped)]
     _print_verdicts(current, [*dropped, *outcome.kept], dropped=outcome.dropped)
+    _print_states(left)
     out.print(f"dropped {len(outcome.dropped)} partition(s), kept {len(outcome.kept)}")
     for error in outcome.errors:
         out.print(f"[red]failed:[/red] {escape(error)}")
@@ -228,11 +232,11 @@ def _print_table(table: Table) -> None:
         Console(file=out.file, width=240, soft_wrap=True).print(table)
 
 
-def _print_states(current: Plan) -> None:
+def _print_states(states: list[TableState]) -> None:
     table = Table(title="tables", title_justify="left")
     for column in ("table", "partitions", "size", "oldest retained", "default rows", "blocked"):
         table.add_column(column)
-    for state in current.tables:
+    for state in states:
         table.add_row(
             state.table,
             str(state.partitions),
