@@ -305,10 +305,15 @@ class RelaySettings(RenamableSettings):
     retention_seconds: float = Field(
         default=7 * 24 * 3600.0,
         ge=0,
-        description="Keep published rows this long (0: purge them at every purge interval).",
+        description="Keep published rows this long (0: purge them at every purge interval); on "
+        "partitioned tables, an outbox partition stays until its range ended this long ago (the "
+        "republish horizon).",
     )
     purge_interval_seconds: float = Field(
-        default=600.0, gt=0, description="How often the relay purges published rows."
+        default=600.0,
+        gt=0,
+        description="How often the relay purges published rows, off its loop (on partitioned "
+        "tables: runs retention, see ONCELY_RETENTION_IN_RELAY).",
     )
     metrics_port: int | None = Field(
         default=None,
@@ -326,6 +331,39 @@ class RelaySettings(RenamableSettings):
         "ce_source, ce_specversion) to every record, with this ce_source (a URI-reference such "
         "as /shop/orders); `oncely debezium config --cloudevents-source` makes Debezium send "
         "the same.",
+    )
+
+
+class RetentionSettings(BaseSettings):
+    """How partitions of the partitioned outbox and receipts are kept, created and dropped
+    (``ONCELY_RETENTION_*``; see :mod:`oncely.retention`). The outbox's horizon is the relay's
+    ``retention_seconds`` (``ONCELY_RELAY_RETENTION_SECONDS``)."""
+
+    model_config = SettingsConfigDict(env_prefix="ONCELY_RETENTION_", extra="ignore")
+
+    receipts_horizon_seconds: float = Field(
+        default=14 * 24 * 3600.0,
+        ge=0,
+        description="Keep a receipts partition until its range ended this long ago (and until "
+        "Kafka has deleted every record it receipted): at least the outbox's retention plus the "
+        "topics' retention.ms.",
+    )
+    ahead: int = Field(
+        default=3, ge=0, le=1000, description="Partitions created ahead of the current one."
+    )
+    lock_timeout_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="How long a partition's drop or creation waits for its locks before it "
+        "gives up until the next run (staging waits behind it that long at most).",
+    )
+    kafka_timeout_seconds: float = Field(
+        default=15.0, gt=0, description="How long retention waits for Kafka's log start offsets."
+    )
+    in_relay: bool = Field(
+        default=True,
+        description="The relay drops partitions on its purge timer; false: it only plans (for "
+        "its retention metrics) and `oncely retention run --execute` (a Job) drops them.",
     )
 
 

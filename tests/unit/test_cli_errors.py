@@ -123,7 +123,7 @@ ONE_SHOT_DATABASE = {
     ("tasks", "reclaim"): [ANY_ID],
 }
 #: They reach Kafka first: an unreachable broker is their first error (tested below).
-KAFKA_FIRST = {("receipts", "purge"), ("verify",)}
+KAFKA_FIRST = {("receipts", "purge"), ("retention", "plan"), ("retention", "run"), ("verify",)}
 #: It writes the connector's configuration from the URL, without connecting.
 NO_CONNECTION = {("debezium", "config")}
 #: They ride out a database outage (their own tests show it), or start services.

@@ -276,9 +276,10 @@ def test_kubernetes_pods_are_hardened_and_budgeted(rendered: list[dict[str, Any]
     secret_keys = {doc["metadata"]["name"]: set(doc["stringData"]) for doc in secrets}
     uid = image_uid()
     for doc in rendered:
-        if doc["kind"] not in {"Deployment", "Job"}:
+        if doc["kind"] not in {"Deployment", "Job", "CronJob"}:
             continue
-        name, pod = doc["metadata"]["name"], doc["spec"]["template"]["spec"]
+        spec = doc["spec"]["jobTemplate"]["spec"] if doc["kind"] == "CronJob" else doc["spec"]
+        name, pod = doc["metadata"]["name"], spec["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True, name
         assert pod["securityContext"]["runAsUser"] == uid, f"{name}: not the image's user {uid}"
         assert pod["automountServiceAccountToken"] is False, name
@@ -296,3 +297,19 @@ def test_kubernetes_pods_are_hardened_and_budgeted(rendered: list[dict[str, Any]
         if doc["kind"] == "Deployment":
             labels = doc["spec"]["selector"]["matchLabels"]
             assert budgets[name]["selector"]["matchLabels"] == labels, f"{name}: no budget"
+
+
+def test_kubernetes_runs_retention_hourly_as_the_relay_is_configured(
+    rendered: list[dict[str, Any]],
+) -> None:
+    (cron,) = [doc for doc in rendered if doc["kind"] == "CronJob"]
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    minute, hour, *_ = cron["spec"]["schedule"].split()
+    assert minute.isdigit() and hour == "*"  # hourly
+    (container,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["retention", "run", "--execute"]
+    relay = next(doc for doc in rendered if doc["metadata"]["name"] == "oncely-relay")
+    (relay_container,) = relay["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == relay_container["image"]
+    assert container["envFrom"] == relay_container["envFrom"]
+    assert container["env"] == relay_container["env"]

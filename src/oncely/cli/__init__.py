@@ -56,6 +56,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dev": ("dev", "Run a local Kafka broker and PostgreSQL (no Docker needed)."),
     "receipts": ("receipts", "Effect receipts: the evidence that keeps effects single."),
     "relay": ("relay", "Publish staged outbox rows to Kafka."),
+    "retention": (
+        "retention",
+        "Drop partitions of the partitioned outbox and receipts that nothing can need again.",
+    ),
     "schemas": (
         "schemas",
         "Export event schemas to the committed catalog, check changes against it, and register "

@@ -28,8 +28,28 @@ Shards = Annotated[
 ]
 
 
+PartitionEvery = Annotated[
+    str | None,
+    typer.Option(
+        "--partition-every",
+        help="Convert the outbox and the receipts into tables partitioned by time, one "
+        "partition per step (e.g. 1d, 6h, 15m; aligned to the Unix epoch), so that "
+        "`oncely retention run` drops whole partitions instead of deleting rows. Every row is "
+        "copied, and both tables are locked for writes until the upgrade commits: staging and "
+        "consuming pause that long (the documented pause). The step cannot change later; "
+        "tables already partitioned by it are left as they are.",
+        show_default=False,
+    ),
+]
+
+
 @app.command()
-def upgrade(database_url: DatabaseUrl, schema: Schema = None, shards: Shards = None) -> None:
+def upgrade(
+    database_url: DatabaseUrl,
+    schema: Schema = None,
+    shards: Shards = None,
+    partition_every: PartitionEvery = None,
+) -> None:
     """Apply the migrations the database lacks (safe to run twice, and concurrently).
 
     Upgrading a database from before migration 0003: stop every relay first (the upgrade
@@ -38,6 +58,7 @@ def upgrade(database_url: DatabaseUrl, schema: Schema = None, shards: Shards = N
     """
     import sqlalchemy as sa
 
+    from oncely.storage import partitions
     from oncely.storage.migrations import upgrade as apply_migrations
     from oncely.storage.migrations import validate_shards
     from oncely.storage.tables import validate_schema_name
@@ -46,9 +67,12 @@ def upgrade(database_url: DatabaseUrl, schema: Schema = None, shards: Shards = N
         validate_schema_name(schema)  # before connecting: a bad name fails at once
     if shards is not None:
         validate_shards(shards)
+    step = None if partition_every is None else partitions.parse_step(partition_every)
     engine = sa.create_engine(database_url)
     try:
-        applied = apply_migrations(engine, schema=schema, shards=shards)
+        before = _partitioned(engine, schema) if step is not None else {}
+        applied = apply_migrations(engine, schema=schema, shards=shards, partition_every=step)
+        after = _partitioned(engine, schema) if step is not None else {}
     finally:
         engine.dispose()
     if applied:
@@ -56,6 +80,36 @@ def upgrade(database_url: DatabaseUrl, schema: Schema = None, shards: Shards = N
         out.print(f"applied {len(applied)} migration(s): {names}")
     else:
         out.print("up to date: no migration to apply")
+    if partition_every is None:
+        return
+    converted = {table: n for table, n in after.items() if table not in before}
+    for table, count in converted.items():
+        out.print(f"converted {table}: {count} partition(s) of {partition_every}")
+    if not converted:
+        out.print(f"already partitioned by {partition_every}: nothing to convert")
+
+
+def _partitioned(engine: Any, schema: str | None) -> dict[str, int]:
+    """The partitioned tables (by the layout's record) -> their range partitions."""
+    import sqlalchemy as sa
+
+    from oncely.storage import partitions
+
+    with engine.connect() as conn:
+        if schema is not None:
+            conn.execute(sa.text("SELECT set_config('search_path', :s, false)"), {"s": schema})
+        exists = conn.execute(
+            sa.text("SELECT to_regclass(:t)"), {"t": partitions.LAYOUT_TABLE}
+        ).scalar()
+        if exists is None:
+            return {}
+        tables = conn.execute(
+            sa.text(f"SELECT table_name FROM {partitions.LAYOUT_TABLE}")
+        ).scalars()
+        return {
+            table: sum(1 for p in partitions.partitions(conn, table) if not p.is_default)
+            for table in list(tables)
+        }
 
 
 def _role(component: str) -> Any:

@@ -61,6 +61,7 @@ from confluent_kafka import KafkaError, Message
 from oncely.failpoints import failpoint
 from oncely.relay import delivery
 from oncely.relay.extent import extent, first_suspect
+from oncely.relay.housekeeping import Housekeeping
 from oncely.relay.pace import Mode, Pace
 from oncely.relay.publisher import Publisher
 from oncely.relay.shares import rebalance
@@ -70,7 +71,7 @@ from oncely.runtime.process import Every
 from oncely.runtime.retry import Backoff
 from oncely.runtime.wakeup import Wakeup
 from oncely.security import KafkaAuthenticationError
-from oncely.settings import RelaySettings
+from oncely.settings import RelaySettings, RetentionSettings
 from oncely.storage.stores.outbox.relay import Held, Parking, Progress, RelayStore, ShardProgress
 from oncely.storage.stores.outbox.rows import OutboxRow
 from oncely.storage.stores.outbox.snapshots import Snapshot
@@ -186,7 +187,11 @@ class Relay:
         settings: RelaySettings,
         metrics: RelayMetrics,
         wakeup: Wakeup | None = None,
+        housekeeping: Housekeeping | None = None,
     ) -> None:
+        """``housekeeping`` runs the purge timer off the loop; the default one has no Kafka
+        settings, so on partitioned tables its retention runs fail for want of Kafka's answer
+        (:func:`~oncely.relay.service.build_relay` gives the relay's)."""
         self.store = store
         self.settings = settings
         self.metrics = metrics
@@ -195,6 +200,13 @@ class Relay:
             first=settings.initial_backoff_seconds, maximum=settings.max_backoff_seconds, jitter=0.5
         )
         self._publisher = publisher_factory()
+        self.housekeeping = housekeeping or Housekeeping(
+            store=store,
+            settings=settings,
+            retention_settings=RetentionSettings(),
+            kafka={},
+            metrics=metrics.retention,
+        )
         self._shards: dict[int, _Shard] = {}
         self._parked: dict[tuple[str, str], Parking] = {}
         self._attempts: dict[UUID, int] = {}
@@ -267,7 +279,7 @@ class Relay:
             if gauges.due():
                 self._update_gauges()
             if purge.due():
-                self._purge()
+                self.housekeeping.due()
             self._publisher.poll(0)
             self._settle()
             self._release_parked()
@@ -1123,15 +1135,6 @@ class Relay:
             self.metrics.blocked_rows.labels(topic).set(count)
         self._blocked_gauged = set(blocked)
 
-    def _purge(self) -> None:
-        try:
-            purged = self.store.purge(older_than_seconds=self.settings.retention_seconds)
-        except sa.exc.DBAPIError as exc:
-            self._database_failed("purge", exc)
-            return
-        if purged:
-            log.info("purged %d published rows", purged)
-
     def _database_failed(self, what: str, exc: sa.exc.DBAPIError) -> None:
         self.database_ok = False
         log.warning("database %s failed, retrying: %s", what, exc.orig)
@@ -1156,6 +1159,7 @@ class Relay:
             if all(not s.pages for s in self._shards.values()):
                 self._hand_off()
         unanswered = len(self._shards)
+        self.housekeeping.join(max(0.0, deadline - time.monotonic()))
         try:
             self.store.release([(s.shard, s.epoch) for s in self._shards.values()])
             self.store.leave()

@@ -7,13 +7,14 @@ import threading
 
 import sqlalchemy as sa
 
+from oncely.relay.housekeeping import Housekeeping
 from oncely.relay.publisher import Publisher
 from oncely.relay.relay import Relay
 from oncely.runtime.metrics import RelayMetrics
 from oncely.runtime.process import database, process_id, serving, stop_on_signals
 from oncely.runtime.tracing import Tracing
 from oncely.runtime.wakeup import Wakeup
-from oncely.settings import KafkaSettings, RelaySettings
+from oncely.settings import KafkaSettings, RelaySettings, RetentionSettings
 from oncely.storage.stores.outbox.relay import RelayStore
 from oncely.storage.tables import NOTIFY_CHANNEL
 
@@ -62,9 +63,11 @@ def build_relay(
     stop: threading.Event,
     metrics: RelayMetrics | None = None,
     tracing: Tracing | None = None,
+    retention: RetentionSettings | None = None,
 ) -> Relay:
     """A :class:`Relay` over ``engine`` and Kafka, listening for staged rows; ``tracing``
-    records its PRODUCER spans (default: the global tracer provider).
+    records its PRODUCER spans (default: the global tracer provider); ``retention`` says what
+    its purge timer does on partitioned tables (default: read from ``ONCELY_RETENTION_*``).
 
     Raises :class:`~oncely.security.KafkaAuthenticationError` when the broker refuses the
     credentials (checked before anything is read; an unreachable broker is not an error).
@@ -82,12 +85,21 @@ def build_relay(
         made.check_credentials(timeout=_CREDENTIALS_TIMEOUT)
         return made
 
+    store = RelayStore(engine, owner=owner)
+    metrics = metrics or RelayMetrics()
     return Relay(
-        store=RelayStore(engine, owner=owner),
+        store=store,
         publisher_factory=publisher,
         settings=settings,
-        metrics=metrics or RelayMetrics(),
+        metrics=metrics,
         wakeup=Wakeup.of(engine, channel=NOTIFY_CHANNEL, stop=stop),
+        housekeeping=Housekeeping(
+            store=store,
+            settings=settings,
+            retention_settings=retention or RetentionSettings(),
+            kafka=kafka.client_config(),
+            metrics=metrics.retention,
+        ),
     )
 
 

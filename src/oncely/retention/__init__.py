@@ -15,8 +15,11 @@ from oncely.retention.maintenance import (
     Policy,
     TableState,
     plan,
+    policy_of,
     run,
+    states,
 )
+from oncely.retention.report import document, record
 
 __all__ = [
     "KafkaUnansweredError",
@@ -26,7 +29,11 @@ __all__ = [
     "Policy",
     "TableState",
     "Verdict",
+    "document",
     "log_starts",
     "plan",
+    "policy_of",
+    "record",
     "run",
+    "states",
 ]

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from oncely.errors import ConfigurationError
 from oncely.retention import guard
 from oncely.retention.guard import OutboxFacts, ReceiptsFacts, Verdict
+from oncely.settings import RelaySettings, RetentionSettings
 from oncely.storage import partitions
 from oncely.storage.partitions import Partition, PartitionError
 
@@ -57,6 +58,27 @@ class Policy:
 
     def horizon(self, table: str) -> timedelta:
         return self.outbox_horizon if table == "oncely_outbox" else self.receipts_horizon
+
+
+def policy_of(
+    settings: RetentionSettings,
+    relay: RelaySettings,
+    *,
+    outbox_horizon: timedelta | None = None,
+    receipts_horizon: timedelta | None = None,
+) -> Policy:
+    """The :class:`Policy` of ``settings``, the outbox's horizon being the relay's
+    ``retention_seconds``; a horizon given here wins (a command-line option)."""
+    return Policy(
+        outbox_horizon=timedelta(seconds=relay.retention_seconds)
+        if outbox_horizon is None
+        else outbox_horizon,
+        receipts_horizon=timedelta(seconds=settings.receipts_horizon_seconds)
+        if receipts_horizon is None
+        else receipts_horizon,
+        ahead=settings.ahead,
+        lock_timeout=settings.lock_timeout_seconds,
+    )
 
 
 @dataclass(frozen=True)
@@ -120,11 +142,7 @@ def plan(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Plan:
     with engine.connect() as conn:
         step = partitions.step_of(conn)
         if step is None:
-            raise NotPartitionedError(
-                "the outbox and the receipts are not partitioned: convert them with "
-                "`oncely db upgrade --partition-every 1d`, or purge with `oncely relay purge` "
-                "and `oncely receipts purge`"
-            )
+            raise _not_partitioned()
         now: datetime = conn.execute(sa.text("SELECT now()")).scalar_one()
         create: list[tuple[str, datetime]] = []
         verdicts: list[Verdict] = []
@@ -141,6 +159,31 @@ def plan(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Plan:
             verdicts += guard.in_order(closed, lambda p: _reason(conn, p, policy, now, log_starts))
             tables.append(_state(conn, table, found, policy, now))
     return Plan(step, now, create, verdicts, tables)
+
+
+def states(engine: sa.Engine, policy: Policy) -> list[TableState]:
+    """Each partitioned table's state now (what :func:`plan` reports, without judging a
+    partition or asking Kafka): after a run, what it left.
+
+    Raises:
+        NotPartitionedError: the tables are not partitioned.
+    """
+    with engine.connect() as conn:
+        if partitions.step_of(conn) is None:
+            raise _not_partitioned()
+        now: datetime = conn.execute(sa.text("SELECT now()")).scalar_one()
+        return [
+            _state(conn, table, partitions.partitions(conn, table), policy, now)
+            for table in partitions.PARTITION_KEYS
+        ]
+
+
+def _not_partitioned() -> NotPartitionedError:
+    return NotPartitionedError(
+        "the outbox and the receipts are not partitioned: convert them with "
+        "`oncely db upgrade --partition-every 1d`, or purge with `oncely relay purge` "
+        "and `oncely receipts purge`"
+    )
 
 
 def _reason(

@@ -115,6 +115,65 @@ class RelayMetrics:
             ["reason"],
             registry=r,
         )
+        self.retention = RetentionMetrics(r)
+
+
+class RetentionMetrics:
+    """The partitioned outbox's and receipts' retention (:mod:`oncely.retention`), as the
+    relay sees it at each purge interval; per table (``oncely_outbox``, ``oncely_receipts``)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.partitions = Gauge(
+            "oncely_retention_partitions",
+            "Range partitions of the table (the default one not counted).",
+            ["table"],
+            registry=r,
+        )
+        self.bytes = Gauge(
+            "oncely_retention_bytes",
+            "Size of the table on disk: every partition's table, indexes and TOAST.",
+            ["table"],
+            registry=r,
+        )
+        self.oldest = Gauge(
+            "oncely_retention_oldest_timestamp_seconds",
+            "Start of the table's oldest retained partition, Unix seconds.",
+            ["table"],
+            registry=r,
+        )
+        self.default_rows = Gauge(
+            "oncely_retention_default_rows",
+            "Rows in the table's default partition (counted up to 100,000): no range partition "
+            "held them when they were written.",
+            ["table"],
+            registry=r,
+        )
+        self.blocked = Gauge(
+            "oncely_retention_blocked_seconds",
+            "How long the table's oldest partition has been past its horizon and still kept "
+            "(0: none is); `oncely retention plan` says what it waits for.",
+            ["table"],
+            registry=r,
+        )
+        self.kept = Gauge(
+            "oncely_retention_kept_partitions",
+            "Partitions past their horizon that the guard kept in the last run.",
+            ["table"],
+            registry=r,
+        )
+        self.dropped = Counter(
+            "oncely_retention_dropped_partitions",
+            "Partitions dropped by retention.",
+            ["table"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "oncely_retention_errors",
+            "Retention runs that failed (the database or Kafka did not answer), and partitions "
+            "that could not be created ahead.",
+            registry=r,
+        )
 
 
 class ConsumerMetrics:

@@ -1,0 +1,121 @@
+"""The relay's purge timer, off its loop: one run at a time on a thread of its own, so a long
+purge, a lock wait or a slow Kafka never delays reading, publishing or renewing leases.
+
+Which purge runs is decided at the first run that reaches the database: on unpartitioned
+tables the batched DELETE of published rows older than ``retention_seconds``; on partitioned
+tables (``oncely db upgrade --partition-every``) :func:`oncely.retention.run`, or only
+:func:`oncely.retention.plan` when ``ONCELY_RETENTION_IN_RELAY=false`` (a Job drops the
+partitions; the relay still exports the ``oncely_retention_*`` gauges). No failure of a purge
+stops the relay: it is logged, counted in ``oncely_retention_errors_total`` on partitioned
+tables, and tried again at the next interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+
+import sqlalchemy as sa
+
+from oncely import retention
+from oncely.runtime.metrics import RetentionMetrics
+from oncely.settings import ClientConfig, RelaySettings, RetentionSettings
+from oncely.storage import partitions
+from oncely.storage.stores.outbox.relay import RelayStore
+
+log = logging.getLogger(__name__)
+
+
+class Housekeeping:
+    """Starts the relay's purge on a daemon thread when :meth:`due` is called and none runs."""
+
+    def __init__(
+        self,
+        *,
+        store: RelayStore,
+        settings: RelaySettings,
+        retention_settings: RetentionSettings,
+        kafka: ClientConfig,
+        metrics: RetentionMetrics,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.retention_settings = retention_settings
+        self.policy = retention.policy_of(retention_settings, settings)
+        self.metrics = metrics
+        self._kafka = kafka
+        self._thread: threading.Thread | None = None
+        #: The tables' partition step once known (``None``: unpartitioned); unknown until a
+        #: run has reached the database.
+        self._step: timedelta | None = None
+        self._known = False
+        #: Runs finished (failed or not): tests wait on it.
+        self.runs = 0
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def due(self) -> None:
+        """Start a run unless one is still running (it then goes on; no run is queued)."""
+        if self.running:
+            return
+        self._thread = threading.Thread(target=self._run, name="oncely-relay-purge", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        """Wait at most ``timeout`` seconds for the run in progress (at the relay's stop)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            if not self._known:
+                with self.store.engine.connect() as conn:
+                    self._step = partitions.step_of(conn)
+                self._known = True
+            if self._step is None:
+                self._purge()
+            else:
+                self._retention()
+        except Exception as exc:  # a purge never stops the relay
+            if self._step is not None:
+                self.metrics.errors.inc()
+            cause = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
+            log.warning("purge failed, retried at the next interval: %s", cause)
+        finally:
+            self.runs += 1
+
+    def _purge(self) -> None:
+        purged = self.store.purge(older_than_seconds=self.settings.retention_seconds)
+        if purged:
+            log.info("purged %d published rows", purged)
+
+    def _retention(self) -> None:
+        engine = self.store.engine
+        policy = self.policy
+        if not self.retention_settings.in_relay:
+            plan = retention.plan(engine, policy, self._log_starts)
+            retention.record(self.metrics, plan, policy)
+            return
+        outcome = retention.run(engine, policy, self._log_starts)
+        tables = retention.states(engine, policy) if outcome.dropped else None
+        retention.record(self.metrics, outcome.plan, policy, outcome, tables=tables)
+        if outcome.created or outcome.dropped:
+            log.info(
+                "retention: created %d and dropped %d partitions",
+                len(outcome.created),
+                len(outcome.dropped),
+                extra={"created": outcome.created, "dropped": outcome.dropped},
+            )
+        for error in outcome.errors:
+            log.warning("retention: %s", error)
+
+    def _log_starts(
+        self, wanted: Iterable[tuple[str, int]]
+    ) -> Mapping[tuple[str, int], int | None]:
+        return retention.log_starts(
+            self._kafka, wanted, timeout=self.retention_settings.kafka_timeout_seconds
+        )

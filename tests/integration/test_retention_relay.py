@@ -1,0 +1,110 @@
+"""The relay's purge timer on partitioned tables: it publishes an old partition's rows, then drops
+the partition (``ONCELY_RETENTION_IN_RELAY`` true) or only plans (false), and exports the
+``oncely_retention_*`` gauges either way; on unpartitioned tables the batched DELETE stays."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from oncely.relay import Relay
+from oncely.storage import partitions, upgrade
+from tests.helpers import (
+    count_published,
+    fast_settings,
+    insert_rows,
+    outbox_row,
+    running_relay,
+    scalar,
+    uuid7_at,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+STEP = timedelta(minutes=1)
+
+
+def _sample(relay: Relay, name: str, **labels: str) -> float | None:
+    return relay.metrics.registry.get_sample_value(name, labels)
+
+
+def _old_partition_with_rows(engine: sa.Engine, topic: str) -> tuple[str, datetime]:
+    """Partitioned by the minute, with rows of ten minutes ago: their partition's name and
+    start."""
+    upgrade(engine, partition_every=STEP)
+    now: datetime = scalar(engine, "SELECT now()")
+    moment = now - timedelta(minutes=10)
+    start = partitions.window_start(moment, STEP)
+    with engine.begin() as conn:
+        partitions.create_partition(conn, "oncely_outbox", start, start + STEP)
+    insert_rows(engine, [outbox_row(topic, f"k{i}", event_id=uuid7_at(moment)) for i in range(3)])
+    return partitions.partition_name("oncely_outbox", start), start
+
+
+def _exists(engine: sa.Engine, name: str) -> bool:
+    return scalar(engine, "SELECT to_regclass(:n) IS NOT NULL", n=name) is True
+
+
+def test_the_relay_drops_an_outbox_partition_once_it_has_published_its_rows(
+    engine: sa.Engine,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    name, start = _old_partition_with_rows(engine, new_topic())
+    monkeypatch.setenv("ONCELY_RETENTION_RECEIPTS_HORIZON_SECONDS", "60")
+    settings = fast_settings(retention_seconds=60, purge_interval_seconds=0.3)
+    with running_relay(engine, kafka_bootstrap, settings) as relay:
+        wait_until(lambda: not _exists(engine, name), timeout=60)
+        assert scalar(engine, "SELECT count(*) FROM oncely_outbox") == 0  # gone with it
+        wait_until(
+            lambda: (_sample(relay, "oncely_retention_partitions", table="oncely_outbox") or 0) > 0,
+            timeout=10,
+        )
+    dropped = _sample(relay, "oncely_retention_dropped_partitions_total", table="oncely_outbox")
+    assert dropped is not None and dropped >= 1
+    for gauge in (
+        "oncely_retention_bytes",
+        "oncely_retention_oldest_timestamp_seconds",
+        "oncely_retention_default_rows",
+        "oncely_retention_blocked_seconds",
+        "oncely_retention_kept_partitions",
+    ):
+        for table in ("oncely_outbox", "oncely_receipts"):
+            assert _sample(relay, gauge, table=table) is not None, (gauge, table)
+    assert _sample(relay, "oncely_retention_errors_total") == 0
+    oldest = _sample(relay, "oncely_retention_oldest_timestamp_seconds", table="oncely_outbox")
+    assert oldest is not None and oldest > start.timestamp()
+
+
+def test_a_relay_that_only_plans_keeps_the_partition_and_exports_the_gauges(
+    engine: sa.Engine,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    name, _ = _old_partition_with_rows(engine, new_topic())
+    monkeypatch.setenv("ONCELY_RETENTION_IN_RELAY", "false")
+    settings = fast_settings(retention_seconds=60, purge_interval_seconds=0.3)
+    with running_relay(engine, kafka_bootstrap, settings) as relay:
+        wait_until(lambda: count_published(engine) == 3, timeout=60)
+        runs = relay.housekeeping.runs
+        wait_until(lambda: relay.housekeeping.runs >= runs + 2, timeout=30)
+        assert _exists(engine, name)
+        assert (_sample(relay, "oncely_retention_partitions", table="oncely_outbox") or 0) > 0
+    assert _sample(relay, "oncely_retention_dropped_partitions_total", table="oncely_outbox") == 0
+    assert _exists(engine, name)
+
+
+def test_on_unpartitioned_tables_the_relay_still_purges_by_batched_delete(
+    engine: sa.Engine, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    insert_rows(engine, [outbox_row(new_topic(), f"k{i}") for i in range(3)])
+    settings = fast_settings(retention_seconds=0, purge_interval_seconds=0.3)
+    with running_relay(engine, kafka_bootstrap, settings) as relay:
+        wait_until(lambda: scalar(engine, "SELECT count(*) FROM oncely_outbox") == 0, timeout=60)
+    assert _sample(relay, "oncely_retention_partitions", table="oncely_outbox") is None

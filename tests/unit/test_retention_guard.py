@@ -1,0 +1,118 @@
+"""The retention guard's pure decisions (:mod:`oncely.retention.guard`): every reason a
+partition stays, and partitions going oldest first."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from oncely.retention import Plan, Policy, Verdict
+from oncely.retention.guard import (
+    OutboxFacts,
+    ReceiptsFacts,
+    in_order,
+    outbox_reason,
+    receipts_reason,
+)
+from oncely.retention.report import document, kept_past_horizon
+from oncely.storage.partitions import Partition
+
+NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+DAY = timedelta(days=1)
+HORIZON = timedelta(days=7)
+
+
+def _partition(days_ago: int, table: str = "oncely_outbox") -> Partition:
+    lower = NOW - DAY * days_ago
+    return Partition(table, f"{table}_p{lower:%Y%m%dt%H%M%S}", lower, lower + DAY, 8192)
+
+
+OLD = _partition(10)
+DEFAULT = Partition("oncely_outbox", "oncely_outbox_default", None, None, 8192)
+
+
+def _outbox(partition: Partition, facts: OutboxFacts | None = None) -> str | None:
+    return outbox_reason(partition, facts or OutboxFacts(), now=NOW, horizon=HORIZON)
+
+
+def _receipts(facts: ReceiptsFacts, partition: Partition | None = None) -> str | None:
+    old = partition or _partition(10, "oncely_receipts")
+    return receipts_reason(old, facts, now=NOW, horizon=HORIZON)
+
+
+def test_an_outbox_partition_past_the_horizon_with_nothing_pending_may_go() -> None:
+    assert _outbox(OLD) is None
+
+
+def test_the_default_partition_is_never_dropped() -> None:
+    assert "default partition is never dropped" in str(_outbox(DEFAULT))
+
+
+def test_a_partition_within_the_horizon_stays() -> None:
+    recent = _partition(7)  # its range ends 6 days ago: within 7 days
+    assert "within the horizon" in str(_outbox(recent))
+    assert "within the horizon" in str(_receipts(ReceiptsFacts(), _partition(7, "x")))
+    assert _outbox(_partition(8)) is None  # ended exactly 7 days ago: past it
+
+
+def test_an_outbox_partition_with_parked_held_or_unpassed_rows_stays() -> None:
+    parked = _outbox(OLD, OutboxFacts(parked={"dead": 2, "delayed": 1}))
+    assert parked is not None and "parked rows (2 dead, 1 delayed)" in parked
+    assert "3 row(s) held behind a parked key" in str(_outbox(OLD, OutboxFacts(held=3)))
+    unpassed = _outbox(OLD, OutboxFacts(unpassed_shards=list(range(7))))
+    assert unpassed is not None and "shard(s) 0, 1, 2, 3, 4..." in unpassed
+
+
+def test_a_receipts_partition_stays_while_a_record_it_receipted_can_come_again() -> None:
+    assert "outbox still holds its events" in str(_receipts(ReceiptsFacts(outbox_rows=True)))
+    offsets = {("t", 0): 41}
+    unasked = _receipts(ReceiptsFacts(highest_offsets=offsets))
+    assert unasked is not None and "Kafka did not say where t [0] starts" in unasked
+    held = _receipts(ReceiptsFacts(highest_offsets=offsets, log_starts={("t", 0): 41}))
+    assert held is not None and "Kafka still holds t [0] from offset 41" in held
+    assert _receipts(ReceiptsFacts(highest_offsets=offsets, log_starts={("t", 0): 42})) is None
+    # The topic or partition is gone: Kafka holds none of its records.
+    assert _receipts(ReceiptsFacts(highest_offsets=offsets, log_starts={("t", 0): None})) is None
+
+
+def test_partitions_go_oldest_first_behind_one_that_stays() -> None:
+    closed = [_partition(n) for n in (12, 11, 10, 9)]
+    stays = closed[1]
+    asked: list[Partition] = []
+
+    def reason_of(partition: Partition) -> str | None:
+        asked.append(partition)
+        return "held" if partition is stays else None
+
+    verdicts = in_order(closed, reason_of)
+    assert [v.partition for v in verdicts] == closed
+    assert [v.droppable for v in verdicts] == [True, False, False, False]
+    assert verdicts[1].reason == "held"
+    assert verdicts[2].reason == f"waits for the older {stays.name}"
+    assert asked == closed[:2]  # nothing later is asked once one stays
+    assert in_order([], reason_of) == []
+
+
+def test_kept_counts_only_partitions_past_their_horizon() -> None:
+    policy = Policy(outbox_horizon=HORIZON)
+    verdicts = [
+        Verdict(_partition(12), None),
+        Verdict(_partition(11), "parked"),
+        Verdict(_partition(10), "waits for the older one"),
+        Verdict(_partition(3), "its range ends within the horizon"),
+    ]
+    plan = Plan(DAY, NOW, [], verdicts, [])
+    assert [v.partition for v in kept_past_horizon(plan, policy)] == [
+        _partition(11),
+        _partition(10),
+    ]
+    found = document(plan)
+    assert found["executed"] is False
+    assert found["verdicts"][1] == {
+        "table": "oncely_outbox",
+        "partition": _partition(11).name,
+        "lower": _partition(11).lower,
+        "upper": _partition(11).upper,
+        "bytes": 8192,
+        "droppable": False,
+        "reason": "parked",
+    }
