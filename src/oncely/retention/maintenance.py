@@ -255,7 +255,16 @@ def run(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Outcome:
 
 
 def _run(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Outcome:
-    current = plan(engine, policy, log_starts)
+    asked: dict[tuple[str, int], int | None] = {}
+
+    def remembered(wanted: Iterable[tuple[str, int]]) -> Mapping[tuple[str, int], int | None]:
+        asked.update(log_starts(wanted))
+        return asked
+
+    def known(wanted: Iterable[tuple[str, int]]) -> Mapping[tuple[str, int], int | None]:
+        return asked  # under a partition's lock Kafka is not asked: its answer from the plan
+
+    current = plan(engine, policy, remembered)
     outcome = Outcome(current)
     for table, moment in current.create:
         try:
@@ -278,7 +287,7 @@ def _run(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Outcome:
             kept = verdict.reason or "waits for an older partition kept in this run"
             outcome.kept.append(Verdict(verdict.partition, kept))
             continue
-        refused = _drop(engine, verdict.partition, policy, current.now, log_starts)
+        refused = _drop(engine, verdict.partition, policy, current.now, known)
         if refused is None:
             outcome.dropped.append(verdict.partition.name)
         else:
