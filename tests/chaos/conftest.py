@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from confluent_kafka.admin import NewTopic
 
 from tests.apps.ledger import App, build, create_tables
-from tests.chaos.harness import Pipeline, pipeline, unique_prefix
+from tests.chaos.harness import RETENTION_REPORTS, Pipeline, pipeline, unique_prefix
 
 
 @pytest.fixture
@@ -29,3 +29,11 @@ def chaos(database_url: str, kafka_bootstrap: str, app: App, tmp_path: Path) -> 
     with pipeline(engine, database_url, kafka_bootstrap, app, tmp_path) as running:
         yield running
     engine.dispose()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """What retention did in each scenario (it runs through every pipeline of the harness)."""
+    if RETENTION_REPORTS:
+        terminalreporter.section("retention during the scenarios")
+        for line in RETENTION_REPORTS:
+            terminalreporter.write_line(line)

@@ -11,19 +11,116 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from oncely import retention
 from oncely.devstack._process import free_port
 from oncely.producer.staging import stage
 from oncely.schemas.codec import Codec
+from oncely.storage import upgrade
 from tests.apps.ledger import App
-from tests.chaos.ledger import check
+from tests.chaos.ledger import check, published
+
+#: The scenarios run on tables partitioned by the minute, with retention dropping partitions
+#: behind them (:class:`Retention`).
+STEP = timedelta(minutes=1)
+#: Horizons of 0: a partition may go as soon as its minute is over and the guard lets it go,
+#: so drops happen wherever a scenario's data ages past a minute boundary.
+POLICY = retention.Policy(
+    outbox_horizon=timedelta(0), receipts_horizon=timedelta(0), ahead=2, lock_timeout=2.0
+)
+#: What each scenario's retention did, for the terminal summary (tests/chaos/conftest.py).
+RETENTION_REPORTS: list[str] = []
+
+#: Every row ever inserted into the outbox, kept by a trigger: the checks read what was staged
+#: from here, as retention drops the outbox's partitions under them.
+MIRROR = """
+CREATE TABLE chaos_outbox (id uuid PRIMARY KEY, seq bigint, shard smallint, txid xid8,
+                           topic text, aggregateid text, created_at timestamptz);
+CREATE FUNCTION chaos_outbox_mirror() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+    INSERT INTO chaos_outbox VALUES (NEW.id, NEW.seq, NEW.shard, NEW.txid, NEW.topic,
+                                     NEW.aggregateid, NEW.created_at);
+    RETURN NULL; END $$;
+CREATE TRIGGER chaos_outbox_mirror AFTER INSERT ON oncely_outbox
+    FOR EACH ROW EXECUTE FUNCTION chaos_outbox_mirror();
+"""
+
+
+class Retention:
+    """``retention.run`` every ``every`` seconds on a thread, as a maintenance job would: what
+    it dropped, the refusals it reported (a lock not granted, Kafka or PostgreSQL not
+    answering during a fault) and anything else it raised (a failure of the scenario)."""
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        bootstrap: str,
+        *,
+        policy: retention.Policy = POLICY,
+        every: float = 3.0,
+    ) -> None:
+        self.engine, self.bootstrap, self.policy, self.every = engine, bootstrap, policy, every
+        self.dropped: list[str] = []
+        self.refusals: list[str] = []
+        self.failures: list[str] = []
+        self.runs = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="retention")
+
+    def __enter__(self) -> Retention:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def dropped_of(self, table: str) -> list[str]:
+        return [name for name in self.dropped if name.startswith(f"{table}_p")]
+
+    def _log_starts(self, wanted: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        return retention.log_starts({"bootstrap.servers": self.bootstrap}, wanted, timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            self.run_once()
+
+    def run_once(self) -> None:
+        try:
+            outcome = retention.run(self.engine, self.policy, self._log_starts)
+        except retention.KafkaUnansweredError as exc:
+            self.refusals.append(f"kafka: {exc}")
+            return
+        except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
+            # PostgreSQL restarting or unreachable in a fault: the next run tries again.
+            self.refusals.append(f"database: {type(exc.orig).__name__}")
+            return
+        except Exception as exc:  # any other error fails the scenario
+            self.failures.append(f"{type(exc).__name__}: {exc}")
+            return
+        self.runs += 1
+        self.dropped += outcome.dropped
+        for error in outcome.errors:
+            (self.refusals if "lock not granted" in error else self.failures).append(error)
+        self.refusals += [
+            f"{v.partition.name}: {v.reason}"
+            for v in outcome.kept
+            if v.reason and "lock" in v.reason and "not granted" in v.reason
+        ]
+
+    def summary(self) -> str:
+        return (
+            f"runs={self.runs} dropped_outbox={len(self.dropped_of('oncely_outbox'))} "
+            f"dropped_receipts={len(self.dropped_of('oncely_receipts'))} "
+            f"refusals={len(self.refusals)} failures={len(self.failures)}"
+        )
 
 
 @dataclass
@@ -132,6 +229,16 @@ class Pipeline:
     app: App
     log_dir: Path
     procs: list[Proc] = field(default_factory=list)
+    retention: Retention | None = None
+
+    def staged(self) -> int:
+        """Events committed into the outbox so far (retention drops its partitions: counted
+        from the mirror, ``chaos_outbox``)."""
+        return self.count("SELECT count(*) FROM chaos_outbox")
+
+    def published(self) -> int:
+        """Staged events the relay has passed (:func:`tests.chaos.ledger.published`)."""
+        return published(self.engine)
 
     def env(self) -> dict[str, str]:
         return {
@@ -300,18 +407,36 @@ class Pipeline:
 
 @contextmanager
 def pipeline(
-    engine: sa.Engine, database_url: str, bootstrap: str, app: App, log_dir: Path
+    engine: sa.Engine,
+    database_url: str,
+    bootstrap: str,
+    app: App,
+    log_dir: Path,
+    *,
+    policy: retention.Policy = POLICY,
+    retention_every: float = 3.0,
 ) -> Iterator[Pipeline]:
+    """The scenario's pipeline on partitioned tables (1-minute steps), with :class:`Retention`
+    running through it; on a clean exit, fails if retention raised anything but a refusal."""
+    upgrade(engine, partition_every=STEP)
     with engine.begin() as conn:
         conn.execute(
             sa.text("CREATE TABLE chaos_business (event_id uuid PRIMARY KEY, committed boolean)")
         )
+        conn.exec_driver_sql(MIRROR)
     running = Pipeline(engine, database_url, bootstrap, app, log_dir)
+    keeper = Retention(engine, bootstrap, policy=policy, every=retention_every)
+    running.retention = keeper
     try:
-        yield running
+        with keeper:
+            yield running
     finally:
         for proc in running.procs:
             proc.stop()
+        scenario = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+        RETENTION_REPORTS.append(f"{scenario}: {keeper.summary()}")
+        print(f"retention {keeper.summary()} dropped={keeper.dropped}")
+    assert not keeper.failures, f"retention failed: {keeper.failures}"
 
 
 def unique_prefix() -> str:

@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from tests.chaos.harness import Pipeline, Proc
 from tests.chaos.ledger import check
 from tests.chaos.skewed_clock import SKEW_ENV
-from tests.helpers import count_published, insert_rows, outbox_rows
+from tests.helpers import insert_rows, outbox_rows
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
 
@@ -84,7 +84,7 @@ def _wait_shard(
 
 
 def _one_row_shard(chaos: Pipeline) -> int:
-    return chaos.count("SELECT shard FROM oncely_outbox")
+    return chaos.count("SELECT shard FROM chaos_outbox")
 
 
 @pytest.mark.parametrize(
@@ -149,7 +149,7 @@ def test_s13_a_delayed_row_is_published_when_the_database_clock_says_it_is_due(
     with chaos.engine.connect() as conn:
         seen_parked = False
         while True:
-            published = count_published(chaos.engine)
+            published = chaos.published()
             now = conn.execute(sa.text("SELECT now()")).scalar_one()
             conn.commit()
             if published:
@@ -232,7 +232,7 @@ def test_s13_two_relays_skewed_both_ways_share_the_outbox_under_load(chaos: Pipe
         finally:
             stop.set()
             writer.join(60)
-        chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
+        chaos.wait_applied(chaos.staged(), timeout=300)
         recovery = time.monotonic() - resumed  # since the last pause ended
     assert all(relay.alive() for relay in relays.values()), chaos.logs()
     metrics = {name: relay.metrics() for name, relay in relays.items()}

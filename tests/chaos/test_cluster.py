@@ -45,8 +45,8 @@ from oncely.settings import TopicSettings
 from oncely.topics import ensure_topics, planned_topics
 from tests.apps.ledger import build, create_tables
 from tests.chaos.harness import Pipeline, Proc, pipeline, unique_prefix
-from tests.chaos.ledger import check
-from tests.helpers import count_published, read_topics, scalar
+from tests.chaos.ledger import check, published
+from tests.helpers import read_topics, scalar
 
 pytestmark = pytest.mark.chaos
 
@@ -85,8 +85,8 @@ def _produce_errors(relays: list[Proc]) -> Counter[str]:
 def _sample(engine: sa.Engine, relays: list[Proc], stop: threading.Event, seen: Observed) -> None:
     while not stop.wait(0.5):
         with engine.connect() as conn:
-            committed = int(conn.execute(sa.text("SELECT count(*) FROM oncely_outbox")).scalar())
-        seen.max_pending = max(seen.max_pending, committed - count_published(engine))
+            committed = int(conn.execute(sa.text("SELECT count(*) FROM chaos_outbox")).scalar())
+        seen.max_pending = max(seen.max_pending, committed - published(engine))
         seen.max_dead = max(seen.max_dead, _dead(engine))
         for name, count in _produce_errors(relays).items():
             seen.errors[name] = max(seen.errors[name], count)
@@ -165,7 +165,7 @@ def _catch_up(engine: sa.Engine, moment: object) -> float:
     seconds = scalar(
         engine,
         "SELECT EXTRACT(EPOCH FROM max(l.applied_at) - :t) FROM ledger l"
-        " JOIN oncely_outbox o ON o.id = l.event_id WHERE o.created_at <= :t",
+        " JOIN chaos_outbox o ON o.id = l.event_id WHERE o.created_at <= :t",
         t=moment,
     )
     return max(0.0, float(seconds or 0))
@@ -184,7 +184,7 @@ def _broker_order(engine: sa.Engine, bootstrap: str, topic: str) -> list[str]:
     """Keys whose first copies on the broker are not in ``seq`` order (the ledger checker
     checks the order effects were applied in; this tells a relay's fault from a consumer's)."""
     with engine.connect() as conn:
-        seqs = dict(conn.execute(sa.text("SELECT CAST(id AS text), seq FROM oncely_outbox")).all())
+        seqs = dict(conn.execute(sa.text("SELECT CAST(id AS text), seq FROM chaos_outbox")).all())
     by_key: dict[str, list[int]] = {}
     for record in sorted(read_topics(bootstrap, [topic]), key=lambda r: (r.partition, r.offset)):
         by_key.setdefault(record.key, []).append(seqs[record.headers["id"].decode()])
@@ -273,7 +273,7 @@ def test_c1_a_broker_lost_under_load_on_a_three_node_cluster(
             stop_load.set()
             writer.join(60)
             started = time.monotonic()
-            chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=240)
+            chaos.wait_applied(chaos.staged(), timeout=240)
             recovery = time.monotonic() - started
             _wait_spread(members)
             stop_sampler.set()

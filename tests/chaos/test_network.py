@@ -42,7 +42,7 @@ def _create_topic(bootstrap: str, topic: str) -> None:
 
 def _caught_up(chaos: Pipeline, timeout: float = 180) -> float:
     """Seconds until every event committed so far has its effect."""
-    return chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=timeout)
+    return chaos.wait_applied(chaos.staged(), timeout=timeout)
 
 
 def _peer_ports(pid: int) -> set[int]:

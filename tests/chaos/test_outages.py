@@ -54,7 +54,7 @@ def test_s5_a_rebalance_storm_keeps_effects_single_and_ordered(chaos: Pipeline) 
         members.append(chaos.consumer(name=f"ledger-{joins + 2}").start())
         joins += 1
     started = time.monotonic()
-    chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
+    chaos.wait_applied(chaos.staged(), timeout=300)
     _report("S5", chaos, time.monotonic() - started, membership_changes=joins)
 
 
@@ -74,7 +74,7 @@ def test_s9_a_long_held_transaction_does_not_stop_the_pipeline(chaos: Pipeline) 
                 sa.text(
                     "SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY"
                     " EXTRACT(EPOCH FROM l.applied_at - o.created_at) * 1000)"
-                    " FROM oncely_outbox AS o JOIN ledger AS l ON l.event_id = o.id"
+                    " FROM chaos_outbox AS o JOIN ledger AS l ON l.event_id = o.id"
                 )
             ).scalar_one()
     finally:
@@ -128,7 +128,7 @@ def test_s6_broker_killed_and_paused_past_the_delivery_timeout(
         broker._proc.send_signal(signal.SIGCONT)
         writer.join()
         started = time.monotonic()
-        chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
+        chaos.wait_applied(chaos.staged(), timeout=300)
         _report("S6", chaos, time.monotonic() - started)
 
 
@@ -183,13 +183,13 @@ def test_s12_broker_down_for_a_minute_under_load_keeps_memory_bounded(
         outage = time.monotonic()
         stop = threading.Event()
         writer = chaos.write_until(stop, keys=50, pause=0)  # one writer, as fast as it goes
-        rss, backlog = [before], [chaos.count("SELECT count(*) FROM oncely_outbox")]
+        rss, backlog = [before], [chaos.staged()]
         while time.monotonic() - outage < 60:
             time.sleep(5)
             assert relay.alive(), chaos.logs()
             rss.append(relay.rss_mb())
             consumer_rss.append(consumer.rss_mb())
-            backlog.append(chaos.count("SELECT count(*) FROM oncely_outbox"))
+            backlog.append(chaos.staged())
         stop.set()
         writer.join(60)
         end_of_outage = relay.rss_mb()
@@ -204,7 +204,7 @@ def test_s12_broker_down_for_a_minute_under_load_keeps_memory_bounded(
 
         sampler = threading.Thread(target=sample_consumer, daemon=True)
         sampler.start()
-        chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
+        chaos.wait_applied(chaos.staged(), timeout=300)
         draining.set()
         sampler.join(5)
         after = relay.rss_mb()

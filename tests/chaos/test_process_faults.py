@@ -22,7 +22,7 @@ from oncely.producer.staging import stage
 from oncely.schemas.codec import Codec
 from tests.chaos.harness import Pipeline, Proc
 from tests.chaos.ledger import LedgerReport, check
-from tests.helpers import count_published, read_topics, wait_until
+from tests.helpers import read_topics, wait_until
 
 #: The relay loop's failpoints, in the order a page meets them (oncely/failpoints.py).
 RELAY_POINTS = [
@@ -57,10 +57,10 @@ def test_s2_a_relay_exiting_at_each_failpoint_loses_nothing(chaos: Pipeline, poi
     doomed = chaos.relay(f"relay-{point}").start(ONCELY_FAILPOINTS=f"{point}=exit")
     assert doomed.wait(60) == 137, chaos.logs()
     chaos.relay("relay-after").start()
-    committed = chaos.count("SELECT count(*) FROM oncely_outbox")
+    committed = chaos.staged()
     chaos.wait_applied(committed)
     # The successor took the shards over (their leases expired) and recorded every row.
-    wait_until(lambda: count_published(chaos.engine) == committed, timeout=60)
+    wait_until(lambda: chaos.published() == committed, timeout=60)
     assert consumer.alive()
     report = check(chaos.engine, chaos.bootstrap, topics=[chaos.app.topic], effects=["ledger"])
     assert report.ok, f"{report.summary()}\n{chaos.logs()}"
@@ -94,7 +94,7 @@ def test_s4_a_consumer_exiting_at_each_failpoint_applies_once(chaos: Pipeline, c
         )
         assert doomed.wait(60) == 137, chaos.logs()
     chaos.consumer(*effects, name="after").start(ONCELY_CONSUMER_LANES=lanes)
-    committed = chaos.count("SELECT count(*) FROM oncely_outbox")
+    committed = chaos.staged()
     for effect in effects:
         chaos.wait_applied(committed, effect=effect)
     report = check(chaos.engine, chaos.bootstrap, topics=[chaos.app.topic], effects=[*effects])
@@ -170,7 +170,7 @@ def _writing_under_load(chaos: Pipeline, *, pause: float) -> Iterator[None]:
 def _drained(chaos: Pipeline) -> tuple[float, LedgerReport]:
     """Wait (up to 300 s) until every committed row is applied: the seconds it took and the
     ledger check then."""
-    recovery = chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
+    recovery = chaos.wait_applied(chaos.staged(), timeout=300)
     report = check(chaos.engine, chaos.bootstrap, topics=[chaos.app.topic], effects=["ledger"])
     return recovery, report
 
@@ -245,7 +245,7 @@ def test_s3_a_zombie_relay_cannot_overwrite_the_new_owner(chaos: Pipeline, when:
     wait_until(lambda: _zombie_shards(chaos) == 0, timeout=60)  # past the zombie's lease
     zombie.kill(signal.SIGCONT)
     writer.join()
-    chaos.wait_applied(chaos.count("SELECT count(*) FROM oncely_outbox"), timeout=300)
+    chaos.wait_applied(chaos.staged(), timeout=300)
 
     def counted() -> tuple[float, float]:
         metrics = zombie.metrics()

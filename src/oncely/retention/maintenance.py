@@ -4,8 +4,8 @@ each closed partition's verdict, each table's state) and its execution.
 :func:`plan` reads the catalog, the relay's progress, the parked and held rows, the receipts'
 highest offsets and Kafka's log start offsets, and changes nothing. :func:`run` executes a plan:
 it creates the partitions ahead, then drops each partition the guard lets go, in a transaction
-of its own that first locks the partition (so nothing can write a row into it meanwhile),
-gathers its facts again under the lock and drops it only if the guard still agrees.
+of its own that first locks its table, then the partition (so nothing can write a row into it
+meanwhile), gathers its facts again under the lock and drops it only if the guard still agrees.
 """
 
 from __future__ import annotations

@@ -382,7 +382,14 @@ def drop(conn: sa.Connection, partition: Partition) -> None:
 
 def lock(conn: sa.Connection, partitions_: Sequence[Partition], *, timeout: float) -> None:
     """Lock ``partitions_`` against every reader and writer for the rest of ``conn``'s
-    transaction, waiting at most ``timeout`` seconds.
+    transaction, waiting at most ``timeout`` seconds for each lock.
+
+    Their tables are locked first (``ONLY``: the table itself, not every partition), in
+    ACCESS EXCLUSIVE mode, which ``DROP TABLE`` of a partition takes on its table anyway: the
+    order in which every query through the table takes its locks (the table, then its
+    partitions). Locking a partition first and its table at the drop deadlocks with a
+    transaction that holds the table (a staging insert) and then reads the partition (the
+    outbox key guard, the relay's reads).
 
     Raises :class:`PartitionError` when a lock is not granted in time (a long transaction is
     reading or writing one): nothing is dropped, a later run tries again.
@@ -390,6 +397,17 @@ def lock(conn: sa.Connection, partitions_: Sequence[Partition], *, timeout: floa
     conn.execute(
         sa.text("SELECT set_config('lock_timeout', :ms, true)"), {"ms": f"{timeout * 1000:.0f}ms"}
     )
+    for table in dict.fromkeys(p.table for p in partitions_):
+        if table not in PARTITION_KEYS:
+            raise ValueError(f"{table}: not a partitioned oncely table")
+        try:
+            with conn.begin_nested():
+                conn.exec_driver_sql(f"LOCK TABLE ONLY {table} IN ACCESS EXCLUSIVE MODE")
+        except sa.exc.OperationalError as exc:
+            raise PartitionError(
+                f"{table}: lock not granted in {timeout:g} s (a transaction is using it); "
+                "retried next run"
+            ) from exc
     for partition in partitions_:
         try:
             with conn.begin_nested():
