@@ -62,4 +62,4 @@ def test_a_step_that_does_not_tile_a_day_is_refused_in_one_line(text: str) -> No
 def test_only_range_partitions_oncely_created_are_dropped() -> None:
     default = partitions.Partition("oncely_outbox", "oncely_outbox_default", None, None, 0)
     with pytest.raises(ValueError, match="only a range partition"):
-        partitions.drop(None, default)  # type: ignore[arg-type]  # refused before any SQL
+        partitions.drop(None, default, timeout=1)  # type: ignore[arg-type]  # no SQL is run

@@ -4,8 +4,9 @@ each closed partition's verdict, each table's state) and its execution.
 :func:`plan` reads the catalog, the relay's progress, the parked and held rows, the receipts'
 highest offsets and Kafka's log start offsets, and changes nothing. :func:`run` executes a plan:
 it creates the partitions ahead, then drops each partition the guard lets go, in a transaction
-of its own that first locks its table, then the partition (so nothing can write a row into it
-meanwhile), gathers its facts again under the lock and drops it only if the guard still agrees.
+of its own that first stops writes into the partition (a SHARE lock: reads go on), gathers its
+facts again and drops it only if the guard still agrees (the drop itself holds the table for a
+moment).
 """
 
 from __future__ import annotations
@@ -306,11 +307,11 @@ def _drop(
     """Drop ``partition`` if the guard, asked again under its lock, agrees; else the reason."""
     try:
         with engine.begin() as conn:
-            partitions.lock(conn, [partition], timeout=policy.lock_timeout)
+            partitions.freeze(conn, partition, timeout=policy.lock_timeout)
             reason = _reason(conn, partition, policy, now, log_starts)
             if reason is not None:
                 return reason
-            partitions.drop(conn, partition)
+            partitions.drop(conn, partition, timeout=policy.lock_timeout)
     except PartitionError as exc:
         return str(exc)
     except sa.exc.OperationalError as exc:

@@ -30,7 +30,6 @@ DDL. Every identifier written into DDL comes from the catalog or from :func:`par
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
@@ -49,7 +48,6 @@ MIN_STEP = timedelta(minutes=1)
 KEY_LOCK_CLASS = 0x6F6E
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_NAME = re.compile(r"(oncely_outbox|oncely_receipts)_p(\d{8}t\d{6})")
 _BOUND = re.compile(r"FOR VALUES FROM \('([0-9a-f-]{36})'\) TO \('([0-9a-f-]{36})'\)")
 _STEP = re.compile(r"(\d+)\s*([mhd])")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days"}
@@ -372,51 +370,55 @@ def create_ahead(
     return created
 
 
-def drop(conn: sa.Connection, partition: Partition) -> None:
-    """Drop ``partition`` in ``conn``'s transaction (the caller has taken its lock and checked
-    that it may go). Raises ValueError for a default partition."""
-    if partition.is_default or not _NAME.fullmatch(partition.name):
-        raise ValueError(f"{partition.name}: only a range partition oncely created is dropped")
-    conn.exec_driver_sql(f"DROP TABLE {partition.name}")
+def freeze(conn: sa.Connection, partition: Partition, *, timeout: float) -> None:
+    """Stop every write into ``partition`` for the rest of ``conn``'s transaction (SHARE lock:
+    reads go on), waiting at most ``timeout`` seconds, so that its facts, checked next, stay
+    true until :func:`drop`.
 
-
-def lock(conn: sa.Connection, partitions_: Sequence[Partition], *, timeout: float) -> None:
-    """Lock ``partitions_`` against every reader and writer for the rest of ``conn``'s
-    transaction, waiting at most ``timeout`` seconds for each lock.
-
-    Their tables are locked first (``ONLY``: the table itself, not every partition), in
-    ACCESS EXCLUSIVE mode, which ``DROP TABLE`` of a partition takes on its table anyway: the
-    order in which every query through the table takes its locks (the table, then its
-    partitions). Locking a partition first and its table at the drop deadlocks with a
-    transaction that holds the table (a staging insert) and then reads the partition (the
-    outbox key guard, the relay's reads).
-
-    Raises :class:`PartitionError` when a lock is not granted in time (a long transaction is
-    reading or writing one): nothing is dropped, a later run tries again.
+    Raises :class:`PartitionError` when the lock is not granted in time (a transaction is
+    writing into it): nothing is dropped, a later run tries again.
     """
+    _lock(conn, _checked(partition), "SHARE", timeout)
+
+
+def drop(conn: sa.Connection, partition: Partition, *, timeout: float) -> None:
+    """Drop ``partition`` (frozen and checked by the caller) in ``conn``'s transaction.
+
+    ``DROP TABLE`` of a partition takes ACCESS EXCLUSIVE on its table: every query on the table
+    waits behind it, at most ``timeout`` seconds (then :class:`PartitionError`, nothing
+    dropped). The partition's SHARE lock lets readers through meanwhile, so a transaction that
+    holds the table and reads the partition (a staging insert's key check, the relay's reads)
+    finishes instead of deadlocking with the drop.
+    """
+    name = _checked(partition)
+    if partition.is_default:
+        raise ValueError(f"{name}: only a range partition oncely created is dropped")
+    _lock(conn, f"ONLY {partition.table}", "ACCESS EXCLUSIVE", timeout)
+    conn.exec_driver_sql(f"DROP TABLE {name}")
+
+
+def _lock(conn: sa.Connection, target: str, mode: str, timeout: float) -> None:
     conn.execute(
         sa.text("SELECT set_config('lock_timeout', :ms, true)"), {"ms": f"{timeout * 1000:.0f}ms"}
     )
-    for table in dict.fromkeys(p.table for p in partitions_):
-        if table not in PARTITION_KEYS:
-            raise ValueError(f"{table}: not a partitioned oncely table")
-        try:
-            with conn.begin_nested():
-                conn.exec_driver_sql(f"LOCK TABLE ONLY {table} IN ACCESS EXCLUSIVE MODE")
-        except sa.exc.OperationalError as exc:
-            raise PartitionError(
-                f"{table}: lock not granted in {timeout:g} s (a transaction is using it); "
-                "retried next run"
-            ) from exc
-    for partition in partitions_:
-        try:
-            with conn.begin_nested():
-                conn.exec_driver_sql(f"LOCK TABLE {partition.name} IN ACCESS EXCLUSIVE MODE")
-        except sa.exc.OperationalError as exc:
-            raise PartitionError(
-                f"{partition.name}: lock not granted in {timeout:g} s (a transaction is using "
-                "it); retried next run"
-            ) from exc
+    try:
+        with conn.begin_nested():
+            conn.exec_driver_sql(f"LOCK TABLE {target} IN {mode} MODE")
+    except sa.exc.OperationalError as exc:
+        raise PartitionError(
+            f"{target.removeprefix('ONLY ')}: lock not granted in {timeout:g} s (a transaction "
+            "is using it); retried next run"
+        ) from exc
+
+
+def _checked(partition: Partition) -> str:
+    """``partition``'s name, if it is one oncely creates (identifiers in DDL come from here)."""
+    if partition.table not in PARTITION_KEYS or partition.name not in (
+        f"{partition.table}_default",
+        *([partition_name(partition.table, partition.lower)] if partition.lower else []),
+    ):
+        raise ValueError(f"{partition.name}: not a partition oncely created")
+    return partition.name
 
 
 def _range(partition: Partition) -> dict[str, str]:
