@@ -5,7 +5,6 @@ idempotency key stays unique across partitions; receipts stay unique per (event,
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -22,7 +21,8 @@ STEP = timedelta(minutes=1)
 
 
 def _id_at(moment: datetime) -> uuid.UUID:
-    return uuid.UUID(int=partitions.bound_of(moment).int | (0x7 << 76) | (0b10 << 62) | uuid.uuid4().int >> 66)
+    random = uuid.uuid4().int >> 66
+    return uuid.UUID(int=partitions.bound_of(moment).int | (0x7 << 76) | (0b10 << 62) | random)
 
 
 def test_conversion_keeps_rows_seq_and_txid(engine: sa.Engine) -> None:
@@ -59,3 +59,29 @@ def test_idempotency_key_is_unique_across_partitions(engine: sa.Engine) -> None:
         translate_errors_of(conn)
         with pytest.raises(DuplicateEventError, match="idempotency_key"):
             writes.add_rows(conn, [row])
+
+
+def test_conversion_keeps_the_outbox_in_its_publications_published_via_the_root(
+    engine: sa.Engine,
+) -> None:
+    """A Debezium publication made before the conversion still streams the outbox, as
+    ``oncely_outbox`` rows (dropping the old table would have taken it out of the publication)."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE PUBLICATION conv_named FOR TABLE oncely_outbox")
+        conn.exec_driver_sql("CREATE PUBLICATION conv_all FOR ALL TABLES")
+    try:
+        upgrade(engine, partition_every=STEP)
+        rows = query_all(
+            engine,
+            "SELECT p.pubname, p.pubviaroot, array_agg(t.tablename::text ORDER BY t.tablename)"
+            " AS tables FROM pg_publication p JOIN pg_publication_tables t USING (pubname)"
+            " WHERE p.pubname LIKE 'conv_%' AND t.tablename LIKE 'oncely_outbox%'"
+            " GROUP BY 1, 2 ORDER BY 1",
+        )
+        assert [tuple(row) for row in rows] == [
+            ("conv_all", True, ["oncely_outbox"]),
+            ("conv_named", True, ["oncely_outbox"]),
+        ]
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP PUBLICATION conv_named, conv_all")

@@ -148,7 +148,8 @@ def convert(conn: sa.Connection, *, step: timedelta, ahead: int, now: datetime) 
     Every row is copied into the new table (the pause: both tables are locked for writes until
     the transaction commits), with its ``seq`` and ``txid`` (the relay's progress stays valid);
     partitions cover the steps that hold rows and ``ahead`` steps from ``now``. Grants on the
-    old tables are carried over.
+    old tables are carried over, and so is their membership of publications, which are set to
+    ``publish_via_partition_root`` (Debezium mode keeps receiving ``oncely_outbox`` rows).
 
     Raises :class:`~oncely.errors.ConfigurationError` when the tables are already partitioned
     by another step.
@@ -211,7 +212,8 @@ def _convert_table(
         )
         run("CREATE SEQUENCE oncely_outbox_seq_seq OWNED BY oncely_outbox.seq")
         run(
-            "ALTER TABLE oncely_outbox ALTER COLUMN seq SET DEFAULT nextval('oncely_outbox_seq_seq')"
+            "ALTER TABLE oncely_outbox ALTER COLUMN seq"
+            " SET DEFAULT nextval('oncely_outbox_seq_seq')"
         )
         run(
             "SELECT setval('oncely_outbox_seq_seq', GREATEST("
@@ -235,6 +237,7 @@ def _convert_table(
             " ON oncely_receipts (effect, applied_at)"
         )
     _copy_grants(conn, old, table)
+    _copy_publications(conn, old, table)
     create_partition(conn, table, None, None)
     windows = conn.execute(
         sa.text(
@@ -287,6 +290,48 @@ def _copy_grants(conn: sa.Connection, old: str, new: str) -> None:
     )
 
 
+def _copy_publications(conn: sa.Connection, old: str, new: str) -> None:
+    """Put ``new`` in every publication that names ``old`` (dropping ``old`` would take it out),
+    and make every publication that publishes ``old`` publish ``new`` via its root: a logical
+    replication client (Debezium) then receives ``new``'s rows under ``new``'s name, not under
+    its partitions' names. Needs ownership of those publications (a database error otherwise:
+    nothing is converted, rather than a stream that silently stops)."""
+    quote = conn.dialect.identifier_preparer.quote_identifier
+    named = (
+        conn.execute(
+            sa.text(
+                "SELECT p.pubname FROM pg_publication_rel r"
+                " JOIN pg_publication p ON p.oid = r.prpubid"
+                " WHERE r.prrelid = to_regclass(:t) ORDER BY 1"
+            ),
+            {"t": old},
+        )
+        .scalars()
+        .all()
+    )
+    publishing = (
+        conn.execute(
+            sa.text(
+                "SELECT DISTINCT t.pubname FROM pg_publication_tables t"
+                " JOIN pg_publication p ON p.pubname = t.pubname"
+                " JOIN pg_class c ON c.oid = to_regclass(:t)"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE t.schemaname = n.nspname AND t.tablename = c.relname AND NOT p.pubviaroot"
+                " ORDER BY 1"
+            ),
+            {"t": old},
+        )
+        .scalars()
+        .all()
+    )
+    for name in named:
+        conn.exec_driver_sql(f"ALTER PUBLICATION {quote(name)} ADD TABLE {new}")
+    for name in sorted(set(named) | set(publishing)):
+        conn.exec_driver_sql(
+            f"ALTER PUBLICATION {quote(name)} SET (publish_via_partition_root = true)"
+        )
+
+
 def _create_key_guard(conn: sa.Connection) -> None:
     """The outbox's ``event_key`` check across partitions (see the module's docstring); the
     function names the outbox by its schema, as the wake-up trigger does."""
@@ -296,7 +341,8 @@ def _create_key_guard(conn: sa.Connection) -> None:
             "CREATE OR REPLACE FUNCTION oncely_outbox_key_guard() RETURNS trigger LANGUAGE plpgsql"
             " AS $body$ BEGIN"
             f" PERFORM pg_advisory_xact_lock({KEY_LOCK_CLASS}, hashtext(NEW.event_key));"
-            f" IF EXISTS (SELECT 1 FROM {schema}.oncely_outbox WHERE event_key = NEW.event_key) THEN"
+            f" IF EXISTS (SELECT 1 FROM {schema}.oncely_outbox"
+            " WHERE event_key = NEW.event_key) THEN"
             " RAISE unique_violation USING"
             " MESSAGE = 'duplicate key value violates unique constraint"
             ' "oncely_outbox_event_key_key"\','
