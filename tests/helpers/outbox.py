@@ -45,7 +45,7 @@ def outbox_rows(
             type="test.event",
             payload=payload,
             headers={"content-type": "application/octet-stream", "n": str(i)},
-            event_key=f"event-{i}-{uuid.uuid4().hex[:6]}",
+            event_key=f"event-{i}-{uuid.uuid4().hex[:16]}",  # 24 bits collided (1 in 10)
         )
         for i in range(count)
     ]

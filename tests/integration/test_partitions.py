@@ -75,7 +75,7 @@ def test_conversion_keeps_the_outbox_in_its_publications_published_via_the_root(
             engine,
             "SELECT p.pubname, p.pubviaroot, array_agg(t.tablename::text ORDER BY t.tablename)"
             " AS tables FROM pg_publication p JOIN pg_publication_tables t USING (pubname)"
-            " WHERE p.pubname LIKE 'conv_%' AND t.tablename LIKE 'oncely_outbox%'"
+            " WHERE p.pubname LIKE 'conv_%' AND t.tablename ~ '^oncely_outbox($|_p|_default)'"
             " GROUP BY 1, 2 ORDER BY 1",
         )
         assert [tuple(row) for row in rows] == [
@@ -85,3 +85,44 @@ def test_conversion_keeps_the_outbox_in_its_publications_published_via_the_root(
     finally:
         with engine.begin() as conn:
             conn.exec_driver_sql("DROP PUBLICATION conv_named, conv_all")
+
+
+def test_a_converted_empty_outbox_numbers_its_first_row_1(engine: sa.Engine) -> None:
+    """As an unpartitioned outbox does: `oncely replay --from-outbox` reads a first seq above 1
+    as rows purged before the window."""
+    upgrade(engine, partition_every=STEP)
+    insert_rows(engine, [outbox_row("t", "k", event_id=_id_at(datetime.now(UTC)))])
+    insert_rows(engine, [outbox_row("t", "k", event_id=_id_at(datetime.now(UTC)))])
+    assert [r.seq for r in query_all(engine, "SELECT seq FROM oncely_outbox ORDER BY seq")] == [
+        1,
+        2,
+    ]
+
+
+def test_a_key_is_free_again_once_its_row_is_purged_or_its_partition_dropped(
+    engine: sa.Engine,
+) -> None:
+    """As with the unpartitioned outbox's unique constraint: the key of a deleted row (the
+    relay's or Debezium mode's purge) or of a dropped partition's row may be staged again."""
+    upgrade(engine, partition_every=STEP)
+    now = datetime.now(UTC)
+    insert_rows(engine, [outbox_row("t", event_id=_id_at(now), event_key="purged")])
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM oncely_outbox WHERE event_key = 'purged'")
+    insert_rows(engine, [outbox_row("t", event_id=_id_at(now), event_key="purged")])
+    old = now - timedelta(minutes=3)
+    with engine.begin() as conn:
+        start = partitions.window_start(old, STEP)
+        partitions.create_partition(conn, "oncely_outbox", start, start + STEP)
+    insert_rows(engine, [outbox_row("t", event_id=_id_at(old), event_key="dropped")])
+    with engine.begin() as conn:
+        [partition] = [
+            p
+            for p in partitions.partitions(conn, "oncely_outbox")
+            if p.lower is not None and p.lower <= old < p.upper  # type: ignore[operator]
+        ]
+        partitions.drop(conn, partition)
+    insert_rows(engine, [outbox_row("t", event_id=_id_at(now), event_key="dropped")])
+    assert scalar(engine, "SELECT count(*) FROM oncely_outbox_keys") == 2
+    with pytest.raises(sa.exc.IntegrityError, match="oncely_outbox_event_key_key"):
+        insert_rows(engine, [outbox_row("t", event_id=_id_at(now), event_key="dropped")])

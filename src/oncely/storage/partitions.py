@@ -11,15 +11,18 @@ A ``_default`` partition takes the rows no range holds (ids of another UUID vers
 off, no partition created ahead yet): staging and consuming never fail for want of a partition.
 
 The outbox's ``event_key`` (the idempotency key) cannot be a constraint of the partitioned
-table, as it does not include the id. Each partition has its own unique index on it, and a
-``BEFORE INSERT`` trigger takes a transaction-level advisory lock on the key and refuses a key
-that any partition still holds, raising PostgreSQL's unique violation under the constraint name
+table, as it does not include the id. So the keys of the rows the outbox holds are also kept in
+one unpartitioned table, ``oncely_outbox_keys`` (``event_key`` primary key, ``event_id``): a
+``BEFORE INSERT`` trigger on the outbox inserts each new row's key there, and refuses a key that
+is there already, raising PostgreSQL's unique violation under the constraint name
 ``oncely_outbox_event_key_key`` (so :class:`~oncely.storage.errors.DuplicateEventError` is
-raised as before). So a key stays unique among every row the outbox retains: for at least the
-outbox's retention horizon. The check sees rows committed before it under READ COMMITTED (the
-default isolation); a transaction at REPEATABLE READ or SERIALIZABLE that races another staging
-the same key in *another* partition is not stopped by it (within one partition the index stops
-it at any isolation).
+raised as before); an ``AFTER DELETE`` trigger removes the keys of deleted rows (the relay's
+and Debezium mode's purges), and :func:`drop` those of a dropped partition. So a key stays
+unique among every row the outbox retains, at any isolation level (a transaction staging a key
+another one has staged but not committed waits for it, as with a unique constraint), at the
+cost of one index insert per staged row, whatever the number of partitions. Each partition also
+has its own unique index on ``event_key``. (A trigger that looked the key up in every partition
+costs a scan of each partition's index per staged row: about 5 ms a row with 120 partitions.)
 
 Which partition may be dropped is decided by :mod:`oncely.retention`; this module only runs the
 DDL. Every identifier written into DDL comes from the catalog or from :func:`partition_name`.
@@ -43,8 +46,9 @@ PARTITION_KEYS = {"oncely_outbox": "id", "oncely_receipts": "event_id"}
 LAYOUT_TABLE = "oncely_partitioning"
 #: The shortest step: partitions of one minute (benchmarks and tests use short steps).
 MIN_STEP = timedelta(minutes=1)
-#: The class id (the first key) of the outbox key guard's advisory locks ("on" in ASCII).
-KEY_LOCK_CLASS = 0x6F6E
+#: The partitioned outbox's idempotency keys (``event_key`` -> ``event_id``): the unique index
+#: over every partition that a partitioned table cannot have.
+KEYS_TABLE = "oncely_outbox_keys"
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _NAME = re.compile(r"(oncely_outbox|oncely_receipts)_p(\d{8}t\d{6})")
@@ -215,9 +219,13 @@ def _convert_table(
             "ALTER TABLE oncely_outbox ALTER COLUMN seq"
             " SET DEFAULT nextval('oncely_outbox_seq_seq')"
         )
+        # The next seq is the old sequence's next value (or past the highest row), exactly:
+        # a fresh outbox's first row still gets seq 1 (republish reads a first seq above 1 as
+        # purged rows).
         run(
             "SELECT setval('oncely_outbox_seq_seq', GREATEST("
-            f"(SELECT last_value FROM {old}_seq_seq), (SELECT max(seq) FROM {old}), 1))"
+            f"(SELECT last_value + is_called::int FROM {old}_seq_seq),"
+            f" (SELECT max(seq) + 1 FROM {old}), 1), false)"
         )
         run("ALTER TABLE oncely_outbox ADD CONSTRAINT oncely_outbox_pkey PRIMARY KEY (id)")
         run("CREATE INDEX oncely_outbox_shard_txid_idx ON oncely_outbox (shard, txid)")
@@ -333,16 +341,24 @@ def _copy_publications(conn: sa.Connection, old: str, new: str) -> None:
 
 
 def _create_key_guard(conn: sa.Connection) -> None:
-    """The outbox's ``event_key`` check across partitions (see the module's docstring); the
-    function names the outbox by its schema, as the wake-up trigger does."""
+    """The outbox's ``event_key`` uniqueness across partitions (see the module's docstring):
+    the :data:`KEYS_TABLE` index, filled by a ``BEFORE INSERT`` row trigger and emptied by an
+    ``AFTER DELETE`` statement trigger. Both functions are ``SECURITY DEFINER`` (the roles
+    that stage and purge need no grant on the keys table) and name the tables by schema."""
     schema = conn.execute(sa.text("SELECT quote_ident(current_schema())")).scalar_one()
+    keys = f"{schema}.{KEYS_TABLE}"
+    run = conn.exec_driver_sql
+    run(f"CREATE TABLE {KEYS_TABLE} (event_key text PRIMARY KEY, event_id uuid NOT NULL)")
+    run(f"CREATE INDEX {KEYS_TABLE}_event_id_idx ON {KEYS_TABLE} (event_id)")
     conn.execute(
         sa.text(
             "CREATE OR REPLACE FUNCTION oncely_outbox_key_guard() RETURNS trigger LANGUAGE plpgsql"
+            " SECURITY DEFINER SET search_path = pg_catalog, pg_temp"
             " AS $body$ BEGIN"
-            f" PERFORM pg_advisory_xact_lock({KEY_LOCK_CLASS}, hashtext(NEW.event_key));"
-            f" IF EXISTS (SELECT 1 FROM {schema}.oncely_outbox"
-            " WHERE event_key = NEW.event_key) THEN"
+            " IF NEW.event_key IS NULL THEN RETURN NEW; END IF;"
+            f" INSERT INTO {keys} (event_key, event_id) VALUES (NEW.event_key, NEW.id)"
+            " ON CONFLICT (event_key) DO NOTHING;"
+            " IF NOT FOUND THEN"
             " RAISE unique_violation USING"
             " MESSAGE = 'duplicate key value violates unique constraint"
             ' "oncely_outbox_event_key_key"\','
@@ -352,9 +368,22 @@ def _create_key_guard(conn: sa.Connection) -> None:
             " END IF; RETURN NEW; END $body$"
         )
     )
-    conn.exec_driver_sql(
+    conn.execute(
+        sa.text(
+            "CREATE OR REPLACE FUNCTION oncely_outbox_keys_forget() RETURNS trigger"
+            " LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp"
+            f" AS $body$ BEGIN DELETE FROM {keys} AS k USING gone AS g"
+            " WHERE k.event_key = g.event_key AND k.event_id = g.id; RETURN NULL; END $body$"
+        )
+    )
+    run(
         "CREATE TRIGGER oncely_outbox_key_guard BEFORE INSERT ON oncely_outbox"
         " FOR EACH ROW EXECUTE FUNCTION oncely_outbox_key_guard()"
+    )
+    run(
+        "CREATE TRIGGER oncely_outbox_keys_forget AFTER DELETE ON oncely_outbox"
+        " REFERENCING OLD TABLE AS gone FOR EACH STATEMENT"
+        " EXECUTE FUNCTION oncely_outbox_keys_forget()"
     )
 
 
@@ -418,6 +447,15 @@ def drop(conn: sa.Connection, partition: Partition) -> None:
     that it may go). Raises ValueError for a default partition."""
     if partition.is_default or not _NAME.fullmatch(partition.name):
         raise ValueError(f"{partition.name}: only a range partition oncely created is dropped")
+    if partition.table == "oncely_outbox":  # its rows' keys go with it (no DELETE trigger runs)
+        low, high = partition.ids()
+        conn.execute(
+            sa.text(
+                f"DELETE FROM {KEYS_TABLE} WHERE event_id >= CAST(:low AS uuid)"
+                " AND event_id < CAST(:high AS uuid)"
+            ),
+            {"low": str(low), "high": str(high)},
+        )
     conn.exec_driver_sql(f"DROP TABLE {partition.name}")
 
 

@@ -15,13 +15,12 @@ UPDATE; reading a table needs SELECT. The NOTIFY triggers call ``pg_notify``, wh
 may; the outbox's trigger reads ``oncely_relay_members.asleep`` with the inserting role's
 privileges, so the writer gets that column (:attr:`Component.trigger_reads`).
 
-The partitioned outbox (:mod:`oncely.storage.partitions`) adds two needs of the writer: its key
-guard trigger reads ``oncely_outbox.event_key`` (across partitions) with the inserting role's
-privileges, and its ``seq`` is filled by ``nextval`` of the plain sequence
-``oncely_outbox_seq_seq``, which needs USAGE on it (:attr:`Component.sequences`). Both are
-granted whatever the layout: on an unpartitioned outbox ``seq`` is an identity column, whose
-implicit sequence has that name (the grant is harmless there), so the same GRANTs hold before
-and after a conversion.
+The partitioned outbox (:mod:`oncely.storage.partitions`) fills ``seq`` by ``nextval`` of the
+plain sequence ``oncely_outbox_seq_seq``, which needs USAGE on it (:attr:`Component.sequences`).
+It is granted whatever the layout: on an unpartitioned outbox ``seq`` is an identity column,
+whose implicit sequence has that name (the grant is harmless there), so the same GRANTs hold
+before and after a conversion. Its key guard and key clean-up triggers are ``SECURITY DEFINER``
+functions: the roles that stage and purge need nothing on ``oncely_outbox_keys``.
 """
 
 from __future__ import annotations
@@ -91,9 +90,8 @@ COMPONENTS: dict[str, Component] = {
         ),
         # An AsyncSession's rows are inserted by its unit of work (the ORM).
         {"oncely_outbox": (*_OUTBOX_PROVIDED, "event_key"), "oncely_tasks": _TASK_PROVIDED},
-        # The outbox's insert trigger asks whether a relay sleeps (then it sends a NOTIFY); the
-        # partitioned outbox's key guard looks the event_key up across partitions.
-        {"oncely_relay_members": ("asleep",), "oncely_outbox": ("event_key",)},
+        # The outbox's insert trigger asks whether a relay sleeps (then it sends a NOTIFY).
+        {"oncely_relay_members": ("asleep",)},
         # The partitioned outbox's seq default (the identity's own sequence when unpartitioned).
         ("oncely_outbox_seq_seq",),
     ),
