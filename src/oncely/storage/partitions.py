@@ -24,7 +24,7 @@ cost of one index insert per staged row, whatever the number of partitions. Each
 has its own unique index on ``event_key``. (A trigger that looked the key up in every partition
 costs a scan of each partition's index per staged row: about 5 ms a row with 120 partitions.)
 
-Which partition may be dropped is decided by :mod:`oncely.retention`; this module only runs the
+Which partition may be dropped is decided by ``oncely.retention``; this module only runs the
 DDL. Every identifier written into DDL comes from the catalog or from :func:`partition_name`.
 """
 
