@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
+from oncely.producer.ids import uuid7
 from oncely.storage import outbox
 from oncely.storage.tables import shard_of
 from tests.helpers.database import Bind, execute, scalar
@@ -18,9 +19,10 @@ def outbox_row(
     topic: str, key: str = "acc-0", *, event_id: uuid.UUID | None = None, **columns: object
 ) -> dict[str, object]:
     """One outbox row as :func:`oncely.stage` writes it: an ``account.credited`` event of the
-    aggregate ``key`` on ``topic``, payload ``{}``, no headers, its event key its id (a new id
-    unless ``event_id``); ``columns`` set any other column."""
-    event_id = event_id or uuid.uuid4()
+    aggregate ``key`` on ``topic``, payload ``{}``, no headers, its event key its id (a new
+    UUIDv7 as stage() makes, unless ``event_id``: so rows land in their time's partition of a
+    partitioned outbox, not in its default one); ``columns`` set any other column."""
+    event_id = event_id or uuid7()
     return {
         "id": event_id,
         "aggregatetype": "account",

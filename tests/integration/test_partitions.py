@@ -30,7 +30,7 @@ def test_conversion_keeps_rows_seq_and_txid(engine: sa.Engine) -> None:
     old = [
         outbox_row("t", f"k{i}", event_id=_id_at(now - timedelta(minutes=5 * i))) for i in range(4)
     ]
-    old.append(outbox_row("t", "v4"))  # a UUIDv4: to the default partition
+    old.append(outbox_row("t", "v4", event_id=uuid.uuid4()))  # to the default partition
     insert_rows(engine, old)
     before = query_all(engine, "SELECT id, seq, txid::text, shard FROM oncely_outbox ORDER BY id")
     upgrade(engine, partition_every=STEP)
