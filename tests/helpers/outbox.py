@@ -10,6 +10,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
+from oncely.producer.ids import uuid7
 from oncely.storage import outbox
 from oncely.storage.tables import shard_of
 from tests.helpers.database import Bind, execute, scalar
@@ -19,9 +20,10 @@ def outbox_row(
     topic: str, key: str = "acc-0", *, event_id: uuid.UUID | None = None, **columns: object
 ) -> dict[str, object]:
     """One outbox row as :func:`oncely.stage` writes it: an ``account.credited`` event of the
-    aggregate ``key`` on ``topic``, payload ``{}``, no headers, its event key its id (a new id
-    unless ``event_id``); ``columns`` set any other column."""
-    event_id = event_id or uuid.uuid4()
+    aggregate ``key`` on ``topic``, payload ``{}``, no headers, its event key its id (a new
+    UUIDv7 as stage() makes, unless ``event_id``: so rows land in their time's partition of a
+    partitioned outbox, not in its default one); ``columns`` set any other column."""
+    event_id = event_id or uuid7()
     return {
         "id": event_id,
         "aggregatetype": "account",
@@ -46,7 +48,9 @@ def outbox_rows(
             type="test.event",
             payload=payload,
             headers={"content-type": "application/octet-stream", "n": str(i)},
-            event_key=f"event-{i}-{uuid.uuid4().hex[:6]}",
+            # 64 random bits: with 24, the 40 batches of 2,000 rows of test_relay_wakeup
+            # repeated an event key (a unique violation) in about one run in ten.
+            event_key=f"event-{i}-{uuid.uuid4().hex[:16]}",
         )
         for i in range(count)
     ]

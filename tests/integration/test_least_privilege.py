@@ -27,6 +27,8 @@ from oncely.ops.verify import verify_window
 from oncely.producer.idempotency import IdempotencyKeys
 from oncely.producer.staging import stage
 from oncely.relay.publisher import Publisher
+from oncely.storage import partitions, upgrade
+from oncely.storage.errors import DuplicateEventError
 from oncely.storage.stores.outbox import dead
 from oncely.storage.stores.outbox.relay import RelayStore
 from oncely.tasks.enqueue import enqueue_task
@@ -49,6 +51,10 @@ PASSWORD = "role-pw"
 @pytest.fixture
 def roles(database_url: str) -> Iterator[tuple[dict[str, str], Callable[[str], sa.Engine]]]:
     """Four fresh LOGIN roles with the printed GRANTs; an engine factory per role."""
+    yield from _roles(database_url)
+
+
+def _roles(database_url: str) -> Iterator[tuple[dict[str, str], Callable[[str], sa.Engine]]]:
     suffix = uuid.uuid4().hex[:8]
     names = {
         "writer": f"w_{suffix}",
@@ -207,3 +213,47 @@ def test_pipeline_runs_under_the_printed_roles(
     ]
     owner.dispose()
     assert not allowed, f"allowed but should be refused: {allowed}"
+
+
+@pytest.mark.timeout(180)
+def test_roles_granted_before_the_partitioning_still_stage_relay_and_consume(
+    new_database: Callable[..., str], kafka_bootstrap: str, kafka_admin: AdminClient
+) -> None:
+    """The GRANTs printed for an unpartitioned outbox, applied before `oncely db upgrade
+    --partition-every`: the conversion carries them over, so the writer stages (its seq from
+    the new sequence, its key checked across partitions), the relay publishes and the consumer
+    applies, with no new GRANT."""
+    database_url = new_database(empty=True)
+    owner = sa.create_engine(database_url)
+    upgrade(owner)
+    with owner.connect() as conn:
+        assert partitions.step_of(conn) is None
+    prefix = f"lp{uuid.uuid4().hex[:10]}."
+    app = build(prefix, group_prefix=prefix)
+    kafka_admin.create_topics([NewTopic(app.topic, num_partitions=2)])[app.topic].result(30)
+    granted = _roles(database_url)
+    names, engine_of = next(granted)
+    try:
+        upgrade(owner, partition_every=timedelta(minutes=1))
+        with owner.connect() as conn:
+            assert partitions.step_of(conn) == timedelta(minutes=1)
+        writer = engine_of(names["writer"])
+        with Session(writer) as session, session.begin():
+            for n in range(4):
+                stage(session, app.model(account_id=f"a{n % 2}", amount=n + 1, n=n))
+            stage(session, app.model(account_id="k", amount=1, n=9), idempotency_key="once")
+        with pytest.raises(DuplicateEventError), Session(writer) as session, session.begin():
+            stage(session, app.model(account_id="k", amount=1, n=9), idempotency_key="once")
+        assert scalar(owner, "SELECT count(*) FROM oncely_outbox_default") == 0
+        with running_relay(engine_of(names["relay"]), kafka_bootstrap, fast_settings()):
+            wait_until(lambda: count_published(owner) == 5, timeout=60)
+        consumer = engine_of(names["consumer"])
+        with running_consumers(app.effects, ["ledger"], consumer, kafka_bootstrap):
+            wait_until(
+                lambda: scalar(owner, "SELECT count(*) FROM oncely_receipts") == 5, timeout=90
+            )
+        assert scalar(owner, "SELECT count(*) FROM ledger") == 5
+        assert scalar(owner, "SELECT count(*) FROM oncely_receipts_default") == 0
+    finally:
+        granted.close()
+        owner.dispose()

@@ -18,6 +18,7 @@ from oncely.alembic import (
     upgrade_oncely,
 )
 from oncely.errors import ConfigurationError
+from oncely.storage import partitions
 from oncely.storage.migrations import drop_sql, migrations, validate_version
 from oncely.storage.tables import build_metadata
 
@@ -97,6 +98,13 @@ def test_the_drop_script_names_every_table_and_function_any_migration_creates() 
         found = re.findall(r"CREATE (?:OR REPLACE )?(?:TABLE|FUNCTION) (\w+)", migration.sql)
         created |= set(found)
     created |= set(build_metadata().tables) | {"oncely_migrations"}
+    # What the conversion to the partitioned layout (oncely.storage.partitions) adds.
+    created |= {
+        partitions.LAYOUT_TABLE,
+        partitions.KEYS_TABLE,
+        "oncely_outbox_key_guard",
+        "oncely_outbox_keys_forget",
+    }
     assert {"oncely_outbox", "oncely_outbox_notify", "oncely_outbox_wake"} <= created
     dropped = set(re.findall(r"\b(oncely_\w+)\b[,;(]", drop_sql()))
     assert created == dropped

@@ -356,6 +356,10 @@ def test_roles_match_the_documented_least_privilege() -> None:
     )
     assert not any("UPDATE" in g and "oncely_outbox" in g and g.endswith(" w;") for g in grants)
     assert "GRANT SELECT, INSERT, UPDATE ON public.oncely_idempotency_keys TO w;" in grants
+    # The partitioned outbox's seq is filled by nextval of a plain sequence (the identity's own
+    # sequence has that name when unpartitioned); its key guard runs as the tables' owner.
+    assert "GRANT USAGE ON SEQUENCE public.oncely_outbox_seq_seq TO w;" in grants
+    assert not any("oncely_outbox_keys" in g for g in grants)
     assert "GRANT INSERT ON public.oncely_receipts TO c;" in grants
     assert "GRANT SELECT (effect, event_id) ON public.oncely_receipts TO c;" in grants
     assert not any("oncely_outbox" in g and g.endswith(" c;") for g in grants)

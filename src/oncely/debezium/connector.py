@@ -28,10 +28,14 @@ the relay's is. With ``cloudevents_source`` the router places ``id``, ``type`` a
 Only INSERTs are events: the relay never updates an outbox row, and DELETEs (purges) are
 skipped by the connector (``skipped.operations=u,d,t``; Debezium then creates the publication
 with ``publish = 'insert'``), so nothing is emitted for them, not even a tombstone
-(``tombstones.on.delete=false`` as well). The extra columns (``seq``, ``event_key``, ``txid``,
-``shard``, ``created_at``, ``available_at``) are in the change events but the router reads only
-the columns it is configured with. oncely's relay tables (shard progress, parked keys, held
-rows) are not captured (``table.include.list``).
+(``tombstones.on.delete=false`` as well). The publication is created with
+``publish_via_partition_root = true`` (``publish.via.partition.root``): a partitioned outbox
+(:mod:`oncely.storage.partitions`) then streams its rows as ``oncely_outbox`` rows, whichever
+partition holds them; the option changes nothing for an unpartitioned outbox, so a connector
+configured before the conversion keeps its publication right after it. The extra columns
+(``seq``, ``event_key``, ``txid``, ``shard``, ``created_at``, ``available_at``) are in the
+change events but the router reads only the columns it is configured with. oncely's relay
+tables (shard progress, parked keys, held rows) are not captured (``table.include.list``).
 
 The snapshot taken when the connector first starts reads only the rows oncely's relay has not
 published (:func:`snapshot_statement`: not yet covered by their shard's progress, or held
@@ -272,6 +276,10 @@ def connector_config(options: ConnectorOptions) -> dict[str, str]:
         "slot.name": options.slot_name,
         "publication.name": options.publication_name,
         "publication.autocreate.mode": "filtered",
+        # A partitioned outbox (oncely db upgrade --partition-every) is published as its root
+        # table, oncely_outbox, not as its partitions (which table.include.list leaves out);
+        # no effect on an unpartitioned one, so also right for a table converted later.
+        "publish.via.partition.root": "true",
         "table.include.list": table,
         # First start: publish the rows oncely's relay has not, in per-key (seq) order.
         "snapshot.mode": "initial",

@@ -26,14 +26,25 @@ Fixtures (all named ``oncely_*``, so they never shadow a project's own):
 
 When no services can be had, every test that asks for them fails with the reason; it never
 skips.
+
+Options:
+
+- ``--oncely-partitioned=STEP`` (e.g. ``1m``): the template, hence every database
+  ``oncely_database_url`` and ``oncely_new_database()`` give, has the partitioned layout
+  (``oncely db upgrade --partition-every STEP``), with partitions created ahead for
+  ``--oncely-partitioned-horizon`` (default ``2h``) from the session's start, so the rows of a
+  whole run land in range partitions rather than the default one. The
+  ``oncely_partition_step`` fixture is the step (``None`` without the option).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -42,6 +53,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
+from oncely.errors import ConfigurationError
+from oncely.storage import partitions
 from oncely.storage.migrations import upgrade
 from oncely.testing.pipeline import Pipeline, running_pipeline
 from oncely.testing.services import (
@@ -54,8 +67,60 @@ from oncely.testing.services import (
 )
 
 TEMPLATE_DATABASE = "oncely_test_template"
+#: How far ahead of the session's start ``--oncely-partitioned`` creates partitions.
+DEFAULT_PARTITION_HORIZON = "2h"
 _services_key = pytest.StashKey[Services]()
 _registry_key = pytest.StashKey[SchemaRegistry]()
+_DURATION = re.compile(r"(\d+)\s*([mhd])")
+_UNITS = {"m": "minutes", "h": "hours", "d": "days"}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("oncely", "oncely's real-service fixtures")
+    group.addoption(
+        "--oncely-partitioned",
+        metavar="STEP",
+        default=None,
+        help="test databases have the partitioned outbox and receipts of this step "
+        "(oncely db upgrade --partition-every STEP), e.g. 1m",
+    )
+    group.addoption(
+        "--oncely-partitioned-horizon",
+        metavar="DURATION",
+        default=DEFAULT_PARTITION_HORIZON,
+        help="with --oncely-partitioned: create partitions this far ahead of the session's "
+        f"start, e.g. 90m, 3h (default {DEFAULT_PARTITION_HORIZON})",
+    )
+
+
+def _partitioning(config: pytest.Config) -> tuple[timedelta, timedelta] | None:
+    """``(step, horizon)`` of ``--oncely-partitioned``, ``None`` without it."""
+    step_text = config.getoption("--oncely-partitioned")
+    if step_text is None:
+        return None
+    horizon_text = str(config.getoption("--oncely-partitioned-horizon"))
+    match = _DURATION.fullmatch(horizon_text.strip().lower())
+    if match is None:
+        raise pytest.UsageError(
+            f"--oncely-partitioned-horizon {horizon_text!r}: give minutes, hours or days, "
+            "e.g. 90m or 3h"
+        )
+    try:
+        step = partitions.parse_step(str(step_text))
+    except ConfigurationError as exc:
+        raise pytest.UsageError(f"--oncely-partitioned: {exc}") from None
+    return step, timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _partitioning(config)  # a bad value fails the run at once, not at the first database
+
+
+@pytest.fixture(scope="session")
+def oncely_partition_step(pytestconfig: pytest.Config) -> timedelta | None:
+    """The partition step of the test databases (``--oncely-partitioned``), else ``None``."""
+    partitioning = _partitioning(pytestconfig)
+    return None if partitioning is None else partitioning[0]
 
 
 @pytest.fixture(scope="session")
@@ -111,8 +176,9 @@ def oncely_schema_registry_url(
 
 
 @pytest.fixture(scope="session")
-def _oncely_template(oncely_services: Services) -> str:
-    """Create the template database (with oncely's tables) that test databases are cloned from."""
+def _oncely_template(oncely_services: Services, pytestconfig: pytest.Config) -> str:
+    """Create the template database (with oncely's tables) that test databases are cloned from:
+    partitioned, with partitions ahead for the horizon, under ``--oncely-partitioned``."""
     with psycopg.connect(libpq_dsn(oncely_services.database_url), autocommit=True) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
@@ -122,7 +188,14 @@ def _oncely_template(oncely_services: Services) -> str:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(TEMPLATE_DATABASE)))
     url = make_url(oncely_services.database_url).set(database=TEMPLATE_DATABASE)
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    upgrade(engine)
+    partitioning = _partitioning(pytestconfig)
+    upgrade(engine, partition_every=None if partitioning is None else partitioning[0])
+    if partitioning is not None:
+        step, horizon = partitioning
+        now = datetime.now(UTC)
+        with engine.begin() as conn:
+            for table in partitions.PARTITION_KEYS:
+                partitions.create_ahead(conn, table, step, until=now + horizon, now=now)
     engine.dispose()
     return TEMPLATE_DATABASE
 
@@ -189,5 +262,12 @@ def pytest_terminal_summary(
         terminalreporter.write_sep("-", "oncely test services")
     if services is not None:
         terminalreporter.write_line(services.describe())
+        partitioning = _partitioning(config)
+        if partitioning is not None:
+            step, horizon = partitioning
+            terminalreporter.write_line(
+                f"test databases partitioned: outbox and receipts by {step}, partitions "
+                f"created {horizon} ahead of the session's start"
+            )
     if registry is not None:
         terminalreporter.write_line(registry.describe())

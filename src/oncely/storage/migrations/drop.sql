@@ -15,11 +15,13 @@ DROP TABLE IF EXISTS
     oncely_tasks,
     oncely_idempotency_keys,
     -- `oncely db upgrade --partition-every`: the layout of the partitioned tables.
-    oncely_partitioning;
+    oncely_partitioning,
+    oncely_outbox_keys;
 
 DROP FUNCTION IF EXISTS oncely_outbox_wake();
 DROP FUNCTION IF EXISTS oncely_tasks_notify();
 DROP FUNCTION IF EXISTS oncely_outbox_key_guard();
+DROP FUNCTION IF EXISTS oncely_outbox_keys_forget();
 DROP FUNCTION IF EXISTS oncely_passed(xid8, bigint, pg_snapshot, pg_snapshot, bigint);
 -- 0001's wake-up of every relay; 0003 replaced it with oncely_outbox_wake.
 DROP FUNCTION IF EXISTS oncely_outbox_notify();
