@@ -249,6 +249,12 @@ def _soak_lines(result: dict[str, Any]) -> list[str]:
                 f"{t['bytes_max'] / 2**20:.1f} MiB, {removed} "
                 f"| | flat, n_dead_tup near 0 | {once}{'; ' + trouble if trouble else ''} |"
             )
+        if keys := summary.get("keys_table"):
+            lines.append(
+                f"| {result['cell']} | {database} oncely_outbox_keys (every soak row has an "
+                f"idempotency key) | | n_dead_tup max {keys['n_dead_tup_max']}, size max "
+                f"{keys['bytes_max'] / 2**20:.1f} MiB | | context | |"
+            )
     return lines
 
 

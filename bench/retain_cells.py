@@ -233,6 +233,15 @@ def _sample(db: Bench, partitioned: bool) -> dict[str, Any]:
                 "n_live_tup": int(live),
                 "n_tup_del": int(deleted),
             }
+        if partitioned:
+            keys_bytes, keys_dead = conn.execute(
+                sa.text(
+                    "SELECT pg_total_relation_size(relid), n_dead_tup FROM pg_stat_user_tables"
+                    " WHERE relid = to_regclass(:t)"
+                ),
+                {"t": parts.KEYS_TABLE},
+            ).one()
+            out[parts.KEYS_TABLE] = {"bytes": int(keys_bytes), "n_dead_tup": int(keys_dead)}
     return out
 
 
@@ -411,6 +420,13 @@ class _Soak:
             "rate_achieved": round(self.achieved, 1),
             "seconds": self.seconds,
             "tables": tables,
+            # The partitioned outbox's explicit idempotency keys: the soak's rows all have one.
+            "keys_table": {
+                "bytes_max": max(s[parts.KEYS_TABLE]["bytes"] for s in self.samples),
+                "n_dead_tup_max": max(s[parts.KEYS_TABLE]["n_dead_tup"] for s in self.samples),
+            }
+            if self.partitioned
+            else None,
             "drops": [{"t": round(t, 1), "partition": n} for t, n in self.drops],
             "receipts_purged": [{"t": round(t, 1), "rows": n} for t, n in self.purged],
             "kept_at_last_run": self.kept,
