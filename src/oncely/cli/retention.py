@@ -186,6 +186,9 @@ def _print_plan(current: Plan) -> None:
 def _print_outcome(outcome: Outcome, left: list[TableState]) -> None:
     current = outcome.plan
     out.print(f"partitions of {_step(current.step)}, now {_moment(current.now)}")
+    if outcome.busy:
+        out.print("another retention run is in progress on this database: this one did nothing")
+        return
     if outcome.created:
         out.print(f"created {len(outcome.created)} partition(s): {', '.join(outcome.created)}")
     dropped = [v for v in current.verdicts if v.partition.name in set(outcome.dropped)]

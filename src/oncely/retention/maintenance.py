@@ -122,13 +122,16 @@ class Plan:
 @dataclass(frozen=True)
 class Outcome:
     """What a run did: the partitions created and dropped, and every partition kept with its
-    reason (a refusal at drop time included: a lock not granted, a fact changed)."""
+    reason (a refusal at drop time included: a lock not granted, a fact changed); ``busy``:
+    another run was in progress on the database, so this one did nothing (not an error: every
+    relay runs retention on its timer, one at a time)."""
 
     plan: Plan
     created: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     kept: list[Verdict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    busy: bool = False
 
 
 def plan(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Plan:
@@ -235,24 +238,20 @@ def run(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Outcome:
     A partition whose lock is not granted within ``policy.lock_timeout`` (or whose facts
     changed) is kept and reported; later partitions of its table wait for it. One run at a
     time: a run that finds another one running (any process, this database) does nothing and
-    says so in ``errors``. Creating and dropping partitions needs the tables' owner (the role
+    says so (``busy``). Creating and dropping partitions needs the tables' owner (the role
     that ran ``oncely db upgrade``).
     """
-    with engine.connect() as session:
+    # The lock is the session's, held across the run's transactions; the session holds no
+    # transaction open meanwhile (autocommit).
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as session:
         if not session.execute(
             sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": RUN_LOCK}
         ).scalar():
-            return Outcome(
-                plan(engine, policy, log_starts),
-                errors=[
-                    "another retention run is in progress on this database: this one did nothing"
-                ],
-            )
+            return Outcome(plan(engine, policy, log_starts), busy=True)
         try:
             return _run(engine, policy, log_starts)
         finally:
             session.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": RUN_LOCK})
-            session.commit()
 
 
 def _run(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Outcome:

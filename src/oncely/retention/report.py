@@ -57,6 +57,7 @@ def document(
         found["dropped"] = outcome.dropped
         found["kept"] = [verdict_document(v) for v in outcome.kept]
         found["errors"] = outcome.errors
+        found["busy"] = outcome.busy
     return found
 
 
