@@ -114,10 +114,6 @@ class Plan:
     verdicts: list[Verdict]
     tables: list[TableState]
 
-    @property
-    def droppable(self) -> list[Partition]:
-        return [v.partition for v in self.verdicts if v.droppable]
-
 
 @dataclass(frozen=True)
 class Outcome:
