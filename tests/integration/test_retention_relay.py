@@ -1,6 +1,8 @@
 """The relay's purge timer on partitioned tables: it publishes an old partition's rows, then drops
 the partition (``ONCELY_RETENTION_IN_RELAY`` true) or only plans (false), and exports the
-``oncely_retention_*`` gauges either way; on unpartitioned tables the batched DELETE stays."""
+``oncely_retention_*`` gauges either way; on unpartitioned tables the batched DELETE stays, and a
+relay that was running when the tables were converted (``db upgrade --partition-every``) turns
+to retention at its next run."""
 
 from __future__ import annotations
 
@@ -108,3 +110,38 @@ def test_on_unpartitioned_tables_the_relay_still_purges_by_batched_delete(
     with running_relay(engine, kafka_bootstrap, settings) as relay:
         wait_until(lambda: scalar(engine, "SELECT count(*) FROM oncely_outbox") == 0, timeout=60)
     assert _sample(relay, "oncely_retention_partitions", table="oncely_outbox") is None
+
+
+def test_a_relay_running_during_the_conversion_turns_to_retention_at_its_next_run(
+    engine: sa.Engine,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The conversion creates the current step and 3 ahead; the relay keeps 6 ahead, so only a
+    # relay that runs retention creates the steps after the conversion's.
+    monkeypatch.setenv("ONCELY_RETENTION_AHEAD", "6")
+    insert_rows(engine, [outbox_row(new_topic(), f"k{i}") for i in range(3)])
+    settings = fast_settings(retention_seconds=3600, purge_interval_seconds=0.3)
+    with running_relay(engine, kafka_bootstrap, settings) as relay:
+        wait_until(lambda: count_published(engine) == 3, timeout=60)
+        runs = relay.housekeeping.runs
+        wait_until(lambda: relay.housekeeping.runs >= runs + 1, timeout=30)  # unpartitioned
+        assert _sample(relay, "oncely_retention_partitions", table="oncely_outbox") is None
+
+        upgrade(engine, partition_every=STEP)  # oncely db upgrade --partition-every 1m
+        with engine.connect() as conn:
+            converted = {p.name for p in partitions.partitions(conn, "oncely_outbox")}
+        now: datetime = scalar(engine, "SELECT now()")
+        last = partitions.window_start(now, STEP) + 6 * STEP  # a run from now on creates it
+        runs = relay.housekeeping.runs
+        wait_until(lambda: relay.housekeeping.runs >= runs + 3, timeout=30)
+        with engine.connect() as conn:
+            names = {p.name for p in partitions.partitions(conn, "oncely_outbox")}
+        assert partitions.partition_name("oncely_outbox", last) in names - converted, (
+            f"no partition created ahead after the conversion: {sorted(names)}"
+        )
+        for table in ("oncely_outbox", "oncely_receipts"):
+            assert (_sample(relay, "oncely_retention_partitions", table=table) or 0) > 0, table
+            assert _sample(relay, "oncely_retention_default_rows", table=table) == 0, table
+    assert _sample(relay, "oncely_retention_errors_total") == 0

@@ -1,11 +1,13 @@
 """The relay's purge timer, off its loop: one run at a time on a thread of its own, so a long
 purge, a lock wait or a slow Kafka never delays reading, publishing or renewing leases.
 
-Which purge runs is decided at the first run that reaches the database: on unpartitioned
-tables the batched DELETE of published rows older than ``retention_seconds``; on partitioned
-tables (``oncely db upgrade --partition-every``) :func:`oncely.retention.run`, or only
+Which purge runs is decided at each run until the tables are found partitioned: on
+unpartitioned tables the batched DELETE of published rows older than ``retention_seconds``; on
+partitioned tables (``oncely db upgrade --partition-every``) :func:`oncely.retention.run`, or only
 :func:`oncely.retention.plan` when ``ONCELY_RETENTION_IN_RELAY=false`` (a Job drops the
-partitions; the relay still exports the ``oncely_retention_*`` gauges). No failure of a purge
+partitions; the relay still exports the ``oncely_retention_*`` gauges). A relay running while
+``db upgrade --partition-every`` converts the tables turns to retention at its next run (one
+catalog query a run while unpartitioned; a conversion is never undone). No failure of a purge
 stops the relay: it is logged, counted in ``oncely_retention_errors_total`` on partitioned
 tables, and tried again at the next interval.
 """
@@ -47,10 +49,9 @@ class Housekeeping:
         self.metrics = metrics
         self._kafka = kafka
         self._thread: threading.Thread | None = None
-        #: The tables' partition step once known (``None``: unpartitioned); unknown until a
-        #: run has reached the database.
+        #: The tables' partition step once a run has found them partitioned (``None``: not
+        #: yet, asked again at every run).
         self._step: timedelta | None = None
-        self._known = False
         #: Runs finished (failed or not): tests wait on it.
         self.runs = 0
 
@@ -72,10 +73,9 @@ class Housekeeping:
 
     def _run(self) -> None:
         try:
-            if not self._known:
+            if self._step is None:
                 with self.store.engine.connect() as conn:
                     self._step = partitions.step_of(conn)
-                self._known = True
             if self._step is None:
                 self._purge()
             else:
