@@ -2,7 +2,8 @@
 
 The window's rows are produced straight to Kafka through the relay's record path: the copies
 carry the same event ids, keys, values and headers, in seq order per key. A window with purged
-rows, a parked key, or rows not yet published is refused, naming why.
+rows, a parked key, or rows not yet published is refused, naming why; on partitioned tables,
+rows are purged when the window starts before the oldest range partition retention left.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from oncely.ops.republish import RepublishError, plan_republish
+from oncely.storage import partitions, upgrade
 from oncely.storage.stores.outbox.relay import RelayStore
 from oncely.storage.tables import shard_of
 from tests.helpers import (
@@ -26,6 +28,8 @@ from tests.helpers import (
     outbox_rows,
     read_topics,
     running_relay,
+    scalar,
+    uuid7_at,
     wait_until,
 )
 
@@ -147,3 +151,53 @@ def test_a_window_with_a_parked_key_or_unpublished_rows_is_refused(
     with pytest.raises(RepublishError, match="--since must be earlier than --until"):
         plan_republish(engine, since=until, until=until, event_type=None)
     assert len(read_topics(kafka_bootstrap, [topic])) == 6, "nothing was sent"
+
+
+def test_on_partitioned_tables_a_window_before_the_dropped_partitions_is_refused(
+    engine: sa.Engine, database_url: str, kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    step = timedelta(minutes=1)
+    upgrade(engine, partition_every=step)
+    topic = new_topic()
+    now: datetime = scalar(engine, "SELECT now()")
+    minutes = [
+        partitions.window_start(now - timedelta(minutes=10), step) + step * n for n in range(5)
+    ]
+    with engine.begin() as conn:
+        for start in minutes:
+            partitions.create_partition(conn, "oncely_outbox", start, start + step)
+    # A row in the default partition (an id no range holds: a client clock behind) created
+    # before the window, then two rows in each of the minutes M1..M5.
+    stray = outbox_rows(1, topics=[topic], keys=1)[0]
+    stray.update(
+        id=uuid7_at(now - timedelta(minutes=30)), created_at=minutes[0] - timedelta(minutes=5)
+    )
+    rows = outbox_rows(10, topics=[topic], keys=2)
+    for n, row in enumerate(rows):
+        moment = minutes[n // 2] + timedelta(seconds=10 + n % 2)
+        row.update(id=uuid7_at(moment), created_at=moment)
+    _published(engine, kafka_bootstrap, [stray, *rows])
+    with engine.begin() as conn:  # retention drops M1..M3, oldest first
+        for partition in partitions.partitions(conn, "oncely_outbox")[:3]:
+            assert partition.lower in minutes[:3], partition
+            partitions.freeze(conn, partition, timeout=5)
+            partitions.drop(conn, partition, timeout=5)
+    assert scalar(engine, "SELECT count(*) FROM oncely_outbox_default") == 1
+    url = ("--database-url", database_url, "--bootstrap-servers", kafka_bootstrap)
+
+    refused = _cli("--from-outbox", "--since", minutes[0].isoformat(), "--execute", *url)
+    assert refused.exit_code == 1, refused.output
+    assert "rows of the window were purged" in refused.stderr
+    assert minutes[3].isoformat() in refused.stderr  # where the retained partitions start
+    assert len(read_topics(kafka_bootstrap, [topic])) == 11, "nothing was sent"
+    for start in (minutes[0], minutes[2] + timedelta(seconds=30)):  # before M4's partition
+        with pytest.raises(RepublishError, match="rows of the window were purged"):
+            plan_republish(engine, since=start, until=None, event_type=None)
+
+    # A window inside the retained partitions is republished whole.
+    assert plan_republish(engine, since=minutes[3], until=None, event_type=None).rows == 4
+    done = _cli("--from-outbox", "--since", minutes[3].isoformat(), "--execute", *url)
+    assert done.exit_code == 0, done.output
+    assert f"republished 4 row(s) with their original event ids ({topic}: 4)" in done.stdout
+    copies = _ids(read_topics(kafka_bootstrap, [topic]))[11:]
+    assert sorted(copies) == sorted(str(row["id"]) for row in rows[6:])

@@ -12,7 +12,11 @@ database changes (the rows are immutable, the relay's progress is not touched).
 cannot be republished faithfully:
 
 - rows of it were **purged**: the window starts before the oldest row the outbox still holds,
-  and rows before that one were deleted (its ``seq`` is not the first);
+  and rows before that one were deleted (its ``seq`` is not the first); on a partitioned
+  outbox also when it starts before the oldest range partition left and rows before it were
+  dropped (the lowest ``seq`` outside the default partition is not the first). Retention drops
+  partitions by event id, not by ``created_at``, and rows in the default partition stay, so the
+  oldest row left says nothing there;
 - a key with rows in it is **parked** (a dead or delayed row): its rows would pass the dead
   row; requeue or skip it first;
 - rows of it are **not published yet** (no shard's progress has passed them): a copy sent
@@ -35,6 +39,7 @@ from confluent_kafka import KafkaError, Message
 
 from oncely.errors import OncelyError
 from oncely.relay.publisher import Publisher
+from oncely.storage import partitions
 from oncely.storage.stores.outbox.reports import (
     parked_keys_of_window,
     republish_window,
@@ -92,6 +97,15 @@ def _check(conn: sa.Connection, window: dict[str, Any]) -> RepublishPlan:
             "or after it, or replay the topics from Kafka (oncely replay --app ... --effect ... "
             "--to-datetime ...)"
         )
+    retained = _oldest_partition(conn)
+    first_seq = summary.first_ranged_seq or summary.first_seq
+    if retained is not None and window["since"] < retained and first_seq > 1:
+        raise RepublishError(
+            f"rows of the window were purged: retention dropped the outbox's partitions before "
+            f"{retained.isoformat()}, where the oldest one left starts (rows in the default "
+            "partition do not count). Start --since at or after it, or replay the topics from "
+            "Kafka (oncely replay --app ... --effect ... --to-datetime ...)"
+        )
     topics = summary.topics
     parked = sum(row.parked for row in topics)
     if parked:
@@ -117,6 +131,13 @@ def _check(conn: sa.Connection, window: dict[str, Any]) -> RepublishPlan:
         window["event_type"],
         {row.topic: row.rows for row in topics},
     )
+
+
+def _oldest_partition(conn: sa.Connection) -> datetime | None:
+    """Where the oldest range partition of a partitioned outbox starts (``None``:
+    unpartitioned, or no range partition)."""
+    ranged = [p for p in partitions.partitions(conn, "oncely_outbox") if not p.is_default]
+    return ranged[0].lower if ranged else None
 
 
 def _snapshot(engine: sa.Engine) -> sa.Connection:

@@ -329,9 +329,11 @@ ORDER BY o.topic
 -- The outbox rows created in [:since, :until) (of type :type when given), per topic: how many,
 -- how many no shard's progress has passed yet (not acknowledged), how many belong to parked
 -- keys; with the oldest row the outbox still holds (seq and created_at: rows before it were
--- purged, or never existed). One scan of the table.
+-- purged, or never existed), and the lowest seq outside the default partition of a partitioned
+-- outbox (retention drops range partitions; default rows stay). One scan of the table.
 WITH rows AS (
     SELECT o.topic, o.seq, o.created_at,
+           o.tableoid IS DISTINCT FROM to_regclass('oncely_outbox_default')::oid AS ranged,
            o.created_at >= :since
                AND (CAST(:until AS timestamptz) IS NULL OR o.created_at < :until)
                AND (CAST(:type AS text) IS NULL OR o.type = :type) AS in_window,
@@ -341,13 +343,16 @@ WITH rows AS (
     FROM oncely_outbox AS o
     JOIN oncely_relay_shards AS s ON s.shard = o.shard
 ), first AS (
-    SELECT min(seq) AS first_seq, min(created_at) AS first_created_at FROM rows
+    SELECT min(seq) AS first_seq, min(created_at) AS first_created_at,
+           min(seq) FILTER (WHERE ranged) AS first_ranged_seq
+    FROM rows
 )
 SELECT w.topic, count(w.topic) AS rows, count(*) FILTER (WHERE NOT w.passed) AS unpublished,
-       count(*) FILTER (WHERE w.parked) AS parked, f.first_seq, f.first_created_at
+       count(*) FILTER (WHERE w.parked) AS parked, f.first_seq, f.first_created_at,
+       f.first_ranged_seq
 FROM first AS f
 LEFT JOIN rows AS w ON w.in_window
-GROUP BY w.topic, f.first_seq, f.first_created_at
+GROUP BY w.topic, f.first_seq, f.first_created_at, f.first_ranged_seq
 ORDER BY w.topic
 
 -- name: republish_parked_keys

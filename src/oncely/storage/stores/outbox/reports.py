@@ -144,11 +144,14 @@ class WindowOfTopic:
 @dataclass(frozen=True, slots=True)
 class RepublishWindow:
     """A republish window per topic, with the oldest row the outbox still holds (``None``: the
-    outbox is empty): rows before it were purged unless its ``seq`` is the first."""
+    outbox is empty): rows before it were purged unless its ``seq`` is the first. On a
+    partitioned outbox, ``first_ranged_seq`` is the lowest ``seq`` outside its default partition
+    (``None``: the range partitions hold no row); unpartitioned, it is ``first_seq``."""
 
     topics: list[WindowOfTopic]
     first_seq: int | None
     first_created_at: datetime | None
+    first_ranged_seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +183,7 @@ def republish_window(
         ],
         first.first_seq if first else None,
         first.first_created_at if first else None,
+        first.first_ranged_seq if first else None,
     )
 
 
