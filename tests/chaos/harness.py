@@ -25,6 +25,7 @@ from oncely.devstack._process import free_port
 from oncely.producer.staging import stage
 from oncely.schemas.codec import Codec
 from oncely.storage import upgrade
+from oncely.storage.migrations import upgrade_connection
 from tests.apps.ledger import App
 from tests.chaos.ledger import check, published
 
@@ -326,15 +327,26 @@ class Pipeline:
             if p.log.exists()
         )
 
-    def write(self, count: int, *, keys: int = 20, rollback_every: int = 0, seed: int = 0) -> None:
+    def write(
+        self,
+        count: int,
+        *,
+        keys: int = 20,
+        rollback_every: int = 0,
+        seed: int = 0,
+        key_prefix: str = "acc-",
+    ) -> None:
         """Stage ``count`` events in business transactions (one event each); every
-        ``rollback_every``-th transaction is rolled back after staging."""
+        ``rollback_every``-th transaction is rolled back after staging. Keys are
+        ``key_prefix`` and a number below ``keys``: writers running at once use prefixes of
+        their own (one writer per key, so that commit order is ``seq`` order)."""
         codec = Codec(registry=self.app.registry)
         rng = random.Random(seed)
         for i in range(count):
             with Session(self.engine) as session:
                 session.begin()
-                event = self.app.model(account_id=f"acc-{rng.randrange(keys)}", amount=i + 1, n=i)
+                account = f"{key_prefix}{rng.randrange(keys)}"
+                event = self.app.model(account_id=account, amount=i + 1, n=i)
                 staged = stage(session, event, codec=codec)
                 keep = not (rollback_every and i % rollback_every == rollback_every - 1)
                 if keep:
@@ -368,6 +380,7 @@ class Pipeline:
         keys: int = 20,
         rollback_every: int = 13,
         pause: float = 0.25,
+        key_prefix: str = "acc-",
     ) -> threading.Thread:
         """On a thread, stage batches of ``rollback_every`` events (one rolled back in each)
         every ``pause`` seconds (a quarter second: about 50 a second; 0: as fast as one writer
@@ -376,7 +389,13 @@ class Pipeline:
         def run() -> None:
             batch = 0
             while not stop.is_set():
-                self.write(rollback_every, keys=keys, rollback_every=rollback_every, seed=batch)
+                self.write(
+                    rollback_every,
+                    keys=keys,
+                    rollback_every=rollback_every,
+                    seed=batch,
+                    key_prefix=key_prefix,
+                )
                 batch += 1
                 time.sleep(pause)
 
@@ -415,10 +434,13 @@ def pipeline(
     *,
     policy: retention.Policy = POLICY,
     retention_every: float = 3.0,
+    partition_every: timedelta | None = STEP,
 ) -> Iterator[Pipeline]:
-    """The scenario's pipeline on partitioned tables (1-minute steps), with :class:`Retention`
-    running through it; on a clean exit, fails if retention raised anything but a refusal."""
-    upgrade(engine, partition_every=STEP)
+    """The scenario's pipeline on partitioned tables (1-minute steps; unpartitioned with
+    ``partition_every`` ``None``: a scenario converts them, :func:`convert`), with
+    :class:`Retention` running through it; on a clean exit, fails if retention raised anything
+    but a refusal."""
+    upgrade(engine, partition_every=partition_every)
     with engine.begin() as conn:
         conn.execute(
             sa.text("CREATE TABLE chaos_business (event_id uuid PRIMARY KEY, committed boolean)")
@@ -437,6 +459,18 @@ def pipeline(
         RETENTION_REPORTS.append(f"{scenario}: {keeper.summary()}")
         print(f"retention {keeper.summary()} dropped={keeper.dropped}")
     assert not keeper.failures, f"retention failed: {keeper.failures}"
+
+
+def convert(engine: sa.Engine, step: timedelta = STEP) -> None:
+    """``oncely db upgrade --partition-every`` on the pipeline's unpartitioned tables, with the
+    mirror's trigger moved to the new outbox in the same transaction (so that no row staged
+    during the conversion is missed by the checks, nor mirrored twice)."""
+    with engine.begin() as conn:
+        upgrade_connection(conn, partition_every=step)
+        conn.exec_driver_sql(
+            "CREATE TRIGGER chaos_outbox_mirror AFTER INSERT ON oncely_outbox"
+            " FOR EACH ROW EXECUTE FUNCTION chaos_outbox_mirror()"
+        )
 
 
 def unique_prefix() -> str:
