@@ -6,6 +6,7 @@ to retention at its next run."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
@@ -56,7 +57,9 @@ def test_the_relay_drops_an_outbox_partition_once_it_has_published_its_rows(
     kafka_bootstrap: str,
     new_topic: Callable[..., str],
     monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="oncely.relay.housekeeping")  # as `oncely relay run`
     name, start = _old_partition_with_rows(engine, new_topic())
     monkeypatch.setenv("ONCELY_RETENTION_RECEIPTS_HORIZON_SECONDS", "60")
     settings = fast_settings(retention_seconds=60, purge_interval_seconds=0.3)
@@ -79,6 +82,7 @@ def test_the_relay_drops_an_outbox_partition_once_it_has_published_its_rows(
         for table in ("oncely_outbox", "oncely_receipts"):
             assert _sample(relay, gauge, table=table) is not None, (gauge, table)
     assert _sample(relay, "oncely_retention_errors_total") == 0
+    assert any(r.getMessage().startswith("retention: created") for r in caplog.records)
     oldest = _sample(relay, "oncely_retention_oldest_timestamp_seconds", table="oncely_outbox")
     assert oldest is not None and oldest > start.timestamp()
 

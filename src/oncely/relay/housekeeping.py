@@ -108,7 +108,11 @@ class Housekeeping:
                 "retention: created %d and dropped %d partitions",
                 len(outcome.created),
                 len(outcome.dropped),
-                extra={"created": outcome.created, "dropped": outcome.dropped},
+                # "created" is a LogRecord attribute: extra may not set it.
+                extra={
+                    "partitions_created": outcome.created,
+                    "partitions_dropped": outcome.dropped,
+                },
             )
         for error in outcome.errors:
             log.warning("retention: %s", error)
