@@ -2,9 +2,10 @@
 
 - **S15**: a writer whose clock is off by more than a step (1-minute steps) stages while a
   writer with the right clock, a relay, a consumer and retention (every 3 s, horizons 0, 2
-  steps ahead) run. Ahead by 3 minutes, its event ids always fall in steps that have no
-  partition yet; behind by 90 s, in steps that are over, whose outbox partitions retention
-  drops while it stages or has dropped (and, in its first minute, before the first partition).
+  steps ahead) run. Ahead by 3 minutes, its event ids fall in steps that have no partition
+  yet (but in its first minute, which the conversion's 3 steps ahead still cover); behind by
+  90 s, in steps that are over, whose outbox partitions retention drops while it stages or has
+  dropped (and, in its first minute, before the first partition).
 - **S16**: the tables are converted to partitions (``oncely db upgrade --partition-every 1m``)
   while two relays (batched DELETE every 2 s) and a writer run; no Job runs retention, so the
   relays must take it over (F6).
