@@ -28,7 +28,7 @@ def test_a_failed_retention_run_is_counted_and_does_not_raise(
         kafka={},
         metrics=RetentionMetrics(registry),
     )
-    housekeeping._known, housekeeping._step = True, timedelta(days=1)  # partitioned
+    housekeeping._step = timedelta(days=1)  # found partitioned: not asked again
     with caplog.at_level(logging.WARNING, logger="oncely.relay.housekeeping"):
         for _ in range(2):
             housekeeping.due()
