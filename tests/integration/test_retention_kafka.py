@@ -5,7 +5,7 @@ is asked (F9), receipts without a Kafka position (F13)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 
 import pytest
@@ -22,8 +22,9 @@ from confluent_kafka.admin import (
 )
 
 from oncely import retention
+from oncely.retention.guard import KafkaAnswer
 from oncely.storage import partitions, upgrade
-from tests.helpers import execute, scalar, uuid7_at
+from tests.helpers import execute, insert_rows, outbox_row, scalar, uuid7_at
 from tests.integration.secure_kafka import USER, SecureKafka, start_secure_kafka
 
 pytestmark = pytest.mark.integration
@@ -46,12 +47,12 @@ def now(engine: sa.Engine) -> datetime:
     return moment
 
 
-def _kafka(config: dict[str, str]) -> retention.maintenance.LogStarts:
-    return lambda wanted: retention.log_starts(config, wanted, timeout=15)
+def _kafka(config: dict[str, str]) -> retention.maintenance.AskKafka:
+    return lambda topics: retention.watermarks(config, topics, timeout=15)
 
 
 @pytest.fixture
-def log_starts(kafka_bootstrap: str) -> retention.maintenance.LogStarts:
+def log_starts(kafka_bootstrap: str) -> retention.maintenance.AskKafka:
     return _kafka({"bootstrap.servers": kafka_bootstrap})
 
 
@@ -93,7 +94,7 @@ def test_a_copy_above_the_receipted_offset_keeps_the_receipts_partition(
     new_topic: Callable[..., str],
     kafka_admin: AdminClient,
     kafka_bootstrap: str,
-    log_starts: retention.maintenance.LogStarts,
+    log_starts: retention.maintenance.AskKafka,
 ) -> None:
     """F1: event E applied from offset 0; a filler at 1; E's copy (a republish, a relay's
     duplicate) at 2 is de-duplicated, so the receipt keeps offset 0. Kafka deletes up to 1: a
@@ -118,8 +119,59 @@ def test_a_copy_above_the_receipted_offset_keeps_the_receipts_partition(
     assert scalar(engine, "SELECT count(*) FROM oncely_retention_marks") == 0
 
 
+def test_the_mark_is_discarded_while_the_outbox_holds_the_events_again(
+    engine: sa.Engine,
+    now: datetime,
+    new_topic: Callable[..., str],
+    kafka_admin: AdminClient,
+    kafka_bootstrap: str,
+    log_starts: retention.maintenance.AskKafka,
+) -> None:
+    """F1: a mark taken before the outbox held the events again (a late writer) would not cover
+    a republish of them: it is discarded, and taken again once the outbox lets them go."""
+    topic = new_topic()
+    moment = now - timedelta(minutes=10)
+    event = uuid7_at(moment)
+    _produce(kafka_bootstrap, topic, event)
+    _receipt(engine, event, topic, 0)
+    name = _name(moment)
+    assert name not in retention.run(engine, POLICY, log_starts).dropped
+    assert scalar(engine, "SELECT high FROM oncely_retention_marks") == 1
+    insert_rows(engine, [outbox_row(topic, event_id=event)])
+    assert name not in retention.run(engine, POLICY, log_starts).dropped
+    assert scalar(engine, "SELECT count(*) FROM oncely_retention_marks") == 0
+    _produce(kafka_bootstrap, topic, event)  # republished meanwhile
+    execute(engine, "DELETE FROM oncely_outbox")
+    _delete_records(kafka_admin, topic, before=1)
+    assert name not in retention.run(engine, POLICY, log_starts).dropped  # marked again
+    assert scalar(engine, "SELECT high FROM oncely_retention_marks") == 2
+    _delete_records(kafka_admin, topic, before=2)
+    assert name in retention.run(engine, POLICY, log_starts).dropped
+
+
+def test_a_deleted_topic_lets_its_receipts_go(
+    engine: sa.Engine,
+    now: datetime,
+    kafka_admin: AdminClient,
+    kafka_bootstrap: str,
+    log_starts: retention.maintenance.AskKafka,
+) -> None:
+    """F2: asked by name, a topic Kafka says does not exist holds none of its records."""
+    topic = f"test-{uuid.uuid4().hex}"  # not new_topic(): this test deletes it
+    for future in kafka_admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        future.result(30)
+    moment = now - timedelta(minutes=10)
+    event = uuid7_at(moment)
+    _produce(kafka_bootstrap, topic, event)
+    _receipt(engine, event, topic, 0)
+    for future in kafka_admin.delete_topics([topic]).values():
+        future.result(30)
+    assert log_starts([topic]) == {topic: None}
+    assert _name(moment) in retention.run(engine, POLICY, log_starts).dropped
+
+
 def test_receipts_without_a_kafka_position_keep_their_partition(
-    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.LogStarts
+    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.AskKafka
 ) -> None:
     """F13: a receipt without topic, partition and offset was not written by a consumer reading
     Kafka: the guard cannot tell whether Kafka still holds its event, so its partition stays
@@ -128,8 +180,9 @@ def test_receipts_without_a_kafka_position_keep_their_partition(
     event = uuid7_at(moment)
     _receipt(engine, event, None, None)
     name = _name(moment)
-    assert name not in retention.run(engine, POLICY, log_starts).dropped
-    reason = _reason(retention.plan(engine, POLICY, log_starts), name)
+    outcome = retention.run(engine, POLICY, log_starts)
+    assert name not in outcome.dropped
+    reason = {v.partition.name: v.reason for v in outcome.kept}[name]
     assert "1 receipt(s) without a Kafka position" in str(reason)
     execute(engine, "DELETE FROM oncely_receipts WHERE event_id = :e", e=event)
     assert name in retention.run(engine, POLICY, log_starts).dropped
@@ -158,7 +211,7 @@ def test_no_lock_is_held_while_kafka_is_asked(
     new_topic: Callable[..., str],
     kafka_admin: AdminClient,
     kafka_bootstrap: str,
-    log_starts: retention.maintenance.LogStarts,
+    log_starts: retention.maintenance.AskKafka,
 ) -> None:
     """F9: a plan gathers the database's facts, ends its transaction, then asks Kafka: while
     Kafka is asked (up to its timeout), no oncely table is locked by retention."""
@@ -167,18 +220,20 @@ def test_no_lock_is_held_while_kafka_is_asked(
     event = uuid7_at(moment)
     _produce(kafka_bootstrap, topic, event, event)
     _receipt(engine, event, topic, 0)
-    _delete_records(kafka_admin, topic, before=2)
     held: list[list[tuple[str, str, int]]] = []
 
-    def watched(wanted: Iterable[tuple[str, int]]) -> Mapping[tuple[str, int], int | None]:
+    def watched(topics: Iterable[str]) -> KafkaAnswer:
         held.append(_oncely_locks(engine))
-        return log_starts(wanted)
+        return log_starts(topics)
 
+    name = _name(moment)
+    assert name not in retention.run(engine, POLICY, watched).dropped  # marks it
+    assert name not in retention.run(engine, POLICY, watched).dropped
     retention.plan(engine, POLICY, watched)
-    retention.run(engine, POLICY, watched)
-    assert held, "Kafka was asked"
+    _delete_records(kafka_admin, topic, before=2)
+    assert name in retention.run(engine, POLICY, watched).dropped
+    assert len(held) == 4, "Kafka was asked by each"
     assert held == [[]] * len(held)
-    assert _name(moment) in retention.run(engine, POLICY, watched).dropped
 
 
 def test_a_busy_run_neither_plans_nor_asks_kafka(
@@ -186,7 +241,7 @@ def test_a_busy_run_neither_plans_nor_asks_kafka(
     now: datetime,
     new_topic: Callable[..., str],
     kafka_bootstrap: str,
-    log_starts: retention.maintenance.LogStarts,
+    log_starts: retention.maintenance.AskKafka,
 ) -> None:
     """F9: a run that finds another one in progress does nothing, not even a plan."""
     topic = new_topic()
@@ -195,9 +250,9 @@ def test_a_busy_run_neither_plans_nor_asks_kafka(
     _receipt(engine, event, topic, 0)
     asked: list[object] = []
 
-    def counted(wanted: Iterable[tuple[str, int]]) -> Mapping[tuple[str, int], int | None]:
-        asked.append(wanted)
-        return log_starts(wanted)
+    def counted(topics: Iterable[str]) -> KafkaAnswer:
+        asked.append(topics)
+        return log_starts(topics)
 
     with engine.connect() as other:
         other.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": retention.maintenance.RUN_LOCK})
@@ -245,5 +300,6 @@ def test_a_topic_the_principal_may_not_describe_is_not_deleted(
     denied = _kafka(acl_kafka.client_config(tls=False))
     outcome = retention.run(engine, POLICY, denied)
     assert _name(moment) not in outcome.dropped
-    reason = _reason(retention.plan(engine, POLICY, denied), _name(moment))
+    reason = {v.partition.name: v.reason for v in outcome.kept}[_name(moment)]
     assert f"Kafka did not answer about {topic}" in str(reason)
+    assert scalar(engine, "SELECT count(*) FROM oncely_retention_marks") == 0
