@@ -20,11 +20,24 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
+from prometheus_client import CollectorRegistry
 
 from oncely import retention
+from oncely.relay.housekeeping import Housekeeping
 from oncely.retention.guard import KafkaAnswer
+from oncely.runtime.metrics import RetentionMetrics
+from oncely.settings import RetentionSettings
 from oncely.storage import partitions, upgrade
-from tests.helpers import execute, insert_rows, outbox_row, scalar, uuid7_at
+from oncely.storage.stores.outbox.relay import RelayStore
+from tests.helpers import (
+    acknowledge_all,
+    execute,
+    fast_settings,
+    insert_rows,
+    outbox_row,
+    scalar,
+    uuid7_at,
+)
 from tests.integration.secure_kafka import USER, SecureKafka, start_secure_kafka
 
 pytestmark = pytest.mark.integration
@@ -303,3 +316,57 @@ def test_a_topic_the_principal_may_not_describe_is_not_deleted(
     reason = {v.partition.name: v.reason for v in outcome.kept}[_name(moment)]
     assert f"Kafka did not answer about {topic}" in str(reason)
     assert scalar(engine, "SELECT count(*) FROM oncely_retention_marks") == 0
+
+
+def test_the_relay_s_retention_keeps_its_gauges_when_busy_and_backs_off_after_a_lock_refusal(
+    engine: sa.Engine, now: datetime, kafka_bootstrap: str
+) -> None:
+    """F9 and F13: a busy run leaves the gauges as the last plan set them (it used to zero
+    ``oncely_retention_kept_partitions``); a drop whose lock is not granted makes the relay
+    skip the next intervals (the project's Backoff) instead of stalling staging each time."""
+    registry = CollectorRegistry()
+    housekeeping = Housekeeping(
+        store=RelayStore(engine, owner="test"),
+        settings=fast_settings(retention_seconds=60, purge_interval_seconds=60),
+        retention_settings=RetentionSettings(
+            receipts_horizon_seconds=60, lock_timeout_seconds=0.2, ahead=2
+        ),
+        kafka={"bootstrap.servers": kafka_bootstrap},
+        metrics=RetentionMetrics(registry),
+    )
+
+    def kept() -> float | None:
+        return registry.get_sample_value(
+            "oncely_retention_kept_partitions", {"table": "oncely_outbox"}
+        )
+
+    def one_run() -> None:
+        runs = housekeeping.runs
+        housekeeping.due()
+        housekeeping.join(60)
+        assert housekeeping.runs == runs + 1
+
+    unpublished = outbox_row("t", event_id=uuid7_at(now - timedelta(minutes=10)))
+    insert_rows(engine, [unpublished])
+    one_run()
+    before = kept()
+    assert before is not None and before > 0
+    with engine.connect() as other:
+        other.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": retention.maintenance.RUN_LOCK})
+        one_run()
+        other.execute(
+            sa.text("SELECT pg_advisory_unlock(:k)"), {"k": retention.maintenance.RUN_LOCK}
+        )
+    assert kept() == before
+
+    acknowledge_all(engine)  # its partition may go now: a writer holds it
+    name = partitions.partition_name(
+        "oncely_outbox", partitions.window_start(now - timedelta(minutes=10), STEP)
+    )
+    with engine.begin() as writer:
+        writer.exec_driver_sql(f"LOCK TABLE {name} IN ROW EXCLUSIVE MODE")
+        one_run()
+    runs = housekeeping.runs
+    housekeeping.due()  # backs off: no run starts
+    assert not housekeeping.running
+    assert housekeeping.runs == runs

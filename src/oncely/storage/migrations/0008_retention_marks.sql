@@ -9,7 +9,7 @@
 -- dropped only once each marked partition's log start has reached its mark (or the topic is
 -- deleted). A row with partition -1 says the topic did not exist when the mark was taken. The
 -- marks go with their partition; they are discarded when the outbox holds its events again.
-CREATE TABLE IF NOT EXISTS oncely_retention_marks (
+CREATE TABLE oncely_retention_marks (
     receipts_partition text NOT NULL,
     topic text NOT NULL,
     partition integer NOT NULL,
