@@ -249,6 +249,40 @@ def test_no_lock_is_held_while_kafka_is_asked(
     assert len(held) == 4, "Kafka was asked by each"
 
 
+def test_a_marked_partition_is_not_scanned_again_until_its_drop(
+    engine: sa.Engine,
+    now: datetime,
+    new_topic: Callable[..., str],
+    kafka_admin: AdminClient,
+    kafka_bootstrap: str,
+    log_starts: retention.maintenance.AskKafka,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """F9: a receipts partition waiting on Kafka is scanned once, to mark it; later runs and
+    plans read its mark; the check under its lock at drop time scans it again."""
+    topic = new_topic()
+    moment = now - timedelta(minutes=10)
+    event = uuid7_at(moment)
+    _produce(kafka_bootstrap, topic, event)
+    _receipt(engine, event, topic, 0)
+    scanned: list[str] = []
+    receipted = partitions.receipted
+
+    def counted(conn: sa.Connection, partition: partitions.Partition) -> partitions.Receipted:
+        scanned.append(partition.name)
+        return receipted(conn, partition)
+
+    monkeypatch.setattr(partitions, "receipted", counted)
+    name = _name(moment)
+    for _ in range(3):
+        assert name not in retention.run(engine, POLICY, log_starts).dropped
+        retention.plan(engine, POLICY, log_starts)
+    assert scanned.count(name) == 1
+    _delete_records(kafka_admin, topic, before=1)
+    assert name in retention.run(engine, POLICY, log_starts).dropped
+    assert scanned.count(name) == 2  # the check under the lock
+
+
 def test_a_busy_run_neither_plans_nor_asks_kafka(
     engine: sa.Engine,
     now: datetime,
