@@ -156,7 +156,7 @@ def _plan(engine: sa.Engine, policy: Policy, kafka: AskKafka, *, marking: bool) 
     """The plan; with ``marking`` (a run holding the advisory lock), each receipts partition
     that became otherwise droppable is scanned and marked, and the mark of one whose events the
     outbox holds again is discarded."""
-    with engine.begin() as conn:
+    with _connect(engine) as conn, conn.begin():
         step = partitions.step_of(conn)
         if step is None:
             raise _not_partitioned()
@@ -258,7 +258,7 @@ def _mark(
     """``gathered`` with a mark taken from ``answer`` for each unmarked partition whose receipts
     were scanned (recorded; not when Kafka did not answer about one of its topics)."""
     marked = dict(gathered)
-    with engine.begin() as conn:
+    with _connect(engine) as conn, conn.begin():
         for name, facts in gathered.items():
             if facts.mark is not None or facts.unplaced or facts.outbox_rows:
                 continue
@@ -311,7 +311,7 @@ def states(engine: sa.Engine, policy: Policy) -> list[TableState]:
     Raises:
         NotPartitionedError: the tables are not partitioned.
     """
-    with engine.connect() as conn:
+    with _connect(engine) as conn:
         if partitions.step_of(conn) is None:
             raise _not_partitioned()
         now: datetime = conn.execute(sa.text("SELECT now()")).scalar_one()
@@ -352,8 +352,14 @@ def _reason(
 
 
 def outbox_facts(conn: sa.Connection, partition: Partition) -> OutboxFacts:
+    """The outbox ``partition``'s facts. Progress is read before the parked and held rows:
+    the relay records its progress with the rows it parked or held in one transaction, and
+    removes a parked or held row only once it is published, so a row that progress has
+    passed is, in the later statement, either parked, held or published (read the other way
+    round, a record committed in between would make a parked row look passed)."""
+    unpassed = partitions.unpassed_shards(conn, partition)
     parked, held = partitions.parked_in(conn, partition)
-    return OutboxFacts(partitions.unpassed_shards(conn, partition), parked, held)
+    return OutboxFacts(unpassed, parked, held)
 
 
 def _state(
@@ -408,7 +414,7 @@ def _run(engine: sa.Engine, policy: Policy, kafka: AskKafka) -> Outcome:
     lock_refused = False
     for table, moment in current.create:
         try:
-            with engine.begin() as conn:
+            with _connect(engine) as conn, conn.begin():
                 _lock_timeout(conn, policy.lock_timeout)
                 outcome.created.append(
                     partitions.create_partition(conn, table, moment, moment + current.step)
@@ -454,7 +460,7 @@ def _drop(
     """Drop ``partition`` if the guard, asked again under its lock, agrees; else the reason.
     A receipts partition's mark goes with it."""
     try:
-        with engine.begin() as conn:
+        with _connect(engine) as conn, conn.begin():
             partitions.freeze(conn, partition, timeout=policy.lock_timeout)
             reason = _reason(conn, partition, policy, now, answer)
             if reason is not None:
@@ -470,6 +476,14 @@ def _drop(
             f"({type(exc.orig).__name__}); retried next run"
         )
     return None
+
+
+def _connect(engine: sa.Engine) -> sa.Connection:
+    """A connection of ``engine`` at READ COMMITTED, whatever the database's, the role's or
+    the engine's default: the re-check under a partition's lock must see every transaction
+    that committed while the lock was awaited, which a snapshot taken earlier (REPEATABLE
+    READ, SERIALIZABLE) would not."""
+    return engine.connect().execution_options(isolation_level="READ COMMITTED")
 
 
 def _lock_timeout(conn: sa.Connection, seconds: float) -> None:
