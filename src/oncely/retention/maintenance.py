@@ -258,12 +258,18 @@ def _mark(
     """``gathered`` with a mark taken from ``answer`` for each unmarked partition whose receipts
     were scanned (recorded; not when Kafka did not answer about one of its topics)."""
     marked = dict(gathered)
+    unmarked = {  # scanned, not marked, refused by nothing else (nothing receipted: no mark)
+        name: facts
+        for name, facts in gathered.items()
+        if facts.mark is None
+        and facts.highest_offsets
+        and not facts.unplaced
+        and not facts.outbox_rows
+    }
+    if not unmarked:
+        return marked
     with _connect(engine) as conn, conn.begin():
-        for name, facts in gathered.items():
-            if facts.mark is not None or facts.unplaced or facts.outbox_rows:
-                continue
-            if not facts.highest_offsets:
-                continue  # nothing receipted: nothing to mark
+        for name, facts in unmarked.items():
             mark = guard.mark_of(facts.highest_offsets, answer)
             if mark is None:
                 unanswered = sorted({t for t, _ in facts.highest_offsets} - set(answer))
