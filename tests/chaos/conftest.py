@@ -26,9 +26,11 @@ def app(kafka_admin: Any) -> App:
 def chaos(database_url: str, kafka_bootstrap: str, app: App, tmp_path: Path) -> Iterator[Pipeline]:
     engine = sa.create_engine(database_url, pool_size=5)
     create_tables(engine)
-    with pipeline(engine, database_url, kafka_bootstrap, app, tmp_path) as running:
-        yield running
-    engine.dispose()
+    try:
+        with pipeline(engine, database_url, kafka_bootstrap, app, tmp_path) as running:
+            yield running
+    finally:  # also when the pipeline's end check fails: no connection left to the next test
+        engine.dispose()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -214,17 +214,19 @@ def unpartitioned(
     """The pipeline on unpartitioned tables, and no retention run but the relays' own."""
     engine = sa.create_engine(database_url, pool_size=5)
     create_tables(engine)
-    with pipeline(
-        engine,
-        database_url,
-        kafka_bootstrap,
-        app,
-        tmp_path,
-        partition_every=None,
-        retention_every=24 * 3600,
-    ) as running:
-        yield running
-    engine.dispose()
+    try:
+        with pipeline(
+            engine,
+            database_url,
+            kafka_bootstrap,
+            app,
+            tmp_path,
+            partition_every=None,
+            retention_every=24 * 3600,
+        ) as running:
+            yield running
+    finally:
+        engine.dispose()
 
 
 #: The relays' retention: horizons 0 as the harness's, and 5 steps ahead, more than the
