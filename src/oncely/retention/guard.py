@@ -1,12 +1,14 @@
 """The guard: whether a partition of the outbox or the receipts may be dropped now, or what it
 waits for, decided from facts gathered by :mod:`oncely.retention.maintenance` (pure logic).
 
-An outbox partition goes only when every row in it is past every shard's recorded progress,
-none is dead, delayed, blocked or held behind a parked key, and its range ended before the
-republish horizon. A receipts partition goes only when none of its records can be delivered
-again: Kafka has deleted every record it receipted (each topic partition's log start offset is
-past the highest offset receipted there) and the outbox no longer holds its events, so no
-republish can reach them. Partitions go oldest first: one refused holds back every later one.
+An outbox partition goes only when every row in it is past every shard's recorded progress and
+its range ended before the republish horizon. Its dead, delayed or blocked rows and the rows
+held behind a parked key do not keep it: the drop keeps them aside for the relay
+(:mod:`oncely.storage.stores.outbox.kept`). A receipts partition goes only when none of its
+records can be delivered again: Kafka has deleted every record it receipted (each topic
+partition's log start offset is past the highest offset receipted there) and the outbox no
+longer holds its events (kept rows included), so no republish can reach them. Partitions go
+oldest first: one refused holds back every later one.
 """
 
 from __future__ import annotations
@@ -24,13 +26,9 @@ class OutboxFacts:
 
     Attributes:
         unpassed_shards: shards whose progress has not passed the partition's last row.
-        parked: parked rows of the partition by reason (``dead``, ``delayed``, ``blocked``).
-        held: rows of the partition held behind a parked key.
     """
 
     unpassed_shards: Sequence[int] = ()
-    parked: Mapping[str, int] = field(default_factory=dict)
-    held: int = 0
 
 
 @dataclass(frozen=True)
@@ -38,7 +36,8 @@ class ReceiptsFacts:
     """What could deliver a receipts partition's records again.
 
     Attributes:
-        outbox_rows: whether the outbox still holds events of the partition's range.
+        outbox_rows: whether the outbox still holds events of the partition's range (its kept
+            rows of parked keys included).
         highest_offsets: (topic, partition) -> the highest offset receipted there.
         log_starts: (topic, partition) -> Kafka's log start offset, ``None`` when the topic or
             partition no longer exists; missing: Kafka was not asked (or did not answer).
@@ -68,11 +67,6 @@ def outbox_reason(
     """Why the outbox ``partition`` must stay, or ``None`` if it may be dropped."""
     if (reason := _range_reason(partition, now=now, horizon=horizon)) is not None:
         return reason
-    if facts.parked:
-        kinds = ", ".join(f"{n} {reason}" for reason, n in sorted(facts.parked.items()))
-        return f"holds parked rows ({kinds}): requeue or skip them (`oncely dead list`)"
-    if facts.held:
-        return f"holds {facts.held} row(s) held behind a parked key (`oncely dead list`)"
     if facts.unpassed_shards:
         shards = ", ".join(str(s) for s in facts.unpassed_shards[:5])
         more = "..." if len(facts.unpassed_shards) > 5 else ""

@@ -1,12 +1,13 @@
 """Retention of the partitioned outbox and receipts: the plan (partitions to create ahead,
 each closed partition's verdict, each table's state) and its execution.
 
-:func:`plan` reads the catalog, the relay's progress, the parked and held rows, the receipts'
-highest offsets and Kafka's log start offsets, and changes nothing. :func:`run` executes a plan:
+:func:`plan` reads the catalog, the relay's progress, the receipts' highest offsets and Kafka's
+log start offsets, and changes nothing. :func:`run` executes a plan:
 it creates the partitions ahead, then drops each partition the guard lets go, in a transaction
 of its own that first stops writes into the partition (a SHARE lock: reads go on), gathers its
 facts again and drops it only if the guard still agrees (the drop itself holds the table for a
-moment).
+moment). An outbox partition's rows of parked keys (dead, delayed or blocked, and those held
+behind them) are kept aside in the drop's transaction, for the relay to publish at release.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from oncely.retention.guard import OutboxFacts, ReceiptsFacts, Verdict
 from oncely.settings import RelaySettings, RetentionSettings
 from oncely.storage import partitions
 from oncely.storage.partitions import Partition, PartitionError
+from oncely.storage.stores.outbox import kept
 
 #: Kafka's log start offsets of the asked (topic, partition)s (see :mod:`.kafka`).
 LogStarts = Callable[[Iterable[tuple[str, int]]], Mapping[tuple[str, int], int | None]]
@@ -205,8 +207,7 @@ def _reason(
 
 
 def outbox_facts(conn: sa.Connection, partition: Partition) -> OutboxFacts:
-    parked, held = partitions.parked_in(conn, partition)
-    return OutboxFacts(partitions.unpassed_shards(conn, partition), parked, held)
+    return OutboxFacts(partitions.unpassed_shards(conn, partition))
 
 
 def _state(
@@ -306,6 +307,8 @@ def _drop(
             reason = _reason(conn, partition, policy, now, log_starts)
             if reason is not None:
                 return reason
+            if partition.table == "oncely_outbox":  # after the progress read, as kept.keep needs
+                kept.keep(conn, *partition.ids())
             partitions.drop(conn, partition, timeout=policy.lock_timeout)
     except PartitionError as exc:
         return str(exc)

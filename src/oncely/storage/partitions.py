@@ -26,7 +26,8 @@ its own id (``stage()`` without an idempotency key, most rows) skips the trigger
 key already makes its id unique, and no earlier row can hold a key equal to a new id; a later
 row given such a key is checked against the outbox's primary key (one partition's index). (A
 trigger that looked the key up in every partition costs a probe of each partition's index per
-staged row: about 5 ms a row with 120 partitions.)
+staged row: about 5 ms a row with 120 partitions.) The key of a row retention kept aside when
+it dropped the row's partition (``oncely_relay_kept``) stays until the copy is deleted.
 
 Which partition may be dropped is decided by ``oncely.retention``; this module only runs the
 DDL. Every identifier written into DDL comes from the catalog or from :func:`partition_name`.
@@ -52,6 +53,8 @@ MIN_STEP = timedelta(minutes=1)
 #: The partitioned outbox's idempotency keys (``event_key`` -> ``event_id``): the unique index
 #: over every partition that a partitioned table cannot have.
 KEYS_TABLE = "oncely_outbox_keys"
+#: The rows of parked keys kept aside when their outbox partition is dropped (migration 0009).
+KEPT_TABLE = "oncely_relay_kept"
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: A UUID as PostgreSQL prints it (a key that could be another row's own id).
@@ -469,9 +472,12 @@ def drop(conn: sa.Connection, partition: Partition, *, timeout: float) -> None:
     name = _checked(partition)
     if partition.is_default:
         raise ValueError(f"{name}: only a range partition oncely created is dropped")
-    if partition.table == "oncely_outbox":  # its keyed rows' keys go with it (no DELETE runs)
-        conn.execute(
-            sa.text(f"DELETE FROM {KEYS_TABLE} WHERE {_WITHIN.format(key='event_id')}"),
+    if partition.table == "oncely_outbox":  # its keyed rows' keys go with it (no DELETE runs),
+        conn.execute(  # but those of its rows kept aside (the kept copy's trigger frees them)
+            sa.text(
+                f"DELETE FROM {KEYS_TABLE} AS k WHERE {_WITHIN.format(key='k.event_id')}"
+                f" AND NOT EXISTS (SELECT 1 FROM {KEPT_TABLE} AS c WHERE c.id = k.event_id)"
+            ),
             _range(partition),
         )
     _lock(conn, f"ONLY {partition.table}", "ACCESS EXCLUSIVE", timeout)
@@ -531,25 +537,15 @@ def unpassed_shards(conn: sa.Connection, partition: Partition) -> list[int]:
     )
 
 
-def parked_in(conn: sa.Connection, partition: Partition) -> tuple[dict[str, int], int]:
-    """Parked rows of the outbox ``partition``'s range by reason, and its rows held behind a
-    parked key."""
-    within = _WITHIN.format(key="event_id")
-    parked = conn.execute(
-        sa.text(f"SELECT reason, count(*) FROM oncely_relay_parked WHERE {within} GROUP BY reason"),
-        _range(partition),
-    ).all()
-    held = conn.execute(
-        sa.text(f"SELECT count(*) FROM oncely_relay_held WHERE {within}"), _range(partition)
-    ).scalar_one()
-    return {row[0]: int(row[1]) for row in parked}, int(held)
-
-
 def outbox_holds(conn: sa.Connection, partition: Partition) -> bool:
     """Whether the outbox holds an event of the receipts ``partition``'s range (any of its
-    partitions, the default one included)."""
+    partitions, the default one included, or the rows of parked keys kept aside when their
+    partition was dropped: the relay still publishes them)."""
     within = _WITHIN.format(key="id")
-    statement = sa.text(f"SELECT 1 FROM oncely_outbox WHERE {within} LIMIT 1")
+    statement = sa.text(
+        f"SELECT 1 FROM oncely_outbox WHERE {within}"
+        f" UNION ALL SELECT 1 FROM {KEPT_TABLE} WHERE {within} LIMIT 1"
+    )
     return conn.execute(statement, _range(partition)).first() is not None
 
 
