@@ -141,7 +141,7 @@ def plan(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Plan:
         NotPartitionedError: the tables are not partitioned.
         oncely.retention.kafka.KafkaUnansweredError: Kafka did not answer.
     """
-    with engine.connect() as conn:
+    with _connect(engine) as conn:
         step = partitions.step_of(conn)
         if step is None:
             raise _not_partitioned()
@@ -170,7 +170,7 @@ def states(engine: sa.Engine, policy: Policy) -> list[TableState]:
     Raises:
         NotPartitionedError: the tables are not partitioned.
     """
-    with engine.connect() as conn:
+    with _connect(engine) as conn:
         if partitions.step_of(conn) is None:
             raise _not_partitioned()
         now: datetime = conn.execute(sa.text("SELECT now()")).scalar_one()
@@ -207,6 +207,9 @@ def _reason(
 
 
 def outbox_facts(conn: sa.Connection, partition: Partition) -> OutboxFacts:
+    """The outbox ``partition``'s facts: the shards whose progress has not passed all its rows.
+    Its parked and held rows do not keep it: :func:`_drop` keeps them aside after reading this
+    (:func:`oncely.storage.stores.outbox.kept.keep`)."""
     return OutboxFacts(partitions.unpassed_shards(conn, partition))
 
 
@@ -265,7 +268,7 @@ def _run(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Outcome:
     outcome = Outcome(current)
     for table, moment in current.create:
         try:
-            with engine.begin() as conn:
+            with _connect(engine) as conn, conn.begin():
                 _lock_timeout(conn, policy.lock_timeout)
                 outcome.created.append(
                     partitions.create_partition(conn, table, moment, moment + current.step)
@@ -302,7 +305,7 @@ def _drop(
 ) -> str | None:
     """Drop ``partition`` if the guard, asked again under its lock, agrees; else the reason."""
     try:
-        with engine.begin() as conn:
+        with _connect(engine) as conn, conn.begin():
             partitions.freeze(conn, partition, timeout=policy.lock_timeout)
             reason = _reason(conn, partition, policy, now, log_starts)
             if reason is not None:
@@ -318,6 +321,14 @@ def _drop(
             f"({type(exc.orig).__name__}); retried next run"
         )
     return None
+
+
+def _connect(engine: sa.Engine) -> sa.Connection:
+    """A connection of ``engine`` at READ COMMITTED, whatever the database's, the role's or
+    the engine's default: the re-check under a partition's lock must see every transaction
+    that committed while the lock was awaited, which a snapshot taken earlier (REPEATABLE
+    READ, SERIALIZABLE) would not."""
+    return engine.connect().execution_options(isolation_level="READ COMMITTED")
 
 
 def _lock_timeout(conn: sa.Connection, seconds: float) -> None:
