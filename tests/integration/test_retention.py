@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from oncely import retention
+from oncely import debezium, retention
 from oncely.storage import partitions, upgrade
 from oncely.storage.stores.outbox import dead
 from tests.helpers import (
@@ -345,3 +345,27 @@ def test_requeue_of_every_dead_row_leaves_delayed_rows_alone(engine: sa.Engine) 
     park(engine, rows[1], "delayed", until_seconds=3600)
     assert [row.id for row in dead.requeue(engine)] == [rows[0]["id"]]
     assert [row.id for row in dead.requeue(engine, topic="t")] == [rows[0]["id"]]
+
+
+def test_debezium_s_first_snapshot_reads_kept_rows_as_outbox_rows(
+    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.LogStarts
+) -> None:
+    """Switching to Debezium after retention kept rows aside: the connector's first snapshot
+    reads a delayed row and the row held behind it from their copies, with the outbox's
+    columns and values, in seq order (not a dead row, as from the outbox)."""
+    delayed = outbox_row("t", "late", event_id=uuid7_at(now - timedelta(minutes=10)))
+    behind = outbox_row(
+        "t", "late", event_id=uuid7_at(now - timedelta(minutes=8)), payload=b"\x00\xffbytes"
+    )
+    failed = outbox_row("t", "dead", event_id=uuid7_at(now - timedelta(minutes=8)))
+    insert_rows(engine, [delayed, behind, failed])
+    acknowledge_all(engine)
+    park(engine, delayed, "delayed", held=[behind], until_seconds=3600)
+    park(engine, failed, "dead")
+    with engine.connect() as conn:
+        before = conn.execute(sa.text("SELECT * FROM oncely_outbox ORDER BY seq")).all()
+    retention.run(engine, POLICY, log_starts)
+    assert len(_kept_ids(engine)) == 3
+    with engine.connect() as conn:
+        snapshot = conn.execute(sa.text(debezium.snapshot_statement("public"))).all()
+    assert snapshot == [row for row in before if row.id != failed["id"]]
