@@ -325,6 +325,7 @@ def build_metadata(schema: str | None = None) -> sa.MetaData:
         sa.Column("kept_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
         sa.PrimaryKeyConstraint("id", name="oncely_relay_kept_pkey"),
     )
+    sa.Index("oncely_relay_kept_key_idx", kept.c.topic, kept.c.aggregateid)
     _forget_kept_keys(kept, prefix)
     _wake_on_insert(outbox, prefix)
 

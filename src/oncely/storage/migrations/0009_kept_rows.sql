@@ -27,6 +27,8 @@ CREATE TABLE oncely_relay_kept (
     kept_at            timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT oncely_relay_kept_pkey PRIMARY KEY (id)
 );
+-- A released key's copies (many, when a missing topic parked every key of it).
+CREATE INDEX oncely_relay_kept_key_idx ON oncely_relay_kept (topic, aggregateid);
 
 -- A deleted copy's idempotency key is free again (oncely_outbox_keys exists once the outbox is
 -- partitioned; only then are rows kept). SECURITY DEFINER: the relay needs no grant on the keys.

@@ -113,8 +113,10 @@ DELETE FROM oncely_relay_kept AS k
 USING oncely_relay_shards AS s
 WHERE k.topic = :topic AND k.aggregateid = :aggregateid
   AND s.shard = :shard AND s.owner = :owner AND s.epoch = :epoch
-  AND NOT EXISTS (SELECT 1 FROM oncely_relay_parked AS p WHERE p.event_id = k.id)
-  AND NOT EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = k.id)
+  AND NOT EXISTS (SELECT 1 FROM oncely_relay_parked AS p
+                  WHERE p.topic = k.topic AND p.aggregateid = k.aggregateid AND p.event_id = k.id)
+  AND NOT EXISTS (SELECT 1 FROM oncely_relay_held AS h
+                  WHERE h.topic = k.topic AND h.aggregateid = k.aggregateid AND h.event_id = k.id)
 
 -- name: relay_park_failed
 -- A release whose own row failed again for good: it stays parked (dead) with the new error.
