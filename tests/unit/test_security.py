@@ -290,6 +290,7 @@ STORES = [
     "storage/stores/outbox/debezium.py",
     "storage/stores/outbox/kept.py",
     "storage/stores/receipts.py",
+    "storage/stores/marks.py",
     "tasks/store.py",
     "producer/idempotency.py",
     "debezium/slots.py",
