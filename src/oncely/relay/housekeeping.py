@@ -43,7 +43,12 @@ class Housekeeping:
         self.store = store
         self.settings = settings
         self.retention_settings = retention_settings
-        self.policy = retention.policy_of(retention_settings, settings)
+        # A relay that creates partitions (retention in the relay) runs every purge interval:
+        # its partitions ahead must outlast that (a run refuses otherwise, counted as an error).
+        interval = timedelta(seconds=settings.purge_interval_seconds)
+        self.policy = retention.policy_of(
+            retention_settings, settings, interval=interval if retention_settings.in_relay else None
+        )
         self.metrics = metrics
         self._kafka = kafka
         self._thread: threading.Thread | None = None
@@ -103,11 +108,12 @@ class Housekeeping:
         outcome = retention.run(engine, policy, self._log_starts)
         tables = retention.states(engine, policy) if outcome.dropped else None
         retention.record(self.metrics, outcome.plan, policy, outcome, tables=tables)
-        if outcome.created or outcome.dropped:
+        if outcome.created or outcome.dropped or outcome.purged:
             log.info(
-                "retention: created %d and dropped %d partitions",
+                "retention: created %d and dropped %d partitions, deleted %d default rows",
                 len(outcome.created),
                 len(outcome.dropped),
+                outcome.purged,
                 extra={"created": outcome.created, "dropped": outcome.dropped},
             )
         for error in outcome.errors:

@@ -38,13 +38,15 @@ class ReceiptsFacts:
     """What could deliver a receipts partition's records again.
 
     Attributes:
-        outbox_rows: whether the outbox still holds events of the partition's range.
+        outbox_rows: the outbox partition that still holds events of the partition's range
+            (its default one when a row of the range came after its partition was dropped),
+            ``None`` when none does.
         highest_offsets: (topic, partition) -> the highest offset receipted there.
         log_starts: (topic, partition) -> Kafka's log start offset, ``None`` when the topic or
             partition no longer exists; missing: Kafka was not asked (or did not answer).
     """
 
-    outbox_rows: bool = False
+    outbox_rows: str | None = None
     highest_offsets: Mapping[tuple[str, int], int] = field(default_factory=dict)
     log_starts: Mapping[tuple[str, int], int | None] = field(default_factory=dict)
 
@@ -86,8 +88,14 @@ def receipts_reason(
     """Why the receipts ``partition`` must stay, or ``None`` if it may be dropped."""
     if (reason := _range_reason(partition, now=now, horizon=horizon)) is not None:
         return reason
-    if facts.outbox_rows:
-        return "the outbox still holds its events (a republish could deliver them again)"
+    if facts.outbox_rows is not None:
+        reason = f"the outbox still holds its events in {facts.outbox_rows}"
+        if facts.outbox_rows.endswith("_default"):
+            reason += (
+                " (staged after their range's partition was dropped: retention deletes them once"
+                " the relay has passed them and they are past the outbox horizon)"
+            )
+        return reason + "; a republish could deliver them again"
     for (topic, number), offset in sorted(facts.highest_offsets.items()):
         if (topic, number) not in facts.log_starts:
             return f"Kafka did not say where {topic} [{number}] starts (receipted up to {offset})"
