@@ -162,9 +162,9 @@ def test_plan_lists_verdicts_and_run_executes_only_with_execute(
 def test_run_exits_nonzero_when_a_partition_cannot_be_created_ahead(
     database_url: str, kafka_bootstrap: str, engine: sa.Engine, partitioned: datetime
 ) -> None:
-    # A relation that is not the partition holds the name of the one 10 minutes ahead.
+    # A type holds the name of the partition 10 minutes ahead (its row type cannot be made).
     blocked = _name(partitioned + timedelta(minutes=10))
-    execute(engine, f"CREATE TABLE {blocked} (x int)")
+    execute(engine, f"CREATE TYPE {blocked} AS ENUM ('x')")
     result = oncely_cli(
         "retention",
         "run",
@@ -177,7 +177,7 @@ def test_run_exits_nonzero_when_a_partition_cannot_be_created_ahead(
         },
     )
     assert result.exit_code == 1, result.output
-    assert f"{blocked}: not created (DuplicateTable" in result.stdout
+    assert f"{blocked}: not created (DuplicateObject" in result.stdout
     # The others were created.
     assert _exists(engine, _name(partitioned + timedelta(minutes=11)))
 

@@ -264,9 +264,9 @@ def _inserts(engine: sa.Engine) -> int:
 def test_a_creation_error_is_reported_and_the_run_goes_on(
     engine: sa.Engine, now: datetime, log_starts: retention.maintenance.LogStarts
 ) -> None:
-    # A relation that is not the partition holds the name of one to create.
+    # A type holds the name of a partition to create (its table's row type cannot be made).
     blocked = _name("oncely_outbox", now + timedelta(minutes=5))
-    execute(engine, f"CREATE TABLE {blocked} (x int)")
+    execute(engine, f"CREATE TYPE {blocked} AS ENUM ('x')")
     row = outbox_row("t", event_id=uuid7_at(now - timedelta(minutes=10)))
     insert_rows(engine, [row])
     acknowledge_all(engine)
