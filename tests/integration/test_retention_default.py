@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from oncely import retention
 from oncely.errors import ConfigurationError
+from oncely.storage import outbox as outbox_table
 from oncely.storage import partitions, upgrade
 from tests.helpers import (
     acknowledge_all,
@@ -307,3 +308,25 @@ def test_default_rows_are_counted_before_any_analyze(
         return states["oncely_outbox"].default_rows
 
     wait_until(lambda: counted() == 5, timeout=30)
+
+
+def test_staging_into_other_partitions_goes_on_while_a_partition_is_created(
+    engine: sa.Engine, now: datetime
+) -> None:
+    """A creation holds the outbox in SHARE UPDATE EXCLUSIVE mode only: a row of an existing
+    partition is staged meanwhile; a row the default partition takes waits for the creation."""
+    ahead = outbox_row("t", event_id=uuid7_at(now + timedelta(minutes=10)))
+    insert_rows(engine, [ahead])
+    with engine.connect() as creating:
+        start = partitions.window_start(now + timedelta(minutes=10), STEP)
+        partitions.create_partition(creating, "oncely_outbox", start, start + STEP)
+        with engine.begin() as staging:
+            staging.execute(sa.text("SET LOCAL lock_timeout = '2s'"))
+            staging.execute(sa.insert(outbox_table), [outbox_row("t", event_id=uuid7_at(now))])
+        far = outbox_row("t", event_id=uuid7_at(now + timedelta(minutes=30)))
+        with engine.connect() as late:
+            late.execute(sa.text("SET LOCAL lock_timeout = '500ms'"))
+            with pytest.raises(sa.exc.OperationalError, match="lock timeout"):
+                late.execute(sa.insert(outbox_table), [far])
+        creating.commit()
+    assert _where(engine, ahead["id"]) == _name("oncely_outbox", now + timedelta(minutes=10))
