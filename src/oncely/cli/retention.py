@@ -218,6 +218,10 @@ def _print_outcome(outcome: Outcome, left: list[TableState]) -> None:
     if outcome.busy:
         out.print("another retention run is in progress on this database: this one did nothing")
         return
+    if outcome.purged:
+        out.print(
+            f"deleted {outcome.purged} row(s) of oncely_outbox_default that no partition will take"
+        )
     if outcome.created:
         out.print(f"created {len(outcome.created)} partition(s): {', '.join(outcome.created)}")
     dropped = [v for v in current.verdicts if v.partition.name in set(outcome.dropped)]
