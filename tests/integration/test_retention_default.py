@@ -7,6 +7,7 @@ does not stop the rest of a run; a step the Python API is given is checked as th
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -15,11 +16,16 @@ from uuid import UUID
 
 import pytest
 import sqlalchemy as sa
+from prometheus_client import CollectorRegistry
 
 from oncely import retention
 from oncely.errors import ConfigurationError
+from oncely.relay.housekeeping import Housekeeping
+from oncely.runtime.metrics import RetentionMetrics
+from oncely.settings import RelaySettings, RetentionSettings
 from oncely.storage import outbox as outbox_table
 from oncely.storage import partitions, upgrade
+from oncely.storage.stores.outbox.relay import RelayStore
 from tests.helpers import (
     acknowledge_all,
     execute,
@@ -330,3 +336,22 @@ def test_staging_into_other_partitions_goes_on_while_a_partition_is_created(
                 late.execute(sa.insert(outbox_table), [far])
         creating.commit()
     assert _where(engine, ahead["id"]) == _name("oncely_outbox", now + timedelta(minutes=10))
+
+
+def test_a_relay_whose_purge_interval_outlasts_its_partitions_ahead_refuses_and_counts_it(
+    engine: sa.Engine, now: datetime, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = CollectorRegistry()
+    housekeeping = Housekeeping(
+        store=RelayStore(engine, owner="test"),
+        settings=RelaySettings(purge_interval_seconds=600),  # 3 partitions of 1m ahead: short
+        retention_settings=RetentionSettings(ahead=3),
+        kafka={},
+        metrics=RetentionMetrics(registry),
+    )
+    with caplog.at_level(logging.WARNING, logger="oncely.relay.housekeeping"):
+        housekeeping.due()
+        housekeeping.join(30)
+    assert registry.get_sample_value("oncely_retention_errors_total") == 1
+    assert "set ONCELY_RETENTION_AHEAD to 11 or more" in caplog.text
+    assert not _exists(engine, _name("oncely_outbox", now + timedelta(minutes=5)))
