@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test-tools lint format test test-partitioned test-floors chaos demo bench clean image container-tools test-container
+.PHONY: install test-tools lint format check test test-partitioned test-floors chaos demo bench clean image container-tools test-container
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -34,6 +34,19 @@ lint: install kubernetes-tools
 	$(BIN)/kubernetes-validate --kubernetes-version $(KUBERNETES_VERSION) --strict --quiet \
 	  $(VENV)/kubernetes.yaml deploy/kubernetes/secrets.example.yaml >$(VENV)/kubernetes.log 2>&1; \
 	  status=$$?; cat $(VENV)/kubernetes.log; test $$status -eq 0 && ! grep -q WARN $(VENV)/kubernetes.log
+
+# The fast loop (about a minute): ruff on the Python files changed since the branch left main
+# (or, on main, since the last commit), mypy, the import contracts, and the unit tests that
+# neither start processes nor wait (marker slow). `pytest --lf` and `--sw` work on any suite.
+BASE ?= $(shell git merge-base HEAD main 2>/dev/null || echo HEAD)
+check: install
+	@files=$$( { git diff --name-only --diff-filter=d $(BASE) -- '*.py'; \
+	  git ls-files --others --exclude-standard -- '*.py'; } | sort -u); \
+	  if [ -n "$$files" ]; then echo "ruff: $$(echo $$files | wc -w) changed file(s)"; \
+	  $(BIN)/ruff check $$files && $(BIN)/ruff format --check $$files; fi
+	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/pytest -q -m "unit and not slow" tests/unit
 
 format: install
 	$(BIN)/ruff format src tests examples bench tools
@@ -62,8 +75,10 @@ kubernetes-tools:
 	@kubectl kustomize --help >/dev/null 2>&1 || \
 	  { echo "error: $$(command -v kubectl) cannot run 'kubectl kustomize': install kubectl 1.14 or later"; exit 1; }
 
+# The 30 slowest tests close the output; the JUnit report stays in .oncely/junit/.
+REPORT = --durations=30 --junitxml=.oncely/junit/$@.xml
 test: lint test-tools test-floors
-	$(BIN)/pytest
+	$(BIN)/pytest $(REPORT)
 
 # The relay, consumers, operations and Debezium mode on the partitioned outbox and receipts: the
 # integration modules that run them, on test databases converted by `oncely db upgrade
@@ -75,7 +90,7 @@ PARTITIONED_TESTS := $(addprefix tests/integration/,test_relay.py test_relay_iso
   test_consumers.py test_effect_writes.py test_debezium_parity.py test_debezium_maintenance.py \
   test_least_privilege.py test_storage.py)
 test-partitioned: install
-	$(BIN)/pytest --oncely-partitioned=1m $(PARTITIONED_TESTS)
+	$(BIN)/pytest $(REPORT) --oncely-partitioned=1m $(PARTITIONED_TESTS)
 
 # The declared floors hold: the unit tests run against the lowest version of every direct
 # dependency that pyproject.toml allows (uv's lowest-direct resolution), in a venv of their own,

@@ -66,6 +66,29 @@ hermetic_environment(os.environ, SCRATCH)
 importlib.reload(oncely.failpoints)
 
 
+#: The tier marker of each test folder; the tiers that start processes or wait are also slow.
+TIERS = {
+    "unit": "unit",
+    "integration": "integration",
+    "acceptance": "acceptance",
+    "chaos": "faults",
+}
+SLOW_TIERS = {"acceptance", "faults"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its folder's tier (``-m unit``, ``-m "not slow"``)."""
+    root = Path(__file__).resolve().parent
+    for item in items:
+        parts = item.path.resolve().relative_to(root).parts
+        tier = TIERS.get(parts[0]) if len(parts) > 1 else None
+        if tier is not None:
+            item.add_marker(tier)
+            if tier in SLOW_TIERS:
+                item.add_marker(pytest.mark.slow)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(SCRATCH, ignore_errors=True)
 

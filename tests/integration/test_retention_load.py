@@ -37,7 +37,7 @@ from oncely.schemas.codec import Codec
 from tests.apps.ledger import App, create_tables
 from tests.chaos.harness import Pipeline, pipeline
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(330)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(330)]
 
 POLICY = retention.Policy(
     outbox_horizon=timedelta(0), receipts_horizon=timedelta(0), ahead=2, lock_timeout=2.0

@@ -252,6 +252,7 @@ def test_an_unreachable_broker_is_one_line_and_status_1(
     ]
 
 
+@pytest.mark.slow  # waits for the 10 s
 def test_an_unreachable_broker_is_reported_within_10_s(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

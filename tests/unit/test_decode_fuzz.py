@@ -21,6 +21,7 @@ from decimal import Decimal
 from typing import Annotated, Any
 from uuid import UUID, uuid4
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import AwareDatetime, BaseModel, Field
@@ -244,6 +245,7 @@ def run_campaign(max_examples: int) -> None:
     prop()
 
 
+@pytest.mark.slow  # thousands of generated records
 def test_decode_never_raises_anything_but_decode_error() -> None:
     run_campaign(SHORT_RUN)
 

@@ -58,6 +58,7 @@ def _fake_running_stack(directory: Path) -> None:
     )
 
 
+@pytest.mark.slow  # starts a devstack and a pytest process
 @pytest.mark.timeout(300)
 def test_a_stack_running_in_the_default_folder_changes_no_test(tmp_path: Path) -> None:
     """The suite's bad-input tests and the check above, run by pytest as a developer would run

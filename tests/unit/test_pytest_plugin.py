@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 FIXTURES = [
     "oncely_services",
     "oncely_kafka_bootstrap",
@@ -39,6 +41,7 @@ def _names(listing: str) -> set[str]:
     return {match.group(1) for match in re.finditer(r"(?m)^(\w+)( \[|$| --)", listing)}
 
 
+@pytest.mark.slow  # runs pytest in processes
 def test_a_project_sees_oncely_fixtures_only_once_it_opts_in(tmp_path: Path) -> None:
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "test_service.py").write_text("def test_nothing():\n    pass\n")

@@ -231,8 +231,11 @@ def stage(
             ``stage()`` never calls the schema registry unless the codec was built with
             ``auto_register=True``: load the schema ids with :meth:`Codec.warm` at start-up.
         idempotency_key: the producer's stable key for this event (default: the new event
-            id): staging it again, in any later transaction, raises
-            :class:`~oncely.storage.DuplicateEventError` instead of a second event.
+            id): staging it again raises :class:`~oncely.storage.DuplicateEventError` instead
+            of a second event for as long as the outbox keeps the first one: until the relay's
+            purge deletes it (``ONCELY_RELAY_RETENTION_SECONDS``) or, on partitioned tables,
+            until retention drops its partition (which goes by the client's clock at staging).
+            A retry after that stages a new event.
         headers: extra Kafka headers (the codec's ``content-type`` and ``schema-version`` are
             added). The active OpenTelemetry context (``traceparent``, ``tracestate``,
             ``baggage``) is stored with the row and travels on its record (see

@@ -173,7 +173,7 @@ def plan(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Plan:
         NotPartitionedError: the tables are not partitioned.
         oncely.retention.kafka.KafkaUnansweredError: Kafka did not answer.
     """
-    with engine.connect() as conn:
+    with _connect(engine) as conn:
         step = partitions.step_of(conn)
         if step is None:
             raise _not_partitioned()
@@ -202,7 +202,7 @@ def states(engine: sa.Engine, policy: Policy) -> list[TableState]:
     Raises:
         NotPartitionedError: the tables are not partitioned.
     """
-    with engine.connect() as conn:
+    with _connect(engine) as conn:
         if partitions.step_of(conn) is None:
             raise _not_partitioned()
         now: datetime = conn.execute(sa.text("SELECT now()")).scalar_one()
@@ -239,8 +239,14 @@ def _reason(
 
 
 def outbox_facts(conn: sa.Connection, partition: Partition) -> OutboxFacts:
+    """The outbox ``partition``'s facts. Progress is read before the parked and held rows:
+    the relay records its progress with the rows it parked or held in one transaction, and
+    removes a parked or held row only once it is published, so a row that progress has
+    passed is, in the later statement, either parked, held or published (read the other way
+    round, a record committed in between would make a parked row look passed)."""
+    unpassed = partitions.unpassed_shards(conn, partition)
     parked, held = partitions.parked_in(conn, partition)
-    return OutboxFacts(partitions.unpassed_shards(conn, partition), parked, held)
+    return OutboxFacts(unpassed, parked, held)
 
 
 def _state(
@@ -315,7 +321,7 @@ def _run(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Outcome:
     outcome = Outcome(current, purged=purged)
     for table, moment in current.create:
         try:
-            with engine.begin() as conn:
+            with _connect(engine) as conn, conn.begin():
                 _lock_timeout(conn, policy.lock_timeout)
                 outcome.created.append(
                     partitions.create_partition(conn, table, moment, moment + current.step)
@@ -357,7 +363,7 @@ def _purge_default(engine: sa.Engine, policy: Policy) -> int:
     passed and that are past the outbox horizon, in batches; return how many."""
     purged = 0
     while True:
-        with engine.begin() as conn:
+        with _connect(engine) as conn, conn.begin():
             now: datetime = conn.execute(sa.text("SELECT now()")).scalar_one()
             step = partitions.step_of(conn)
             if step is None:
@@ -382,7 +388,7 @@ def _drop(
 ) -> str | None:
     """Drop ``partition`` if the guard, asked again under its lock, agrees; else the reason."""
     try:
-        with engine.begin() as conn:
+        with _connect(engine) as conn, conn.begin():
             partitions.freeze(conn, partition, timeout=policy.lock_timeout)
             reason = _reason(conn, partition, policy, now, log_starts)
             if reason is not None:
@@ -396,6 +402,14 @@ def _drop(
             f"({type(exc.orig).__name__}); retried next run"
         )
     return None
+
+
+def _connect(engine: sa.Engine) -> sa.Connection:
+    """A connection of ``engine`` at READ COMMITTED, whatever the database's, the role's or
+    the engine's default: the re-check under a partition's lock must see every transaction
+    that committed while the lock was awaited, which a snapshot taken earlier (REPEATABLE
+    READ, SERIALIZABLE) would not."""
+    return engine.connect().execution_options(isolation_level="READ COMMITTED")
 
 
 def _lock_timeout(conn: sa.Connection, seconds: float) -> None:

@@ -481,24 +481,41 @@ def create_ahead(
 
 
 def freeze(conn: sa.Connection, partition: Partition, *, timeout: float) -> None:
-    """Stop every write into ``partition`` for the rest of ``conn``'s transaction (SHARE lock:
-    reads go on), waiting at most ``timeout`` seconds, so that its facts, checked next, stay
-    true until :func:`drop`.
+    """Stop every write into ``partition`` for the rest of ``conn``'s transaction, waiting at
+    most ``timeout`` seconds, so that its facts, checked next, stay true until :func:`drop`.
+    Call it first in the transaction, which must run at READ COMMITTED: nothing is read
+    before the lock is granted, so the check sees every transaction that committed during
+    the wait.
+
+    An outbox partition is frozen by its table's ACCESS EXCLUSIVE lock, taken while the
+    transaction holds no other lock: a transaction that writes into the table (an insert
+    with an old id into the partition, a key of one of its rows staged again) finishes before
+    the freeze or waits behind it, and cannot deadlock with the drop. Staging waits for the
+    check and the drop (index probes and the partition's keys). A receipts partition is
+    frozen by a SHARE lock on the partition alone (reads go on, and so do consumers writing
+    current receipts), as its check scans the partition; a consumer batch that writes a late
+    receipt into it while holding the table can then be chosen as a deadlock victim: its
+    transaction rolls back and the consumer retries it.
 
     Raises :class:`PartitionError` when the lock is not granted in time (a transaction is
     writing into it): nothing is dropped, a later run tries again.
     """
-    _lock(conn, _checked(partition), "SHARE", timeout)
+    name = _checked(partition)
+    if partition.table == "oncely_outbox":
+        _lock(conn, f"ONLY {partition.table}", "ACCESS EXCLUSIVE", timeout)
+    else:
+        _lock(conn, name, "SHARE", timeout)
 
 
 def drop(conn: sa.Connection, partition: Partition, *, timeout: float) -> None:
-    """Drop ``partition`` (frozen and checked by the caller) in ``conn``'s transaction.
+    """Drop ``partition`` (frozen by :func:`freeze` and checked by the caller) in ``conn``'s
+    transaction.
 
     ``DROP TABLE`` of a partition takes ACCESS EXCLUSIVE on its table: every query on the table
     waits behind it, at most ``timeout`` seconds (then :class:`PartitionError`, nothing
-    dropped). The partition's SHARE lock lets readers through meanwhile, so a transaction that
-    holds the table and reads the partition (a staging insert's key check, the relay's reads)
-    finishes instead of deadlocking with the drop.
+    dropped). The outbox's table is already held by the freeze; the receipts partition's SHARE
+    lock lets readers through meanwhile, so a transaction that holds the table and reads the
+    partition finishes instead of deadlocking with the drop.
     """
     name = _checked(partition)
     if partition.is_default:
@@ -513,16 +530,15 @@ def drop(conn: sa.Connection, partition: Partition, *, timeout: float) -> None:
 
 
 def _lock(conn: sa.Connection, target: str, mode: str, timeout: float) -> None:
-    conn.execute(
-        sa.text("SELECT set_config('lock_timeout', :ms, true)"), {"ms": f"{timeout * 1000:.0f}ms"}
-    )
+    # SET LOCAL and LOCK are utility statements: neither takes a snapshot.
+    conn.exec_driver_sql(f"SET LOCAL lock_timeout = {max(round(timeout * 1000), 1)}")
     try:
         with conn.begin_nested():
             conn.exec_driver_sql(f"LOCK TABLE {target} IN {mode} MODE")
     except sa.exc.OperationalError as exc:
         raise PartitionError(
             f"{target.removeprefix('ONLY ')}: lock not granted in {timeout:g} s (a transaction "
-            "is using it); retried next run"
+            f"is using it: {type(exc.orig).__name__}); retried next run"
         ) from exc
 
 
