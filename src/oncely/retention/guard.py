@@ -111,7 +111,7 @@ def receipts_reason(
 
 def _range_reason(partition: Partition, *, now: datetime, horizon: timedelta) -> str | None:
     if partition.upper is None:
-        return "the default partition is never dropped (its rows go by the batched DELETE)"
+        return "the default partition is never dropped (retention deletes its rows that may go)"
     if partition.upper > now - horizon:
         return f"its range ends at {partition.upper:%Y-%m-%d %H:%M:%S}Z, within the horizon"
     return None

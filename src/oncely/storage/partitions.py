@@ -596,13 +596,13 @@ def parked_in(conn: sa.Connection, partition: Partition) -> tuple[dict[str, int]
 
 
 def outbox_holds(conn: sa.Connection, partition: Partition) -> str | None:
-    """The outbox partition that holds an event of the receipts ``partition``'s range (the
-    default one when it holds one: a row staged after its range's partition was dropped), or
-    ``None`` when none does."""
+    """The outbox partition that holds an event of the receipts ``partition``'s range, or
+    ``None`` when none does: the outbox partition of the same range, or the default one once
+    that was dropped (a row staged later; the default partition never holds rows of a range
+    that has its partition, :func:`create_partition` moves them), so one row answers."""
     within = _WITHIN.format(key="id")
     statement = sa.text(
-        "SELECT tableoid::regclass::text FROM oncely_outbox"
-        f" WHERE {within} ORDER BY tableoid = to_regclass('oncely_outbox_default') DESC LIMIT 1"
+        f"SELECT tableoid::regclass::text FROM oncely_outbox WHERE {within} LIMIT 1"
     )
     found: str | None = conn.execute(statement, _range(partition)).scalar()
     return found
