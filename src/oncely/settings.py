@@ -345,8 +345,10 @@ class RetentionSettings(BaseSettings):
         default=14 * 24 * 3600.0,
         ge=0,
         description="Keep a receipts partition until its range ended this long ago (and until "
-        "Kafka has deleted every record it receipted): at least the outbox's retention plus the "
-        "topics' retention.ms.",
+        "Kafka has deleted every record of its topics below the high watermarks marked once the "
+        "outbox let its events go): at least the outbox's retention plus the topics' "
+        "retention.ms plus their segment.ms (Kafka deletes whole segments), and above every "
+        "other service's republish horizon for these events.",
     )
     ahead: int = Field(
         default=3, ge=0, le=1000, description="Partitions created ahead of the current one."
@@ -358,7 +360,9 @@ class RetentionSettings(BaseSettings):
         "gives up until the next run (staging waits behind it that long at most).",
     )
     kafka_timeout_seconds: float = Field(
-        default=15.0, gt=0, description="How long retention waits for Kafka's log start offsets."
+        default=15.0,
+        gt=0,
+        description="How long retention waits for Kafka's topic metadata and watermarks.",
     )
     in_relay: bool = Field(
         default=True,

@@ -11,7 +11,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from oncely import retention
 from oncely.devstack._process import free_port
 from oncely.producer.staging import stage
+from oncely.retention.guard import Watermarks
 from oncely.schemas.codec import Codec
 from oncely.storage import upgrade
 from tests.apps.ledger import App
@@ -85,8 +86,8 @@ class Retention:
     def dropped_of(self, table: str) -> list[str]:
         return [name for name in self.dropped if name.startswith(f"{table}_p")]
 
-    def _log_starts(self, wanted: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
-        return retention.log_starts({"bootstrap.servers": self.bootstrap}, wanted, timeout=10)
+    def _watermarks(self, topics: Iterable[str]) -> dict[str, Mapping[int, Watermarks] | None]:
+        return retention.watermarks({"bootstrap.servers": self.bootstrap}, topics, timeout=10)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every):
@@ -94,7 +95,7 @@ class Retention:
 
     def run_once(self) -> None:
         try:
-            outcome = retention.run(self.engine, self.policy, self._log_starts)
+            outcome = retention.run(self.engine, self.policy, self._watermarks)
         except retention.KafkaUnansweredError as exc:
             self.refusals.append(f"kafka: {exc}")
             return

@@ -1,7 +1,8 @@
 """The retention guard against real PostgreSQL and Kafka: an outbox partition with one
 unpublished, dead or held row is kept, one whose rows the relay has all passed is dropped; a
-receipts partition is kept while Kafka still holds a record it receipted (or the outbox still
-holds its events) and dropped once Kafka has deleted them."""
+receipts partition is kept while Kafka still holds a record of its topics below the mark taken
+when it became otherwise droppable (or the outbox still holds its events) and dropped once Kafka
+has deleted them."""
 
 from __future__ import annotations
 
@@ -50,9 +51,9 @@ def now(engine: sa.Engine) -> datetime:
 
 
 @pytest.fixture
-def log_starts(kafka_bootstrap: str) -> retention.maintenance.LogStarts:
+def log_starts(kafka_bootstrap: str) -> retention.maintenance.AskKafka:
     config = {"bootstrap.servers": kafka_bootstrap}
-    return lambda wanted: retention.log_starts(config, wanted, timeout=15)
+    return lambda topics: retention.watermarks(config, topics, timeout=15)
 
 
 def _verdicts(plan: retention.Plan, table: str) -> dict[str, str | None]:
@@ -64,7 +65,7 @@ def _name(table: str, moment: datetime) -> str:
 
 
 def test_outbox_partitions_with_unpublished_dead_or_held_rows_are_kept(
-    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.LogStarts
+    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.AskKafka
 ) -> None:
     times = {
         name: now - timedelta(minutes=minutes)
@@ -114,13 +115,13 @@ def test_outbox_partitions_with_unpublished_dead_or_held_rows_are_kept(
     assert scalar(engine, "SELECT count(*) FROM oncely_outbox") == 0
 
 
-def test_receipts_partition_is_kept_while_kafka_holds_a_record_it_receipted(
+def test_receipts_partition_is_kept_while_kafka_holds_a_record_below_its_mark(
     engine: sa.Engine,
     now: datetime,
     new_topic: Callable[..., str],
     kafka_admin: AdminClient,
     kafka_bootstrap: str,
-    log_starts: retention.maintenance.LogStarts,
+    log_starts: retention.maintenance.AskKafka,
 ) -> None:
     topic = new_topic()
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
@@ -137,17 +138,20 @@ def test_receipts_partition_is_kept_while_kafka_holds_a_record_it_receipted(
     )
     name = _name("oncely_receipts", moment)
     reason = _verdicts(retention.plan(engine, POLICY, log_starts), "oncely_receipts")[name]
-    assert f"Kafka still holds {topic} [0] from offset 0, receipted up to 1" in str(reason)
+    assert "not marked yet" in str(reason)  # a plan changes nothing: a run marks it
     assert name not in retention.run(engine, POLICY, log_starts).dropped
-
-    # Kafka deletes records as retention.ms would: while the log starts at the receipted
-    # offset, that record can still come again; once it starts after it, none can.
-    _delete_records(kafka_admin, topic, before=1)
     reason = _verdicts(retention.plan(engine, POLICY, log_starts), "oncely_receipts")[name]
-    assert f"Kafka still holds {topic} [0] from offset 1, receipted up to 1" in str(reason)
+    assert f"Kafka still holds {topic} [0] from offset 0, marked at 3" in str(reason)
+
+    # Kafka deletes records as retention.ms would: while the log starts below the mark, a
+    # record of the partition's events can still come again; once it starts at it, none can.
     _delete_records(kafka_admin, topic, before=2)
+    reason = _verdicts(retention.plan(engine, POLICY, log_starts), "oncely_receipts")[name]
+    assert f"Kafka still holds {topic} [0] from offset 2, marked at 3" in str(reason)
+    _delete_records(kafka_admin, topic, before=3)
     assert name in retention.run(engine, POLICY, log_starts).dropped
     assert scalar(engine, "SELECT count(*) FROM oncely_receipts") == 0
+    assert scalar(engine, "SELECT count(*) FROM oncely_retention_marks") == 0
 
 
 def _delete_records(admin: AdminClient, topic: str, *, before: int) -> None:
@@ -156,7 +160,7 @@ def _delete_records(admin: AdminClient, topic: str, *, before: int) -> None:
 
 
 def test_receipts_partition_is_kept_while_the_outbox_holds_its_events(
-    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.LogStarts
+    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.AskKafka
 ) -> None:
     moment = now - timedelta(minutes=10)
     event = outbox_row("t", event_id=uuid7_at(moment))
@@ -172,7 +176,7 @@ def test_receipts_partition_is_kept_while_the_outbox_holds_its_events(
 
 
 def test_one_run_at_a_time(
-    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.LogStarts
+    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.AskKafka
 ) -> None:
     row = outbox_row("t", event_id=uuid7_at(now - timedelta(minutes=10)))
     insert_rows(engine, [row])

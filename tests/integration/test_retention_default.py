@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import pytest
 import sqlalchemy as sa
@@ -62,9 +62,9 @@ def now(engine: sa.Engine) -> datetime:
 
 
 @pytest.fixture
-def log_starts(kafka_bootstrap: str) -> retention.maintenance.LogStarts:
+def log_starts(kafka_bootstrap: str) -> retention.maintenance.AskKafka:
     config = {"bootstrap.servers": kafka_bootstrap}
-    return lambda wanted: retention.log_starts(config, wanted, timeout=15)
+    return lambda topics: retention.watermarks(config, topics, timeout=15)
 
 
 def _name(table: str, moment: datetime) -> str:
@@ -95,7 +95,7 @@ def _keyed(topic: str, moment: datetime, key: str) -> dict[str, object]:
 
 
 def test_outbox_default_rows_passed_and_past_the_horizon_go_and_the_receipts_follow(
-    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.LogStarts
+    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.AskKafka
 ) -> None:
     # The outbox partitions of 15 to 5 minutes ago were dropped; rows of their ranges came
     # later (a client clock behind): they are in the default partition.
@@ -117,11 +117,14 @@ def test_outbox_default_rows_passed_and_past_the_horizon_go_and_the_receipts_fol
     )
     for row in old.values():
         assert _where(engine, row["id"]) == "oncely_outbox_default"
-    # A receipt of the passed row's event, in its receipts partition.
+    # A receipt of the passed row's event, in its receipts partition, read from a topic
+    # deleted since (Kafka holds none of its records).
     execute(
         engine,
-        "INSERT INTO oncely_receipts (event_id, effect) VALUES (:e, 'x')",
+        'INSERT INTO oncely_receipts (event_id, effect, topic, partition, "offset")'
+        " VALUES (:e, 'x', :t, 0, 0)",
         e=old["passed"]["id"],
+        t=f"deleted-{uuid4().hex}",
     )
     held = _name("oncely_receipts", now - timedelta(minutes=15))
     later = _name("oncely_receipts", now - timedelta(minutes=14))
@@ -145,7 +148,7 @@ def test_outbox_default_rows_passed_and_past_the_horizon_go_and_the_receipts_fol
 
 
 def test_outbox_default_row_holds_its_receipts_partition_naming_the_default_partition(
-    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.LogStarts
+    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.AskKafka
 ) -> None:
     moment = now - timedelta(minutes=10)
     execute(engine, f"DROP TABLE {_name('oncely_outbox', moment)}")
@@ -161,7 +164,7 @@ def test_a_step_with_default_rows_is_created_with_them_moved_and_the_relay_publi
     now: datetime,
     kafka_bootstrap: str,
     new_topic: Callable[..., str],
-    log_starts: retention.maintenance.LogStarts,
+    log_starts: retention.maintenance.AskKafka,
 ) -> None:
     topic = new_topic(partitions=3)
     current = [_keyed(topic, now, f"current-{i}") for i in range(3)]
@@ -235,7 +238,7 @@ def test_a_step_with_default_rows_is_created_with_them_moved_and_the_relay_publi
 
 
 def test_a_move_streams_nothing_to_a_debezium_publication(
-    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.LogStarts
+    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.AskKafka
 ) -> None:
     """Debezium's publication (``publish = 'insert'``, via the root) sees the rows when they
     are staged, and nothing when they move into their partition."""
@@ -269,7 +272,7 @@ def _inserts(engine: sa.Engine) -> int:
 
 
 def test_a_creation_error_is_reported_and_the_run_goes_on(
-    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.LogStarts
+    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.AskKafka
 ) -> None:
     # A type holds the name of a partition to create (its table's row type cannot be made).
     blocked = _name("oncely_outbox", now + timedelta(minutes=5))
@@ -295,7 +298,7 @@ def test_the_python_api_refuses_a_step_the_cli_refuses(engine: sa.Engine) -> Non
 
 
 def test_a_run_refuses_an_ahead_that_does_not_cover_its_interval(
-    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.LogStarts
+    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.AskKafka
 ) -> None:
     short = retention.Policy(ahead=3, interval=timedelta(minutes=3))
     with pytest.raises(ConfigurationError, match="ONCELY_RETENTION_AHEAD"):
@@ -305,7 +308,7 @@ def test_a_run_refuses_an_ahead_that_does_not_cover_its_interval(
 
 
 def test_default_rows_are_counted_before_any_analyze(
-    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.LogStarts
+    engine: sa.Engine, now: datetime, log_starts: retention.maintenance.AskKafka
 ) -> None:
     insert_rows(engine, [outbox_row("t", event_id=UUID(int=(1 << 80) + n)) for n in range(5)])
 

@@ -3,13 +3,18 @@ partition stays, and partitions going oldest first."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from oncely.retention import Plan, Policy, Verdict
 from oncely.retention.guard import (
+    NOT_MARKED,
+    Mark,
     OutboxFacts,
     ReceiptsFacts,
+    Watermarks,
     in_order,
+    mark_of,
     outbox_reason,
     receipts_reason,
 )
@@ -62,17 +67,48 @@ def test_an_outbox_partition_with_parked_held_or_unpassed_rows_stays() -> None:
     assert unpassed is not None and "shard(s) 0, 1, 2, 3, 4..." in unpassed
 
 
-def test_a_receipts_partition_stays_while_a_record_it_receipted_can_come_again() -> None:
+def test_a_receipts_partition_stays_until_kafka_passes_its_mark() -> None:
     held = ReceiptsFacts(outbox_rows="oncely_outbox_p20261206t000000")
     assert "outbox still holds its events in oncely_outbox_p20261206t000000" in str(_receipts(held))
     offsets = {("t", 0): 41}
-    unasked = _receipts(ReceiptsFacts(highest_offsets=offsets))
-    assert unasked is not None and "Kafka did not say where t [0] starts" in unasked
-    held = _receipts(ReceiptsFacts(highest_offsets=offsets, log_starts={("t", 0): 41}))
-    assert held is not None and "Kafka still holds t [0] from offset 41" in held
-    assert _receipts(ReceiptsFacts(highest_offsets=offsets, log_starts={("t", 0): 42})) is None
-    # The topic or partition is gone: Kafka holds none of its records.
-    assert _receipts(ReceiptsFacts(highest_offsets=offsets, log_starts={("t", 0): None})) is None
+    assert _receipts(ReceiptsFacts(highest_offsets=offsets)) == NOT_MARKED
+    assert _receipts(ReceiptsFacts()) is None  # nothing receipted: nothing to protect
+    # Marked at the high watermarks of every partition of t: 50 on 0 (a copy above the
+    # receipted 41), 7 on 1 (no receipt there: a copy could be there too).
+    mark = Mark({"t": {0: 50, 1: 7}}, offsets)
+    marked = ReceiptsFacts(highest_offsets=offsets, mark=mark)
+    assert "Kafka did not answer about t" in str(_receipts(marked))
+    held = _receipts(replace(marked, kafka={"t": {0: Watermarks(42, 60), 1: Watermarks(7, 9)}}))
+    assert held is not None and "Kafka still holds t [0] from offset 42, marked at 50" in held
+    held = _receipts(replace(marked, kafka={"t": {0: Watermarks(50, 60), 1: Watermarks(6, 9)}}))
+    assert held is not None and "Kafka still holds t [1] from offset 6, marked at 7" in held
+    passed = {"t": {0: Watermarks(50, 60), 1: Watermarks(7, 9), 2: Watermarks(0, 3)}}
+    assert _receipts(replace(marked, kafka=passed)) is None  # a partition added later: later
+    # The topic is gone: Kafka holds none of its records.
+    assert _receipts(replace(marked, kafka={"t": None})) is None
+
+
+def test_a_receipt_the_mark_does_not_cover_keeps_the_partition() -> None:
+    mark = Mark({"t": {0: 50}}, {("t", 0): 41})
+    passed = {"t": {0: Watermarks(50, 60)}, "u": {0: Watermarks(9, 9)}}
+    for offsets in ({("t", 0): 50}, {("t", 1): 3}, {("u", 0): 1}):
+        reason = _receipts(ReceiptsFacts(highest_offsets=offsets, mark=mark, kafka=passed))
+        assert reason is not None and "is not covered" in reason
+    # A topic that did not exist when marked covers its receipts.
+    gone = Mark({"t": None}, {})
+    assert _receipts(ReceiptsFacts(highest_offsets={("t", 0): 9}, mark=gone)) is None
+
+
+def test_a_mark_needs_an_answer_about_every_receipted_topic() -> None:
+    offsets = {("t", 0): 41, ("u", 2): 5}
+    answer = {"t": {0: Watermarks(3, 50), 1: Watermarks(0, 7)}, "u": None}
+    assert mark_of(offsets, answer) == Mark({"t": {0: 50, 1: 7}, "u": None}, offsets)
+    assert mark_of(offsets, {"t": answer["t"]}) is None  # no answer about u: not deleted
+
+
+def test_receipts_without_a_kafka_position_keep_their_partition() -> None:
+    reason = _receipts(ReceiptsFacts(unplaced=2, mark=Mark({})))
+    assert reason is not None and "2 receipt(s) without a Kafka position" in reason
 
 
 def test_partitions_go_oldest_first_behind_one_that_stays() -> None:

@@ -289,6 +289,7 @@ STORES = [
     "storage/stores/outbox/reports.py",
     "storage/stores/outbox/debezium.py",
     "storage/stores/receipts.py",
+    "storage/stores/marks.py",
     "tasks/store.py",
     "producer/idempotency.py",
     "debezium/slots.py",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated
 
@@ -25,6 +25,7 @@ from oncely.settings import RetentionSettings
 
 if TYPE_CHECKING:
     from oncely.retention import Outcome, Plan, Policy, TableState, Verdict
+    from oncely.retention.guard import Watermarks
     from oncely.storage.partitions import Partition
 
 app = typer.Typer(
@@ -81,6 +82,7 @@ def plan(
     current, _, _ = _carry_out(
         database_url, bootstrap_servers, outbox_horizon, receipts_horizon, execute=False
     )
+    assert current is not None, "a dry run always plans"
     if as_json:
         from oncely import retention
 
@@ -124,6 +126,7 @@ def run(
 
         print_json(retention.document(current, outcome, tables=left))
     elif outcome is None:
+        assert current is not None, "a dry run always plans"
         _print_plan(current)
         print_dry_run()
     else:
@@ -140,8 +143,9 @@ def _carry_out(
     *,
     execute: bool,
     interval: str | None = None,
-) -> tuple[Plan, Outcome | None, list[TableState]]:
-    """The plan, and when ``execute`` what the run did; each table's state after it."""
+) -> tuple[Plan | None, Outcome | None, list[TableState]]:
+    """The plan (``None`` when the run found another in progress), and when ``execute`` what
+    the run did; each table's state after it."""
     import sqlalchemy as sa
 
     from oncely import retention
@@ -151,9 +155,9 @@ def _carry_out(
     config = kafka.client_config()
     timeout = RetentionSettings().kafka_timeout_seconds
 
-    def log_starts(wanted: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+    def ask(topics: Iterable[str]) -> dict[str, Mapping[int, Watermarks] | None]:
         try:
-            return retention.log_starts(config, wanted, timeout=timeout)
+            return retention.watermarks(config, topics, timeout=timeout)
         except retention.KafkaUnansweredError as exc:
             raise BrokerUnreachableError(
                 f"{exc}; check --bootstrap-servers (ONCELY_KAFKA_BOOTSTRAP_SERVERS) and that "
@@ -163,11 +167,12 @@ def _carry_out(
     engine = sa.create_engine(database_url)
     try:
         if not execute:
-            current = retention.plan(engine, policy, log_starts)
+            current = retention.plan(engine, policy, ask)
             return current, None, current.tables
-        outcome = retention.run(engine, policy, log_starts)
-        left = retention.states(engine, policy) if outcome.dropped else outcome.plan.tables
-        return outcome.plan, outcome, left
+        outcome = retention.run(engine, policy, ask)
+        if outcome.plan is None or outcome.dropped:
+            return outcome.plan, outcome, retention.states(engine, policy)
+        return outcome.plan, outcome, outcome.plan.tables
     finally:
         engine.dispose()
 
@@ -214,10 +219,11 @@ def _print_plan(current: Plan) -> None:
 
 def _print_outcome(outcome: Outcome, left: list[TableState]) -> None:
     current = outcome.plan
-    out.print(f"partitions of {_step(current.step)}, now {_moment(current.now)}")
-    if outcome.busy:
+    if current is None:  # busy
         out.print("another retention run is in progress on this database: this one did nothing")
+        _print_states(left)
         return
+    out.print(f"partitions of {_step(current.step)}, now {_moment(current.now)}")
     if outcome.purged:
         out.print(
             f"deleted {outcome.purged} row(s) of oncely_outbox_default that no partition will take"

@@ -7,20 +7,27 @@ tables (``oncely db upgrade --partition-every``) :func:`oncely.retention.run`, o
 :func:`oncely.retention.plan` when ``ONCELY_RETENTION_IN_RELAY=false`` (a Job drops the
 partitions; the relay still exports the ``oncely_retention_*`` gauges). No failure of a purge
 stops the relay: it is logged, counted in ``oncely_retention_errors_total`` on partitioned
-tables, and tried again at the next interval.
+tables, and tried again at the next interval. A run that finds another in progress (every relay
+runs retention on its timer) leaves the gauges as they were; after a run whose drop or creation
+did not get its lock, the later intervals are skipped for a while (the project's
+:class:`~oncely.runtime.retry.Backoff`, with jitter, so that relays do not retry together and
+stall staging again and again).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 
 import sqlalchemy as sa
 
 from oncely import retention
+from oncely.retention.guard import Watermarks
 from oncely.runtime.metrics import RetentionMetrics
+from oncely.runtime.retry import Backoff
 from oncely.settings import ClientConfig, RelaySettings, RetentionSettings
 from oncely.storage import partitions
 from oncely.storage.stores.outbox.relay import RelayStore
@@ -45,9 +52,9 @@ class Housekeeping:
         self.retention_settings = retention_settings
         # A relay that creates partitions (retention in the relay) runs every purge interval:
         # its partitions ahead must outlast that (a run refuses otherwise, counted as an error).
-        interval = timedelta(seconds=settings.purge_interval_seconds)
+        every = timedelta(seconds=settings.purge_interval_seconds)
         self.policy = retention.policy_of(
-            retention_settings, settings, interval=interval if retention_settings.in_relay else None
+            retention_settings, settings, interval=every if retention_settings.in_relay else None
         )
         self.metrics = metrics
         self._kafka = kafka
@@ -58,14 +65,22 @@ class Housekeeping:
         self._known = False
         #: Runs finished (failed or not): tests wait on it.
         self.runs = 0
+        #: After a lock not granted, the intervals until ``_resume_at`` (monotonic) are skipped.
+        interval = settings.purge_interval_seconds
+        self._backoff = Backoff(
+            first=2 * interval, maximum=16 * interval, multiplier=2.0, jitter=0.5
+        )
+        self._lock_failures = 0
+        self._resume_at = 0.0
 
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
     def due(self) -> None:
-        """Start a run unless one is still running (it then goes on; no run is queued)."""
-        if self.running:
+        """Start a run unless one is still running (it then goes on; no run is queued) or the
+        runs back off after a lock not granted."""
+        if self.running or time.monotonic() < self._resume_at:
             return
         self._thread = threading.Thread(target=self._run, name="oncely-relay-purge", daemon=True)
         self._thread.start()
@@ -102,10 +117,17 @@ class Housekeeping:
         engine = self.store.engine
         policy = self.policy
         if not self.retention_settings.in_relay:
-            plan = retention.plan(engine, policy, self._log_starts)
+            plan = retention.plan(engine, policy, self._watermarks)
             retention.record(self.metrics, plan, policy)
             return
-        outcome = retention.run(engine, policy, self._log_starts)
+        outcome = retention.run(engine, policy, self._watermarks)
+        if outcome.plan is None:
+            return  # another run is in progress: the gauges stay as its last plan left them
+        if outcome.lock_refused:
+            self._lock_failures += 1
+            self._resume_at = time.monotonic() + self._backoff.delay(self._lock_failures)
+        else:
+            self._lock_failures = 0
         tables = retention.states(engine, policy) if outcome.dropped else None
         retention.record(self.metrics, outcome.plan, policy, outcome, tables=tables)
         if outcome.created or outcome.dropped or outcome.purged:
@@ -119,9 +141,7 @@ class Housekeeping:
         for error in outcome.errors:
             log.warning("retention: %s", error)
 
-    def _log_starts(
-        self, wanted: Iterable[tuple[str, int]]
-    ) -> Mapping[tuple[str, int], int | None]:
-        return retention.log_starts(
-            self._kafka, wanted, timeout=self.retention_settings.kafka_timeout_seconds
+    def _watermarks(self, topics: Iterable[str]) -> dict[str, Mapping[int, Watermarks] | None]:
+        return retention.watermarks(
+            self._kafka, topics, timeout=self.retention_settings.kafka_timeout_seconds
         )

@@ -1,13 +1,13 @@
 """Retention of the time-partitioned outbox and receipts: guarded partition drops.
 
 :func:`plan` says what a run would do; :func:`run` creates partitions ahead and drops those
-:mod:`.guard` lets go (see :mod:`.maintenance`); :func:`.kafka.log_starts` asks Kafka where its
-logs start. The tables are partitioned by ``oncely db upgrade --partition-every``
+:mod:`.guard` lets go (see :mod:`.maintenance`); :func:`.kafka.watermarks` asks Kafka where its
+logs start and end. The tables are partitioned by ``oncely db upgrade --partition-every``
 (:mod:`oncely.storage.partitions`).
 """
 
 from oncely.retention.guard import Verdict
-from oncely.retention.kafka import KafkaUnansweredError, log_starts
+from oncely.retention.kafka import KafkaUnansweredError, watermarks
 from oncely.retention.maintenance import (
     NotPartitionedError,
     Outcome,
@@ -30,10 +30,10 @@ __all__ = [
     "TableState",
     "Verdict",
     "document",
-    "log_starts",
     "plan",
     "policy_of",
     "record",
     "run",
     "states",
+    "watermarks",
 ]

@@ -1,18 +1,21 @@
 """Retention of the partitioned outbox and receipts: the plan (partitions to create ahead,
 each closed partition's verdict, each table's state) and its execution.
 
-:func:`plan` reads the catalog, the relay's progress, the parked and held rows, the receipts'
-highest offsets and Kafka's log start offsets, and changes nothing. :func:`run` executes a plan:
-it creates the partitions ahead, then drops each partition the guard lets go, in a transaction
-of its own that first stops writes into the partition (a SHARE lock: reads go on), gathers its
-facts again and drops it only if the guard still agrees (the drop itself holds the table for a
-moment).
+:func:`plan` reads the catalog, the relay's progress, the parked and held rows and the receipts
+partitions' marks in one short transaction, ends it, and only then asks Kafka about the marked
+topics (no lock on oncely's tables is held while Kafka answers); it changes nothing. :func:`run`
+takes the advisory lock first (a run that finds another in progress does nothing, not even a
+plan), gathers the same facts, marking each receipts partition that has become otherwise
+droppable (one scan of it, then Kafka's high watermarks: see :mod:`.guard`), then creates the
+partitions ahead and drops each partition the guard lets go, in a transaction of its own that
+first stops writes into the partition (a SHARE lock: reads go on), gathers its facts again and
+drops it only if the guard still agrees (the drop itself holds the table for a moment).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 import psycopg
@@ -20,13 +23,14 @@ import sqlalchemy as sa
 
 from oncely.errors import ConfigurationError
 from oncely.retention import guard
-from oncely.retention.guard import OutboxFacts, ReceiptsFacts, Verdict
+from oncely.retention.guard import KafkaAnswer, Mark, OutboxFacts, ReceiptsFacts, Verdict
 from oncely.settings import RelaySettings, RetentionSettings
 from oncely.storage import partitions
 from oncely.storage.partitions import Partition, PartitionError
+from oncely.storage.stores import marks
 
-#: Kafka's log start offsets of the asked (topic, partition)s (see :mod:`.kafka`).
-LogStarts = Callable[[Iterable[tuple[str, int]]], Mapping[tuple[str, int], int | None]]
+#: Kafka's watermarks of the asked topics (see :func:`.kafka.watermarks`).
+AskKafka = Callable[[Iterable[str]], KafkaAnswer]
 
 
 #: pg_advisory_lock key held by a retention run ("retain" in ASCII).
@@ -45,9 +49,10 @@ class Policy:
         outbox_horizon: an outbox partition stays until its range ended this long ago (the
             republish horizon: ``oncely replay --from-outbox`` reaches back this far).
         receipts_horizon: a receipts partition stays until its range ended this long ago
-            (and until Kafka has deleted what it receipted); set it to at least the outbox
-            horizon plus the topics' ``retention.ms``, after which a partition still retained
-            counts as blocked.
+            (and until Kafka has deleted every record of its topics it held when the partition
+            was marked); set it to at least the outbox horizon plus the topics' ``retention.ms``
+            plus their ``segment.ms`` (Kafka deletes whole segments), after which a partition
+            still retained counts as blocked.
         ahead: partitions created ahead of the current one, in steps.
         lock_timeout: seconds a drop or a creation waits for its locks before giving up
             until the next run (staging waits behind it that long at most).
@@ -136,13 +141,15 @@ class TableState:
 @dataclass(frozen=True)
 class Plan:
     """What a run would do now: ``create`` the partitions (table, start) ahead, and each
-    closed partition's verdict, oldest first per table."""
+    closed partition's verdict, oldest first per table, with Kafka's answer it used."""
 
     step: timedelta
     now: datetime
     create: list[tuple[str, datetime]]
     verdicts: list[Verdict]
     tables: list[TableState]
+    #: Kafka's answer about the marked topics (what a drop's check under its lock reuses).
+    kafka: KafkaAnswer = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -152,28 +159,38 @@ class Outcome:
     :func:`oncely.storage.partitions.purge_default`), and every partition kept with its
     reason (a refusal at drop time included: a lock not granted, a fact changed); ``errors``:
     one line per partition that could not be created now (tried again next run); ``busy``:
-    another run was in progress on the database, so this one did nothing (not an error: every
-    relay runs retention on its timer, one at a time)."""
+    another run was in progress on the database, so this one did nothing, not even a plan
+    (``plan`` is ``None``; not an error: every relay runs retention on its timer, one at a
+    time); ``lock_refused``: a creation or a drop did not get its lock in time."""
 
-    plan: Plan
+    plan: Plan | None
     created: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     purged: int = 0
     kept: list[Verdict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     busy: bool = False
+    lock_refused: bool = False
 
 
-def plan(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Plan:
+def plan(engine: sa.Engine, policy: Policy, kafka: AskKafka) -> Plan:
     """The plan now; changes nothing. Each table's closed partitions are judged oldest first
-    until one must stay; Kafka is asked only about receipts partitions every other check lets
-    go.
+    until one must stay; Kafka is asked only about the marked topics of receipts partitions
+    every other check lets go, after the database's transaction has ended. A receipts partition
+    not marked yet waits for a run to mark it.
 
     Raises:
         NotPartitionedError: the tables are not partitioned.
         oncely.retention.kafka.KafkaUnansweredError: Kafka did not answer.
     """
-    with _connect(engine) as conn:
+    return _plan(engine, policy, kafka, marking=False)
+
+
+def _plan(engine: sa.Engine, policy: Policy, kafka: AskKafka, *, marking: bool) -> Plan:
+    """The plan; with ``marking`` (a run holding the advisory lock), each receipts partition
+    that became otherwise droppable is scanned and marked, and the mark of one whose events the
+    outbox holds again is discarded."""
+    with _connect(engine) as conn, conn.begin():
         step = partitions.step_of(conn)
         if step is None:
             raise _not_partitioned()
@@ -181,6 +198,8 @@ def plan(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Plan:
         create: list[tuple[str, datetime]] = []
         verdicts: list[Verdict] = []
         tables: list[TableState] = []
+        receipts: list[Partition] = []
+        gathered: dict[str, ReceiptsFacts] = {}
         for table in partitions.PARTITION_KEYS:
             found = partitions.partitions(conn, table)
             names = {p.name for p in found}
@@ -190,9 +209,139 @@ def plan(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Plan:
                 if partitions.partition_name(table, moment) not in names:
                     create.append((table, moment))
             closed = [p for p in found if p.upper is not None and p.upper <= now]
-            verdicts += guard.in_order(closed, lambda p: _reason(conn, p, policy, now, log_starts))
+            if table == "oncely_outbox":
+                verdicts += guard.in_order(
+                    closed,
+                    lambda p: guard.outbox_reason(
+                        p, outbox_facts(conn, p), now=now, horizon=policy.outbox_horizon
+                    ),
+                )
+            else:
+                receipts = closed
+                gathered = _receipts_facts(conn, closed, policy, now, marking=marking)
             tables.append(_state(conn, table, found, policy, now))
-    return Plan(step, now, create, verdicts, tables)
+    # The transaction has ended: no lock is held while Kafka answers.
+    topics = {
+        topic
+        for facts in gathered.values()
+        for topic in (
+            {t for t, highs in facts.mark.highs.items() if highs is not None}
+            if facts.mark is not None
+            else {t for t, _ in facts.highest_offsets}
+        )
+    }
+    answer = kafka(sorted(topics)) if topics else {}
+    if marking:
+        gathered = _mark(engine, gathered, answer)
+    verdicts += guard.in_order(
+        receipts,
+        lambda p: (
+            guard.receipts_reason(
+                p,
+                replace(gathered[p.name], kafka=answer),
+                now=now,
+                horizon=policy.receipts_horizon,
+            )
+            if p.name in gathered
+            else guard.NOT_MARKED
+        ),
+    )
+    return Plan(step, now, create, verdicts, tables, answer)
+
+
+def _receipts_facts(
+    conn: sa.Connection,
+    closed: list[Partition],
+    policy: Policy,
+    now: datetime,
+    *,
+    marking: bool,
+) -> dict[str, ReceiptsFacts]:
+    """The database's facts of the closed receipts partitions, oldest first, up to the first one
+    they refuse (every later one waits for it). A marked partition's receipted offsets are its
+    mark's (no scan); an unmarked one is scanned only when ``marking``."""
+    gathered: dict[str, ReceiptsFacts] = {}
+    for partition in closed:
+        facts = ReceiptsFacts(partitions.outbox_holds(conn, partition))
+        mark = mark_of_rows(marks.marks_of(conn, partition.name))
+        horizon = policy.receipts_horizon
+        if guard.database_reason(partition, facts, now=now, horizon=horizon) is not None:
+            if marking and facts.outbox_rows and mark is not None:
+                marks.discard(conn, partition.name)  # taken again once the outbox lets go
+            gathered[partition.name] = facts
+            return gathered
+        if mark is not None:
+            gathered[partition.name] = replace(facts, mark=mark, highest_offsets=mark.receipted)
+            continue
+        if not marking:
+            if partitions.has_receipts(conn, partition):
+                return gathered  # waits for a run to mark it
+            gathered[partition.name] = facts  # nothing receipted: nothing to mark
+            continue
+        found = partitions.receipted(conn, partition)
+        facts = replace(facts, unplaced=found.unplaced, highest_offsets=found.highest)
+        gathered[partition.name] = facts
+        if facts.unplaced:
+            return gathered
+    return gathered
+
+
+def _mark(
+    engine: sa.Engine, gathered: dict[str, ReceiptsFacts], answer: KafkaAnswer
+) -> dict[str, ReceiptsFacts]:
+    """``gathered`` with a mark taken from ``answer`` for each unmarked partition whose receipts
+    were scanned (recorded; not when Kafka did not answer about one of its topics)."""
+    marked = dict(gathered)
+    unmarked = {  # scanned, not marked, refused by nothing else (nothing receipted: no mark)
+        name: facts
+        for name, facts in gathered.items()
+        if facts.mark is None
+        and facts.highest_offsets
+        and not facts.unplaced
+        and not facts.outbox_rows
+    }
+    if not unmarked:
+        return marked
+    with _connect(engine) as conn, conn.begin():
+        for name, facts in unmarked.items():
+            mark = guard.mark_of(facts.highest_offsets, answer)
+            if mark is None:
+                unanswered = sorted({t for t, _ in facts.highest_offsets} - set(answer))
+                marked[name] = replace(facts, unanswered=unanswered)
+                continue
+            marks.record(conn, name, rows_of_mark(mark))
+            marked[name] = replace(facts, mark=mark)
+    return marked
+
+
+def mark_of_rows(rows: list[marks.MarkRow]) -> Mark | None:
+    """The :class:`~.guard.Mark` the store's ``rows`` hold, ``None`` when there are none."""
+    if not rows:
+        return None
+    highs: dict[str, dict[int, int] | None] = {}
+    receipted: dict[tuple[str, int], int] = {}
+    for row in rows:
+        if row.partition == marks.ABSENT:
+            highs[row.topic] = None
+            continue
+        topic_highs = highs.setdefault(row.topic, {})
+        if topic_highs is not None:
+            topic_highs[row.partition] = row.high
+        if row.receipted is not None:
+            receipted[(row.topic, row.partition)] = row.receipted
+    return Mark(highs, receipted)
+
+
+def rows_of_mark(mark: Mark) -> list[marks.MarkRow]:
+    """The store's rows of ``mark``."""
+    rows = []
+    for topic, highs in sorted(mark.highs.items()):
+        if highs is None:
+            rows.append(marks.MarkRow(topic, marks.ABSENT, 0, None))
+            continue
+        for number, high in sorted(highs.items()):
+            rows.append(marks.MarkRow(topic, number, high, mark.receipted.get((topic, number))))
+    return rows
 
 
 def states(engine: sa.Engine, policy: Policy) -> list[TableState]:
@@ -221,21 +370,25 @@ def _not_partitioned() -> NotPartitionedError:
 
 
 def _reason(
-    conn: sa.Connection, partition: Partition, policy: Policy, now: datetime, log_starts: LogStarts
+    conn: sa.Connection, partition: Partition, policy: Policy, now: datetime, answer: KafkaAnswer
 ) -> str | None:
-    """Why ``partition`` must stay now, or ``None``: the cheap checks first, Kafka last."""
+    """Why ``partition`` must stay now, checked again under its lock with Kafka's ``answer``
+    from the plan (at or below Kafka's watermarks now: conservative). A receipts partition is
+    scanned again; its mark is discarded when the outbox holds its events again or a receipt
+    is not covered by it (a later run marks it again)."""
     if partition.table == "oncely_outbox":
         return guard.outbox_reason(
             partition, outbox_facts(conn, partition), now=now, horizon=policy.outbox_horizon
         )
-    horizon = policy.receipts_horizon
-    held = ReceiptsFacts(partitions.outbox_holds(conn, partition))
-    reason = guard.receipts_reason(partition, held, now=now, horizon=horizon)
-    if reason is not None:
-        return reason
-    offsets = partitions.highest_offsets(conn, partition)
-    delivered = ReceiptsFacts(None, offsets, log_starts(offsets))
-    return guard.receipts_reason(partition, delivered, now=now, horizon=horizon)
+    found = partitions.receipted(conn, partition)
+    mark = mark_of_rows(marks.marks_of(conn, partition.name))
+    facts = ReceiptsFacts(
+        partitions.outbox_holds(conn, partition), found.unplaced, found.highest, mark, answer
+    )
+    reason = guard.receipts_reason(partition, facts, now=now, horizon=policy.receipts_horizon)
+    if mark is not None and (facts.outbox_rows or guard.uncovered(found.highest, mark) is not None):
+        marks.discard(conn, partition.name)
+    return reason
 
 
 def outbox_facts(conn: sa.Connection, partition: Partition) -> OutboxFacts:
@@ -267,20 +420,19 @@ def _state(
     )
 
 
-def run(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Outcome:
+def run(engine: sa.Engine, policy: Policy, kafka: AskKafka) -> Outcome:
     """Delete the outbox's default rows no partition will take (passed by the relay, past the
-    outbox horizon), execute :func:`plan`: create the partitions ahead (moving their rows out
-    of the default partitions), then drop those the guard lets go, oldest first, each under
-    its lock after checking it again; return what was done.
+    outbox horizon), execute :func:`plan`, marking the receipts partitions that became
+    otherwise droppable: create the partitions ahead (moving their rows out of the default
+    partitions), then drop those the guard lets go, oldest first, each under its lock after
+    checking it again; return what was done.
 
     A partition that cannot be created (a lock not granted, any database error) is reported in
-    ``errors`` and the rest of the run goes on.
-
-    A partition whose lock is not granted within ``policy.lock_timeout`` (or whose facts
-    changed) is kept and reported; later partitions of its table wait for it. One run at a
-    time: a run that finds another one running (any process, this database) does nothing and
-    says so (``busy``). Creating and dropping partitions needs the tables' owner (the role
-    that ran ``oncely db upgrade``).
+    ``errors`` and the rest of the run goes on. A partition whose lock is not granted within
+    ``policy.lock_timeout`` (or whose facts changed) is kept and reported; later partitions of
+    its table wait for it. One run at a time: a run that finds another one running (any
+    process, this database) does nothing, not even a plan, and says so (``busy``). Creating
+    and dropping partitions needs the tables' owner (the role that ran ``oncely db upgrade``).
 
     Raises:
         NotPartitionedError: the tables are not partitioned.
@@ -299,26 +451,18 @@ def run(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Outcome:
         if not session.execute(
             sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": RUN_LOCK}
         ).scalar():
-            return Outcome(plan(engine, policy, log_starts), busy=True)
+            return Outcome(None, busy=True)
         try:
-            return _run(engine, policy, log_starts)
+            return _run(engine, policy, kafka)
         finally:
             session.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": RUN_LOCK})
 
 
-def _run(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Outcome:
-    asked: dict[tuple[str, int], int | None] = {}
-
-    def remembered(wanted: Iterable[tuple[str, int]]) -> Mapping[tuple[str, int], int | None]:
-        asked.update(log_starts(wanted))
-        return asked
-
-    def known(wanted: Iterable[tuple[str, int]]) -> Mapping[tuple[str, int], int | None]:
-        return asked  # under a partition's lock Kafka is not asked: its answer from the plan
-
+def _run(engine: sa.Engine, policy: Policy, kafka: AskKafka) -> Outcome:
     purged = _purge_default(engine, policy)
-    current = plan(engine, policy, remembered)
+    current = _plan(engine, policy, kafka, marking=True)
     outcome = Outcome(current, purged=purged)
+    lock_refused = False
     for table, moment in current.create:
         try:
             with _connect(engine) as conn, conn.begin():
@@ -329,6 +473,7 @@ def _run(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Outcome:
         except sa.exc.DBAPIError as exc:  # one partition's error; the others go on
             name = partitions.partition_name(table, moment)
             if isinstance(exc.orig, psycopg.errors.LockNotAvailable):
+                lock_refused = True
                 outcome.errors.append(
                     f"{name}: not created, lock not granted in {policy.lock_timeout:g} s "
                     f"({type(exc.orig).__name__}); retried next run"
@@ -345,13 +490,20 @@ def _run(engine: sa.Engine, policy: Policy, log_starts: LogStarts) -> Outcome:
             kept = verdict.reason or "waits for an older partition kept in this run"
             outcome.kept.append(Verdict(verdict.partition, kept))
             continue
-        refused = _drop(engine, verdict.partition, policy, current.now, known)
+        refused = _drop(engine, verdict.partition, policy, current.now, current.kafka)
         if refused is None:
             outcome.dropped.append(verdict.partition.name)
         else:
             blocked.add(table)
+            lock_refused |= isinstance(refused, _LockNotGranted)
             outcome.kept.append(Verdict(verdict.partition, refused))
-    return outcome
+    return replace(outcome, lock_refused=lock_refused)
+
+
+class _LockNotGranted(str):
+    """A drop's refusal for want of a lock (the caller backs off: :attr:`Outcome.lock_refused`)."""
+
+    __slots__ = ()
 
 
 #: Rows of the outbox's default partition deleted per statement (each its own transaction).
@@ -384,20 +536,23 @@ def _drop(
     partition: Partition,
     policy: Policy,
     now: datetime,
-    log_starts: LogStarts,
+    answer: KafkaAnswer,
 ) -> str | None:
-    """Drop ``partition`` if the guard, asked again under its lock, agrees; else the reason."""
+    """Drop ``partition`` if the guard, asked again under its lock, agrees; else the reason.
+    A receipts partition's mark goes with it."""
     try:
         with _connect(engine) as conn, conn.begin():
             partitions.freeze(conn, partition, timeout=policy.lock_timeout)
-            reason = _reason(conn, partition, policy, now, log_starts)
+            reason = _reason(conn, partition, policy, now, answer)
             if reason is not None:
                 return reason
             partitions.drop(conn, partition, timeout=policy.lock_timeout)
-    except PartitionError as exc:
-        return str(exc)
+            if partition.table == "oncely_receipts":
+                marks.discard(conn, partition.name)
+    except PartitionError as exc:  # freeze's or drop's lock not granted
+        return _LockNotGranted(exc)
     except sa.exc.OperationalError as exc:
-        return (
+        return _LockNotGranted(
             f"lock on {partition.table} not granted in {policy.lock_timeout:g} s "
             f"({type(exc.orig).__name__}); retried next run"
         )

@@ -27,19 +27,21 @@ def verdict_document(verdict: Verdict) -> dict[str, Any]:
 
 
 def document(
-    plan: Plan, outcome: Outcome | None = None, *, tables: list[TableState] | None = None
+    plan: Plan | None, outcome: Outcome | None = None, *, tables: list[TableState] | None = None
 ) -> dict[str, Any]:
     """``plan`` (and what ``outcome`` did, when a run was executed) for ``--json``; ``tables``:
-    the states to report instead of the plan's (after a run: what it left)."""
+    the states to report instead of the plan's (after a run: what it left). A busy run has no
+    plan: its step, time, creations and verdicts are empty."""
+    states = tables if tables is not None else plan.tables if plan is not None else []
     found: dict[str, Any] = {
         "executed": outcome is not None,
-        "step_seconds": plan.step.total_seconds(),
-        "now": plan.now,
+        "step_seconds": plan.step.total_seconds() if plan is not None else None,
+        "now": plan.now if plan is not None else None,
         "create": [
             {"table": table, "partition": partitions.partition_name(table, start), "lower": start}
-            for table, start in plan.create
+            for table, start in (plan.create if plan is not None else [])
         ],
-        "verdicts": [verdict_document(v) for v in plan.verdicts],
+        "verdicts": [verdict_document(v) for v in (plan.verdicts if plan is not None else [])],
         "tables": [
             {
                 "table": state.table,
@@ -49,7 +51,7 @@ def document(
                 "default_rows": state.default_rows,
                 "blocked_seconds": state.blocked_seconds,
             }
-            for state in (plan.tables if tables is None else tables)
+            for state in states
         ],
     }
     if outcome is not None:

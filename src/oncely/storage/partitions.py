@@ -650,19 +650,43 @@ def purge_default(
     return int(deleted)
 
 
-def highest_offsets(conn: sa.Connection, partition: Partition) -> dict[tuple[str, int], int]:
-    """(topic, partition) -> the highest offset receipted there, over the receipts
-    ``partition`` (one scan of it)."""
+def has_receipts(conn: sa.Connection, partition: Partition) -> bool:
+    """Whether the receipts ``partition`` holds a receipt (one probe of its primary key)."""
+    within = _WITHIN.format(key="event_id")
+    statement = sa.text(f"SELECT 1 FROM oncely_receipts WHERE {within} LIMIT 1")
+    return conn.execute(statement, _range(partition)).first() is not None
+
+
+@dataclass(frozen=True)
+class Receipted:
+    """Where a receipts partition's receipts were read from Kafka: (topic, partition) -> the
+    highest offset receipted there, and how many receipts have no Kafka position (topic,
+    partition or offset ``NULL``)."""
+
+    highest: dict[tuple[str, int], int]
+    unplaced: int
+
+
+def receipted(conn: sa.Connection, partition: Partition) -> Receipted:
+    """Where the receipts ``partition``'s receipts were read from Kafka (one scan of it)."""
     rows = conn.execute(
         sa.text(
-            'SELECT topic, partition, max("offset") FROM oncely_receipts'
-            f" WHERE {_WITHIN.format(key='event_id')}"
-            ' AND topic IS NOT NULL AND partition IS NOT NULL AND "offset" IS NOT NULL'
-            " GROUP BY topic, partition"
+            'SELECT topic, partition, max("offset"), count(*),'
+            ' count(*) FILTER (WHERE "offset" IS NULL) FROM oncely_receipts'
+            f" WHERE {_WITHIN.format(key='event_id')} GROUP BY topic, partition"
         ),
         _range(partition),
     ).all()
-    return {(row[0], int(row[1])): int(row[2]) for row in rows}
+    highest: dict[tuple[str, int], int] = {}
+    unplaced = 0
+    for topic, number, offset, total, without in rows:
+        if topic is None or number is None:
+            unplaced += int(total)
+            continue
+        unplaced += int(without)
+        if offset is not None:
+            highest[(topic, int(number))] = int(offset)
+    return Receipted(highest, unplaced)
 
 
 def default_rows(conn: sa.Connection, table: str) -> int:

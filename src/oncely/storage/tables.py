@@ -298,6 +298,22 @@ def build_metadata(schema: str | None = None) -> sa.MetaData:
         sa.Index("oncely_receipts_effect_applied_at_idx", "effect", "applied_at"),
     )
 
+    # Migration 0008: retention's marks of Kafka's high watermarks (oncely.retention.guard).
+    sa.Table(
+        "oncely_retention_marks",
+        md,
+        sa.Column("receipts_partition", sa.Text, nullable=False),
+        sa.Column("topic", sa.Text, nullable=False),
+        sa.Column("partition", sa.Integer, nullable=False, autoincrement=False),
+        sa.Column("high", sa.BigInteger, nullable=False),
+        sa.Column("receipted", sa.BigInteger),
+        sa.Column("marked_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        sa.PrimaryKeyConstraint(
+            "receipts_partition", "topic", "partition", name="oncely_retention_marks_pkey"
+        ),
+        sa.CheckConstraint("partition >= -1", name="oncely_retention_marks_partition_check"),
+    )
+
     tasks = sa.Table(
         "oncely_tasks",
         md,

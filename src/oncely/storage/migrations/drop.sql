@@ -16,7 +16,9 @@ DROP TABLE IF EXISTS
     oncely_idempotency_keys,
     -- `oncely db upgrade --partition-every`: the layout of the partitioned tables.
     oncely_partitioning,
-    oncely_outbox_keys;
+    oncely_outbox_keys,
+    -- 0008: retention's marks of Kafka's high watermarks.
+    oncely_retention_marks;
 
 DROP FUNCTION IF EXISTS oncely_outbox_wake();
 DROP FUNCTION IF EXISTS oncely_tasks_notify();
