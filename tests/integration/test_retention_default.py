@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
 from oncely import retention
+from oncely.debezium.connector import ConnectorOptions, connector_config
 from oncely.errors import ConfigurationError
 from oncely.relay.housekeeping import Housekeeping
 from oncely.runtime.metrics import RetentionMetrics
@@ -240,35 +241,48 @@ def test_a_step_with_default_rows_is_created_with_them_moved_and_the_relay_publi
 def test_a_move_streams_nothing_to_a_debezium_publication(
     engine: sa.Engine, now: datetime, log_starts: retention.maintenance.AskKafka
 ) -> None:
-    """Debezium's publication (``publish = 'insert'``, via the root) sees the rows when they
-    are staged, and nothing when they move into their partition."""
+    """Debezium's publication (``publish = 'insert'``, via the root) streams the rows when they
+    are staged, and nothing when they move into their partition. A publication of every
+    operation streams the move's deletes (as the purges'), as ``oncely_outbox``'s: oncely's
+    connector skips deletes (``skipped.operations``)."""
     execute(
         engine,
         "CREATE PUBLICATION oncely_test_pub FOR TABLE oncely_outbox"
         " WITH (publish = 'insert', publish_via_partition_root = true)",
     )
+    execute(
+        engine,
+        "CREATE PUBLICATION oncely_test_all FOR TABLE oncely_outbox"
+        " WITH (publish_via_partition_root = true)",
+    )
     execute(engine, "SELECT pg_create_logical_replication_slot('oncely_test_slot', 'pgoutput')")
     try:
         rows = [outbox_row("t", event_id=uuid7_at(now + timedelta(minutes=10))) for _ in range(3)]
         insert_rows(engine, rows)
-        assert _inserts(engine) == 3
+        assert _changes(engine, "oncely_test_pub") == {"I": 3}
         outcome = retention.run(engine, retention.Policy(ahead=12), log_starts)
         assert not outcome.errors, outcome.errors
         assert _where(engine, rows[0]["id"]) == _name("oncely_outbox", now + timedelta(minutes=10))
-        assert _inserts(engine) == 3
+        assert _changes(engine, "oncely_test_pub") == {"I": 3}
+        assert _changes(engine, "oncely_test_all") == {"I": 3, "D": 3}
     finally:
         execute(engine, "SELECT pg_drop_replication_slot('oncely_test_slot')")
+    config = connector_config(ConnectorOptions(hostname="db", user="u", dbname="d"))
+    assert "d" in config["skipped.operations"].split(",")
 
 
-def _inserts(engine: sa.Engine) -> int:
-    """Inserts the slot would stream (pgoutput's ``I`` messages), read without consuming."""
-    found: int = scalar(
+def _changes(engine: sa.Engine, publication: str) -> dict[str, int]:
+    """Inserts (``I``) and deletes (``D``) the slot would stream to ``publication``'s
+    subscriber (pgoutput's messages), read without consuming."""
+    rows = query_all(
         engine,
-        "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('oncely_test_slot', NULL, NULL,"
-        " 'proto_version', '1', 'publication_names', 'oncely_test_pub')"
-        " WHERE substr(data, 1, 1) = 'I'::bytea",
+        "SELECT substr(data, 1, 1) AS kind, count(*) AS n FROM"
+        " pg_logical_slot_peek_binary_changes('oncely_test_slot', NULL, NULL,"
+        " 'proto_version', '1', 'publication_names', :p)"
+        " WHERE substr(data, 1, 1) IN ('I'::bytea, 'D'::bytea) GROUP BY 1",
+        p=publication,
     )
-    return found
+    return {bytes(row.kind).decode(): int(row.n) for row in rows}
 
 
 def test_a_creation_error_is_reported_and_the_run_goes_on(
