@@ -342,7 +342,7 @@ class RetentionSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ONCELY_RETENTION_", extra="ignore")
 
     receipts_horizon_seconds: float = Field(
-        default=14 * 24 * 3600.0,
+        default=21 * 24 * 3600.0,
         ge=0,
         description="Keep a receipts partition until its range ended this long ago (and until "
         "Kafka has deleted every record of its topics below the high watermarks marked once the "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TypeVar
@@ -30,7 +30,7 @@ STEP = timedelta(minutes=1)
 POLICY = retention.Policy(outbox_horizon=STEP, receipts_horizon=STEP, ahead=2, lock_timeout=10)
 
 
-def _no_kafka(wanted: object) -> dict[tuple[str, int], int | None]:
+def _no_kafka(topics: Iterable[str]) -> retention.guard.KafkaAnswer:
     return {}  # no receipts partition is judged here: the outbox has only its own partitions
 
 

@@ -43,7 +43,7 @@ OutboxHorizon = Annotated[
 ReceiptsHorizon = Annotated[
     str | None,
     typer.Option(
-        help="Keep receipts partitions whose range ended less than this long ago (e.g. 14d; "
+        help="Keep receipts partitions whose range ended less than this long ago (e.g. 21d; "
         "default ONCELY_RETENTION_RECEIPTS_HORIZON_SECONDS).",
         show_default=False,
     ),

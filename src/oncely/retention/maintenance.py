@@ -62,7 +62,7 @@ class Policy:
     """
 
     outbox_horizon: timedelta = timedelta(days=7)
-    receipts_horizon: timedelta = timedelta(days=14)
+    receipts_horizon: timedelta = timedelta(days=21)
     ahead: int = 3
     lock_timeout: float = 2.0
     interval: timedelta | None = None
