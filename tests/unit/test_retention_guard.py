@@ -66,7 +66,8 @@ def test_an_outbox_partition_with_unpassed_rows_stays() -> None:
 
 
 def test_a_receipts_partition_stays_until_kafka_passes_its_mark() -> None:
-    assert "outbox still holds its events" in str(_receipts(ReceiptsFacts(outbox_rows=True)))
+    held = ReceiptsFacts(outbox_rows="oncely_outbox_p20261206t000000")
+    assert "outbox still holds its events in oncely_outbox_p20261206t000000" in str(_receipts(held))
     offsets = {("t", 0): 41}
     assert _receipts(ReceiptsFacts(highest_offsets=offsets)) == NOT_MARKED
     assert _receipts(ReceiptsFacts()) is None  # nothing receipted: nothing to protect

@@ -50,7 +50,12 @@ class Housekeeping:
         self.store = store
         self.settings = settings
         self.retention_settings = retention_settings
-        self.policy = retention.policy_of(retention_settings, settings)
+        # A relay that creates partitions (retention in the relay) runs every purge interval:
+        # its partitions ahead must outlast that (a run refuses otherwise, counted as an error).
+        every = timedelta(seconds=settings.purge_interval_seconds)
+        self.policy = retention.policy_of(
+            retention_settings, settings, interval=every if retention_settings.in_relay else None
+        )
         self.metrics = metrics
         self._kafka = kafka
         self._thread: threading.Thread | None = None
@@ -125,11 +130,12 @@ class Housekeeping:
             self._lock_failures = 0
         tables = retention.states(engine, policy) if outcome.dropped else None
         retention.record(self.metrics, outcome.plan, policy, outcome, tables=tables)
-        if outcome.created or outcome.dropped:
+        if outcome.created or outcome.dropped or outcome.purged:
             log.info(
-                "retention: created %d and dropped %d partitions",
+                "retention: created %d and dropped %d partitions, deleted %d default rows",
                 len(outcome.created),
                 len(outcome.dropped),
+                outcome.purged,
                 extra={"created": outcome.created, "dropped": outcome.dropped},
             )
         for error in outcome.errors:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from oncely.storage.partitions import Partition
+from oncely.storage.partitions import KEPT_TABLE, Partition
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,10 @@ class ReceiptsFacts:
     """What could deliver a receipts partition's records again.
 
     Attributes:
-        outbox_rows: whether the outbox still holds events of the partition's range (its kept
-            rows of parked keys included).
+        outbox_rows: the outbox partition that still holds events of the partition's range
+            (its default one when a row of the range came after its partition was dropped),
+            ``None`` when none does (``oncely_relay_kept`` when only its rows of parked keys,
+            kept aside, do).
         unplaced: how many of its receipts have no Kafka position (topic, partition or offset
             ``NULL``).
         highest_offsets: (topic, partition) -> the highest offset receipted there.
@@ -84,7 +86,7 @@ class ReceiptsFacts:
         unanswered: the topics Kafka did not answer about when the mark was to be taken.
     """
 
-    outbox_rows: bool = False
+    outbox_rows: str | None = None
     unplaced: int = 0
     highest_offsets: Mapping[tuple[str, int], int] = field(default_factory=dict)
     mark: Mark | None = None
@@ -166,8 +168,20 @@ def database_reason(
     receipts without a Kafka position), or ``None``: its mark and Kafka decide."""
     if (reason := _range_reason(partition, now=now, horizon=horizon)) is not None:
         return reason
-    if facts.outbox_rows:
-        return "the outbox still holds its events (a republish could deliver them again)"
+    if facts.outbox_rows is not None:
+        reason = f"the outbox still holds its events in {facts.outbox_rows}"
+        if facts.outbox_rows.endswith("_default"):
+            reason += (
+                " (staged after their range's partition was dropped: retention deletes them once"
+                " the relay has passed them and they are past the outbox horizon)"
+            )
+        if facts.outbox_rows == KEPT_TABLE:
+            return reason + (
+                " (rows of parked keys kept aside when their partition was dropped: a long delay,"
+                " a dead row or a missing topic; the relay publishes them once their key is"
+                " released, `oncely dead list --delayed`)"
+            )
+        return reason + "; a republish could deliver them again"
     if facts.unplaced:
         return (
             f"{facts.unplaced} receipt(s) without a Kafka position (not written by a consumer "
@@ -204,7 +218,7 @@ def mark_of(highest_offsets: Mapping[tuple[str, int], int], kafka: KafkaAnswer) 
 
 def _range_reason(partition: Partition, *, now: datetime, horizon: timedelta) -> str | None:
     if partition.upper is None:
-        return "the default partition is never dropped (its rows go by the batched DELETE)"
+        return "the default partition is never dropped (retention deletes its rows that may go)"
     if partition.upper > now - horizon:
         return f"its range ends at {partition.upper:%Y-%m-%d %H:%M:%S}Z, within the horizon"
     return None
