@@ -8,10 +8,10 @@ tables (``oncely db upgrade --partition-every``) :func:`oncely.retention.run`, o
 partitions; the relay still exports the ``oncely_retention_*`` gauges). No failure of a purge
 stops the relay: it is logged, counted in ``oncely_retention_errors_total`` on partitioned
 tables, and tried again at the next interval. A run that finds another in progress (every relay
-runs retention on its timer) leaves the gauges as they were; after a run whose drop or creation
-did not get its lock, the later intervals are skipped for a while (the project's
+runs retention on its timer) leaves the gauges as they were; after a run whose drop did not get
+its lock, the later runs drop nothing for a while (the project's
 :class:`~oncely.runtime.retry.Backoff`, with jitter, so that relays do not retry together and
-stall staging again and again).
+stall staging again and again) but still create the partitions ahead.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ class Housekeeping:
         self._known = False
         #: Runs finished (failed or not): tests wait on it.
         self.runs = 0
-        #: After a lock not granted, the intervals until ``_resume_at`` (monotonic) are skipped.
+        #: After a drop's lock not granted, the runs until ``_resume_at`` (monotonic) drop
+        #: nothing (they still create the partitions ahead, which take no lock staging waits on).
         interval = settings.purge_interval_seconds
         self._backoff = Backoff(
             first=2 * interval, maximum=16 * interval, multiplier=2.0, jitter=0.5
@@ -78,9 +79,8 @@ class Housekeeping:
         return self._thread is not None and self._thread.is_alive()
 
     def due(self) -> None:
-        """Start a run unless one is still running (it then goes on; no run is queued) or the
-        runs back off after a lock not granted."""
-        if self.running or time.monotonic() < self._resume_at:
+        """Start a run unless one is still running (it then goes on; no run is queued)."""
+        if self.running:
             return
         self._thread = threading.Thread(target=self._run, name="oncely-relay-purge", daemon=True)
         self._thread.start()
@@ -120,13 +120,14 @@ class Housekeeping:
             plan = retention.plan(engine, policy, self._watermarks)
             retention.record(self.metrics, plan, policy)
             return
-        outcome = retention.run(engine, policy, self._watermarks)
+        drop = time.monotonic() >= self._resume_at
+        outcome = retention.run(engine, policy, self._watermarks, drop=drop)
         if outcome.plan is None:
             return  # another run is in progress: the gauges stay as its last plan left them
         if outcome.lock_refused:
             self._lock_failures += 1
             self._resume_at = time.monotonic() + self._backoff.delay(self._lock_failures)
-        else:
+        elif drop:
             self._lock_failures = 0
         tables = retention.states(engine, policy) if outcome.dropped else None
         retention.record(self.metrics, outcome.plan, policy, outcome, tables=tables)

@@ -164,7 +164,7 @@ class Outcome:
     one line per partition that could not be created now (tried again next run); ``busy``:
     another run was in progress on the database, so this one did nothing, not even a plan
     (``plan`` is ``None``; not an error: every relay runs retention on its timer, one at a
-    time); ``lock_refused``: a creation or a drop did not get its lock in time."""
+    time); ``lock_refused``: a drop did not get its lock in time."""
 
     plan: Plan | None
     created: list[str] = field(default_factory=list)
@@ -419,12 +419,13 @@ def _state(
     )
 
 
-def run(engine: sa.Engine, policy: Policy, kafka: AskKafka) -> Outcome:
+def run(engine: sa.Engine, policy: Policy, kafka: AskKafka, *, drop: bool = True) -> Outcome:
     """Delete the outbox's default rows no partition will take (passed by the relay, past the
     outbox horizon), execute :func:`plan`, marking the receipts partitions that became
     otherwise droppable: create the partitions ahead (moving their rows out of the default
     partitions), then drop those the guard lets go, oldest first, each under its lock after
-    checking it again; return what was done.
+    checking it again; return what was done. Without ``drop`` (a caller backing off after a
+    drop's lock was not granted) nothing is dropped: the partitions ahead are still created.
 
     A partition that cannot be created (a lock not granted, any database error) is reported in
     ``errors`` and the rest of the run goes on. A partition whose lock is not granted within
@@ -452,12 +453,12 @@ def run(engine: sa.Engine, policy: Policy, kafka: AskKafka) -> Outcome:
         ).scalar():
             return Outcome(None, busy=True)
         try:
-            return _run(engine, policy, kafka)
+            return _run(engine, policy, kafka, drop=drop)
         finally:
             session.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": RUN_LOCK})
 
 
-def _run(engine: sa.Engine, policy: Policy, kafka: AskKafka) -> Outcome:
+def _run(engine: sa.Engine, policy: Policy, kafka: AskKafka, *, drop: bool) -> Outcome:
     purged = _purge_default(engine, policy)
     current = _plan(engine, policy, kafka, marking=True)
     outcome = Outcome(current, purged=purged)
@@ -472,7 +473,6 @@ def _run(engine: sa.Engine, policy: Policy, kafka: AskKafka) -> Outcome:
         except sa.exc.DBAPIError as exc:  # one partition's error; the others go on
             name = partitions.partition_name(table, moment)
             if isinstance(exc.orig, psycopg.errors.LockNotAvailable):
-                lock_refused = True
                 outcome.errors.append(
                     f"{name}: not created, lock not granted in {policy.lock_timeout:g} s "
                     f"({type(exc.orig).__name__}); retried next run"
@@ -485,8 +485,12 @@ def _run(engine: sa.Engine, policy: Policy, kafka: AskKafka) -> Outcome:
     blocked: set[str] = set()
     for verdict in current.verdicts:
         table = verdict.partition.table
-        if not verdict.droppable or table in blocked:
-            kept = verdict.reason or "waits for an older partition kept in this run"
+        if not drop or not verdict.droppable or table in blocked:
+            kept = verdict.reason or (
+                "waits for an older partition kept in this run"
+                if drop
+                else "not dropped in this run: it backs off after a lock not granted"
+            )
             outcome.kept.append(Verdict(verdict.partition, kept))
             continue
         refused = _drop(engine, verdict.partition, policy, current.now, current.kafka)
