@@ -369,6 +369,14 @@ class RetentionSettings(BaseSettings):
         description="The relay drops partitions on its purge timer; false: it only plans (for "
         "its retention metrics) and `oncely retention run --execute` (a Job) drops them.",
     )
+    run_interval_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="How long `oncely retention run --execute` runs are apart at most (a Job's "
+        "schedule plus its starting deadline): the run refuses when ONCELY_RETENTION_AHEAD "
+        "partitions do not outlast it. Unset: not checked. (The relay checks against "
+        "ONCELY_RELAY_PURGE_INTERVAL_SECONDS.)",
+    )
 
 
 class TopicLayout(NamedTuple):

@@ -106,7 +106,7 @@ def test_dead_requeue_and_skip_are_dry_runs_without_execute(
     unknown = uuid.uuid4()
     named = oncely_process("dead", "requeue", *url, str(rows[0]["id"]), str(unknown))
     assert "would requeue 1 row(s)" in named.stdout
-    assert f"{unknown}  not a dead row: unchanged" in named.stdout
+    assert f"{unknown}  not a dead or delayed row: unchanged" in named.stdout
     assert "run again with --yes" in named.stdout
     skip = oncely_process("dead", "skip", *url, str(rows[1]["id"]))
     assert skip.returncode == 0, skip.stderr

@@ -75,7 +75,7 @@ def test_a_named_schema_leaves_the_revision_s_search_path_as_it_was(
         op = Operations(MigrationContext.configure(conn))
         before = scalar(conn, "SHOW search_path")
         applied = upgrade_oncely(op, version=LATEST, schema="events", shards=8)
-        assert [m.version for m in applied] == list(range(1, LATEST + 1))
+        assert [m.version for m in applied] == [m.version for m in migrations()]
         assert scalar(conn, "SHOW search_path") == before
         assert scalar(conn, "SELECT current_setting('oncely.shards', true)") in ("", None)
         # What the revision does next lands where it would have without oncely.

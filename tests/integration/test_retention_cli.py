@@ -15,6 +15,7 @@ from oncely.storage import partitions
 from tests.helpers import (
     CliResult,
     acknowledge_all,
+    execute,
     insert_rows,
     oncely_cli,
     outbox_row,
@@ -161,9 +162,9 @@ def test_plan_lists_verdicts_and_run_executes_only_with_execute(
 def test_run_exits_nonzero_when_a_partition_cannot_be_created_ahead(
     database_url: str, kafka_bootstrap: str, engine: sa.Engine, partitioned: datetime
 ) -> None:
-    # A row of 10 minutes ahead went to the default partition (no partition held its range):
-    # that partition cannot be created while the row is there.
-    insert_rows(engine, [outbox_row("t", event_id=uuid7_at(partitioned + timedelta(minutes=10)))])
+    # A type holds the name of the partition 10 minutes ahead (its row type cannot be made).
+    blocked = _name(partitioned + timedelta(minutes=10))
+    execute(engine, f"CREATE TYPE {blocked} AS ENUM ('x')")
     result = oncely_cli(
         "retention",
         "run",
@@ -176,4 +177,34 @@ def test_run_exits_nonzero_when_a_partition_cannot_be_created_ahead(
         },
     )
     assert result.exit_code == 1, result.output
-    assert "the default partition oncely_outbox_default holds rows of its range" in result.stdout
+    assert f"{blocked}: not created (DuplicateObject" in result.stdout
+    # The others were created.
+    assert _exists(engine, _name(partitioned + timedelta(minutes=11)))
+
+
+def test_run_refuses_partitions_ahead_that_do_not_outlast_its_interval(
+    database_url: str, kafka_bootstrap: str, engine: sa.Engine, partitioned: datetime
+) -> None:
+    env = {
+        "ONCELY_DATABASE_URL": database_url,
+        "ONCELY_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "ONCELY_RETENTION_AHEAD": "3",
+    }
+    refused = oncely_cli("retention", "run", "--execute", "--interval", "10m", env=env)
+    _one_line_error(refused, 2, "set ONCELY_RETENTION_AHEAD to 11 or more")
+    assert not _exists(engine, _name(partitioned + timedelta(minutes=4)))
+    by_setting = oncely_cli(
+        "retention", "run", "--execute", env={**env, "ONCELY_RETENTION_RUN_INTERVAL_SECONDS": "600"}
+    )
+    _one_line_error(by_setting, 2, "cover 3 min, not the 10 min between retention runs")
+    done = oncely_cli(
+        "retention",
+        "run",
+        "--execute",
+        "--interval",
+        "10m",
+        *HORIZONS,
+        env={**env, "ONCELY_RETENTION_AHEAD": "11"},
+    )
+    assert done.exit_code == 0, done.output
+    assert _exists(engine, _name(partitioned + timedelta(minutes=10)))

@@ -1,8 +1,9 @@
 """Retention's drop against writers that race it, on real PostgreSQL: a row committed while the
 drop waits for its lock keeps its partition whatever the default isolation level; a relay's
-record committed between the outbox facts cannot make a parked row look passed; a transaction
+record committed between the outbox facts cannot lose a parked row (it is kept aside); a transaction
 that writes into the outbox partition being dropped (a row with an old id, the idempotency key
-of one of its rows) waits for the drop or the drop for it, and neither deadlocks."""
+of one of its rows) waits for the drop or the drop for it, and neither deadlocks; a relay
+releasing a key while the drop keeps its rows aside waits for it and leaves no copy behind."""
 
 from __future__ import annotations
 
@@ -21,7 +22,18 @@ from oncely.retention import maintenance
 from oncely.storage import outbox, partitions, upgrade
 from oncely.storage.errors import DuplicateEventError, translate_errors_of
 from oncely.storage.stores.outbox import writes
-from tests.helpers import acknowledge_all, execute, insert_rows, outbox_row, park, scalar, uuid7_at
+from oncely.storage.stores.outbox.relay import Parking, RelayStore
+from oncely.storage.tables import shard_of
+from tests.helpers import (
+    acknowledge_all,
+    execute,
+    insert_rows,
+    outbox_row,
+    park,
+    scalar,
+    uuid7_at,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -159,12 +171,12 @@ def test_a_freeze_reads_nothing_before_its_lock(
     assert counted == [1]
 
 
-def test_a_relay_record_between_the_facts_cannot_make_a_parked_row_look_passed(
+def test_a_relay_record_between_the_facts_cannot_lose_a_parked_row(
     engine: sa.Engine, old: tuple[datetime, partitions.Partition], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The plan runs before a late row R commits; under the drop's lock the relay records its
     progress past R and R parked (delayed) in one transaction, between two of the re-check's
-    statements. The partition must stay: R is unpublished."""
+    statements. R is unpublished: the partition goes only with R kept aside for the relay."""
     moment, partition = old
     late = outbox_row("t", "late", event_id=uuid7_at(moment))
     unpassed = partitions.unpassed_shards
@@ -184,9 +196,8 @@ def test_a_relay_record_between_the_facts_cannot_make_a_parked_row_look_passed(
     monkeypatch.setattr(partitions, "unpassed_shards", racing)
     outcome = retention.run(engine, POLICY, _no_kafka)
     assert len(calls) == 2
-    assert partition.name not in outcome.dropped, outcome
-    assert "parked rows (1 delayed)" in _reasons(outcome)
-    assert _rows_in(engine, partition) == 1
+    assert partition.name in outcome.dropped, outcome
+    assert scalar(engine, "SELECT id FROM oncely_relay_kept") == late["id"]
 
 
 def test_a_row_with_an_old_id_staged_during_the_drop_neither_deadlocks_nor_is_lost(
@@ -237,3 +248,46 @@ def test_staging_the_key_of_a_row_being_dropped_neither_deadlocks_nor_loses_the_
             writer.commit()
     assert partition.name in outcome[0].dropped, outcome[0]
     insert_rows(engine, [outbox_row("t", "keyed", event_key="order-17")])  # the key is free
+
+
+def test_a_key_released_while_retention_keeps_its_rows_aside_leaves_no_copy(
+    engine: sa.Engine, old: tuple[datetime, partitions.Partition], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay releases a dead key (its row and the row held behind it published) while the
+    drop copies them aside: the release waits for the drop, then deletes the copies with the
+    key, so no copy is left for ever, and its idempotency key is free again."""
+    moment, partition = old
+    failed = outbox_row("t", "k", event_id=uuid7_at(moment), event_key="order-18")
+    held = outbox_row("t", "k", event_id=uuid7_at(moment))
+    insert_rows(engine, [failed, held])
+    acknowledge_all(engine)
+    park(engine, failed, "dead", held=[held])
+    shard = shard_of("t", "k", 32)
+    execute(
+        engine, "UPDATE oncely_relay_shards SET owner = 'r', epoch = 1 WHERE shard = :s", s=shard
+    )
+    store = RelayStore(engine, owner="r")
+    parking = Parking("t", "k", shard, failed["id"], "dead")
+    position = scalar(engine, "SELECT max(position) FROM oncely_relay_held")
+    drop = partitions.drop
+    releases: list[threading.Thread] = []
+    released: list[bool] = []
+
+    def racing(conn: sa.Connection, p: partitions.Partition, *, timeout: float) -> None:
+        # The rows are copied aside, not committed yet: the relay releases the key now.
+        release = threading.Thread(
+            target=lambda: released.append(store.unpark(parking, epoch=1, published_to=position))
+        )
+        release.start()
+        releases.append(release)
+        wait_until(lambda: _waiting(engine) > 0 or not release.is_alive(), timeout=20)
+        drop(conn, p, timeout=timeout)
+
+    monkeypatch.setattr(partitions, "drop", racing)
+    outcome = retention.run(engine, POLICY, _no_kafka)
+    releases[0].join(30)
+    assert partition.name in outcome.dropped, outcome
+    assert released == [True]
+    assert scalar(engine, "SELECT count(*) FROM oncely_relay_parked") == 0
+    assert scalar(engine, "SELECT count(*) FROM oncely_relay_kept") == 0
+    insert_rows(engine, [outbox_row("t", "k", event_key="order-18")])  # the key is free

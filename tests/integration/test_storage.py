@@ -38,10 +38,15 @@ def test_migrations_and_metadata_build_the_same_database(
 
     migrated, created = schema_catalog(from_migrations), schema_catalog(from_metadata)
     assert len(migrated["columns"]) > 40
-    assert {row[1] for row in migrated["triggers"]} == {"oncely_outbox_wake", "oncely_tasks_notify"}
+    assert {row[1] for row in migrated["triggers"]} == {
+        "oncely_outbox_wake",
+        "oncely_relay_kept_forget",
+        "oncely_tasks_notify",
+    }
     assert {row[0] for row in migrated["functions"]} == {
         "oncely_outbox_wake",
         "oncely_passed",
+        "oncely_relay_kept_forget",
         "oncely_tasks_notify",
     }
     assert [row[1] for row in migrated["shards"]] == list(range(DEFAULT_SHARDS))

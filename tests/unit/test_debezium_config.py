@@ -61,7 +61,10 @@ def test_the_database_and_replication_settings_come_from_the_url_and_options() -
     assert statement.startswith("SELECT * FROM events.oncely_outbox AS o WHERE ")
     for table in ("oncely_relay_shards", "oncely_relay_held", "oncely_relay_parked"):
         assert f"events.{table} " in statement
-    assert statement.endswith("ORDER BY o.seq")
+    # ... and the rows retention kept aside, as outbox rows.
+    assert "NULL::events.oncely_outbox, to_jsonb(k)" in statement
+    assert "FROM events.oncely_relay_kept AS k " in statement
+    assert statement.endswith("ORDER BY seq")
 
 
 def test_a_url_without_password_writes_none() -> None:

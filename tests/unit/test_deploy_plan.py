@@ -10,6 +10,7 @@ import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -299,15 +300,32 @@ def test_kubernetes_pods_are_hardened_and_budgeted(rendered: list[dict[str, Any]
             assert budgets[name]["selector"]["matchLabels"] == labels, f"{name}: no budget"
 
 
-def test_kubernetes_runs_retention_hourly_as_the_relay_is_configured(
+def test_kubernetes_runs_retention_often_enough_for_its_partitions_ahead(
     rendered: list[dict[str, Any]],
 ) -> None:
+    """The CronJob states its interval (its schedule plus its starting deadline), and the
+    partitions created ahead (config.yaml's ONCELY_RETENTION_AHEAD, else the default) outlast
+    it with the steps purge.md shows: no step's rows go to the default partition between runs."""
+    from oncely import retention
+    from oncely.settings import RetentionSettings
+    from oncely.storage import partitions
+
     (cron,) = [doc for doc in rendered if doc["kind"] == "CronJob"]
     assert cron["spec"]["concurrencyPolicy"] == "Forbid"
     minute, hour, *_ = cron["spec"]["schedule"].split()
-    assert minute.isdigit() and hour == "*"  # hourly
+    assert minute.startswith("*/") and hour == "*"
+    period = timedelta(minutes=int(minute.removeprefix("*/")))
+    late = timedelta(seconds=cron["spec"]["startingDeadlineSeconds"])
     (container,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
-    assert container["args"] == ["retention", "run", "--execute"]
+    assert container["args"][:4] == ["retention", "run", "--execute", "--interval"]
+    interval = partitions.parse_step(container["args"][4])
+    assert interval >= period + late
+    assert cron["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"] <= period.total_seconds()
+    config = next(doc for doc in rendered if doc["kind"] == "ConfigMap")
+    ahead = int(config["data"].get("ONCELY_RETENTION_AHEAD", RetentionSettings().ahead))
+    for step in ("15m", "6h", "1d"):
+        policy = retention.Policy(ahead=ahead, interval=interval)
+        retention.maintenance.check_ahead(partitions.parse_step(step), policy)
     relay = next(doc for doc in rendered if doc["metadata"]["name"] == "oncely-relay")
     (relay_container,) = relay["spec"]["template"]["spec"]["containers"]
     assert container["image"] == relay_container["image"]

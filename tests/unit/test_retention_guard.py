@@ -59,16 +59,15 @@ def test_a_partition_within_the_horizon_stays() -> None:
     assert _outbox(_partition(8)) is None  # ended exactly 7 days ago: past it
 
 
-def test_an_outbox_partition_with_parked_held_or_unpassed_rows_stays() -> None:
-    parked = _outbox(OLD, OutboxFacts(parked={"dead": 2, "delayed": 1}))
-    assert parked is not None and "parked rows (2 dead, 1 delayed)" in parked
-    assert "3 row(s) held behind a parked key" in str(_outbox(OLD, OutboxFacts(held=3)))
+def test_an_outbox_partition_with_unpassed_rows_stays() -> None:
+    # Parked and held rows do not keep it (F8): the drop keeps them aside for the relay.
     unpassed = _outbox(OLD, OutboxFacts(unpassed_shards=list(range(7))))
     assert unpassed is not None and "shard(s) 0, 1, 2, 3, 4..." in unpassed
 
 
 def test_a_receipts_partition_stays_until_kafka_passes_its_mark() -> None:
-    assert "outbox still holds its events" in str(_receipts(ReceiptsFacts(outbox_rows=True)))
+    held = ReceiptsFacts(outbox_rows="oncely_outbox_p20261206t000000")
+    assert "outbox still holds its events in oncely_outbox_p20261206t000000" in str(_receipts(held))
     offsets = {("t", 0): 41}
     assert _receipts(ReceiptsFacts(highest_offsets=offsets)) == NOT_MARKED
     assert _receipts(ReceiptsFacts()) is None  # nothing receipted: nothing to protect

@@ -288,6 +288,7 @@ STORES = [
     "storage/stores/outbox/dead.py",
     "storage/stores/outbox/reports.py",
     "storage/stores/outbox/debezium.py",
+    "storage/stores/outbox/kept.py",
     "storage/stores/receipts.py",
     "storage/stores/marks.py",
     "tasks/store.py",

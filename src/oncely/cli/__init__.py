@@ -42,8 +42,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("db", "Create and migrate oncely's tables in PostgreSQL."),
     "dead": (
         "dead",
-        "Inspect, requeue or skip dead outbox rows (each parks its key; a running relay "
-        "carries out requeue and skip).",
+        "Inspect, requeue or skip dead outbox rows, or delayed ones named by id (each parks "
+        "its key; a running relay carries out requeue and skip).",
     ),
     "debezium": (
         "debezium",

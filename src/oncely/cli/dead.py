@@ -1,9 +1,11 @@
-"""``oncely dead list|requeue|skip``: the outbox's dead letters.
+"""``oncely dead list|requeue|skip``: the outbox's dead letters, and delayed rows.
 
-A dead row parks its key: the relay holds the later rows of that topic and key behind it.
-``requeue`` and ``skip`` record a request on the parked key; the relay holding the key's shard
-carries it out (``requeue``: the dead row, then the held rows, in order; ``skip``: the held rows
-only). Both are dry runs unless ``--execute`` (or ``--yes`` for ids named).
+A dead row parks its key: the relay holds the later rows of that topic and key behind it; so
+does a delayed row until it is due. ``requeue`` and ``skip`` record a request on the parked key;
+the relay holding the key's shard carries it out (``requeue``: the parked row now, then the
+held rows, in order; ``skip``: the held rows only, the parked row never). A delayed row is
+changed only when named by its id. Both are dry runs unless ``--execute`` (or ``--yes`` for ids
+named).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from oncely.storage.stores.outbox import dead
 from oncely.storage.stores.outbox.dead import ChangedRow, DeadRow
 
 app = typer.Typer(
-    help="Inspect, requeue or skip dead outbox rows (each parks its key; a running relay "
-    "carries out requeue and skip)."
+    help="Inspect, requeue or skip dead outbox rows, or delayed ones named by id (each parks "
+    "its key; a running relay carries out requeue and skip)."
 )
 T = TypeVar("T")
 
@@ -38,11 +40,12 @@ def _with_engine(database_url: str, work: Callable[[sa.Engine], T]) -> T:
 
 
 _CARRIED_OUT = {
-    "requeue": "a running relay (`oncely relay run`) publishes each dead row, then the rows "
-    "held behind its key, in order; `oncely dead list` shows the rows still waiting",
+    "requeue": "a running relay (`oncely relay run`) publishes each row now (dead or delayed), "
+    "then the rows held behind its key, in order; `oncely dead list` shows the rows still "
+    "waiting",
     "skip": "a running relay (`oncely relay run`) publishes the rows held behind each key "
-    "without its dead row (kept in the outbox until purged); `oncely dead list` shows the rows "
-    "still waiting",
+    "without its dead or delayed row, which is never published (kept in the outbox until "
+    "purged); `oncely dead list` shows the rows still waiting",
 }
 
 
@@ -59,23 +62,38 @@ def _print_changed(verb: str, rows: Sequence[ChangedRow], *, as_json: bool) -> N
 def list_(
     database_url: DatabaseUrl,
     topic: Annotated[str | None, typer.Option(help="Only this topic.")] = None,
+    delayed: Annotated[
+        bool,
+        typer.Option(
+            "--delayed",
+            help="Also list delayed rows (available_at ahead): each parks its key until due.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """List dead rows, oldest first: the rows held behind each one's key, its error, and the
-    request (requeue or skip) waiting for a relay to carry it out."""
-    rows = _with_engine(database_url, lambda e: dead.list_dead(e, topic=topic))
+    request (requeue or skip) waiting for a relay to carry it out; with --delayed, delayed rows
+    too, with when each is due."""
+    rows = _with_engine(database_url, lambda e: dead.list_dead(e, topic=topic, delayed=delayed))
     if as_json:
         print_json({"dead_rows": rows})
         return
-    # One line per row (ids whole, to copy), the error on the next.
-    out.print(f"{len(rows)} dead row(s)")
+    # One line per row (ids whole, to copy), the error (or when it is due) on the next.
+    if delayed:
+        late = sum(1 for row in rows if row.reason == "delayed")
+        out.print(f"{len(rows) - late} dead row(s), {late} delayed row(s)")
+    else:
+        out.print(f"{len(rows)} dead row(s)")
     for row in rows:
         out.print(
             f"{row.id}  topic={escape(row.topic)}  key={escape(row.aggregateid)}  "
             f"type={escape(row.type or '(purged)')}  held={row.held}  "
             f"request={row.request or '-'}  parked {row.parked_at.isoformat(timespec='seconds')}"
         )
-        out.print(f"    error: {escape(row.error or '-')}")
+        if row.reason == "delayed" and row.until is not None:
+            out.print(f"    delayed until {row.until.isoformat(timespec='seconds')}")
+        else:
+            out.print(f"    error: {escape(row.error or '-')}")
 
 
 def _print_plan(
@@ -93,13 +111,15 @@ def _print_plan(
             f"{escape(row.type or '(purged)')}  held={row.held}"
         )
     for missing in not_dead:
-        out.print(f"  {missing}  not a dead row: unchanged")
+        out.print(f"  {missing}  not a dead or delayed row: unchanged")
 
 
 @app.command()
 def requeue(
     database_url: DatabaseUrl,
-    ids: Annotated[list[UUID] | None, typer.Argument(help="Row ids.")] = None,
+    ids: Annotated[
+        list[UUID] | None, typer.Argument(help="Row ids (dead, or delayed: published now).")
+    ] = None,
     topic: Annotated[str | None, typer.Option(help="Every dead row of this topic.")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Every dead row.")] = False,
     execute: Execute = False,
@@ -110,9 +130,11 @@ def requeue(
 ) -> None:
     """Publish dead rows again, then the rows held behind their keys, in order.
 
-    Records the request; a running relay (`oncely relay run`) holding the key's shard carries
-    it out. A row that fails again stays dead with its new error. A dry run unless --execute
-    (or --yes, for row ids named): it lists the rows it would requeue, and changes nothing.
+    A delayed row named by its id is published now, before it is due, then the rows held
+    behind its key (--topic and --all leave delayed rows to their time). Records the request;
+    a running relay (`oncely relay run`) holding the key's shard carries it out. A row that
+    fails again stays dead with its new error. A dry run unless --execute (or --yes, for row
+    ids named): it lists the rows it would requeue, and changes nothing.
     """
     if not ids and topic is None and not all_:
         raise ConfigurationError("name row ids, --topic T or --all")
@@ -135,14 +157,15 @@ def requeue(
 @app.command()
 def skip(
     database_url: DatabaseUrl,
-    ids: Annotated[list[UUID], typer.Argument(help="Row ids.")],
+    ids: Annotated[list[UUID], typer.Argument(help="Row ids (dead, or delayed: never published).")],
     execute: ExecuteNamed = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Give up on dead rows: the rows held behind their keys are published without them.
 
-    Records the request; a running relay (`oncely relay run`) carries it out. The dead row
-    stays in the outbox (for audit) until purged. A dry run unless --execute (or --yes): it
+    A delayed row named is never published: the rows held behind its key go out now without
+    it. Records the request; a running relay (`oncely relay run`) carries it out. The skipped
+    row stays in the outbox (for audit) until purged. A dry run unless --execute (or --yes): it
     lists the rows it would skip, and changes nothing.
     """
     if not execute:

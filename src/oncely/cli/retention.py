@@ -49,6 +49,17 @@ ReceiptsHorizon = Annotated[
     ),
 ]
 
+RunInterval = Annotated[
+    str | None,
+    typer.Option(
+        "--interval",
+        help="How long runs are apart at most (e.g. 70m: the schedule plus its starting "
+        "deadline; default ONCELY_RETENTION_RUN_INTERVAL_SECONDS): refuse to run when the "
+        "partitions created ahead (ONCELY_RETENTION_AHEAD steps) do not outlast it.",
+        show_default=False,
+    ),
+]
+
 _EPILOG = settings_epilog(RetentionSettings, "retention")
 
 
@@ -86,6 +97,7 @@ def run(
     bootstrap_servers: BootstrapServers,
     outbox_horizon: OutboxHorizon = None,
     receipts_horizon: ReceiptsHorizon = None,
+    interval: RunInterval = None,
     execute: Execute = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -93,13 +105,21 @@ def run(
 
     A dry run unless --execute (then the same as `oncely retention plan`). Each drop locks its
     partition (waiting at most ONCELY_RETENTION_LOCK_TIMEOUT_SECONDS), checks it again and
-    drops it only if it still may go. Exits 0 when partitions are kept (that is normal), 1 when
-    a partition could not be created ahead or Kafka does not answer, 2 when the tables are not
-    partitioned. Run it from a Job (ONCELY_RETENTION_IN_RELAY=false), or let the relay run it
-    on its purge timer (the default).
+    drops it only if it still may go. Partitions created ahead take the rows of their range
+    out of the default partitions; the outbox's default rows no partition will take are
+    deleted once the relay has passed them and they are past the outbox horizon. Exits 0 when
+    partitions are kept (that is normal), 1 when a partition could not be created ahead or
+    Kafka does not answer, 2 when the tables are not partitioned or the partitions ahead do
+    not outlast --interval. Run it from a Job (ONCELY_RETENTION_IN_RELAY=false), or let the
+    relay run it on its purge timer (the default).
     """
     current, outcome, left = _carry_out(
-        database_url, bootstrap_servers, outbox_horizon, receipts_horizon, execute=execute
+        database_url,
+        bootstrap_servers,
+        outbox_horizon,
+        receipts_horizon,
+        execute=execute,
+        interval=interval,
     )
     if as_json:
         from oncely import retention
@@ -122,6 +142,7 @@ def _carry_out(
     receipts_horizon: str | None,
     *,
     execute: bool,
+    interval: str | None = None,
 ) -> tuple[Plan | None, Outcome | None, list[TableState]]:
     """The plan (``None`` when the run found another in progress), and when ``execute`` what
     the run did; each table's state after it."""
@@ -129,7 +150,7 @@ def _carry_out(
 
     from oncely import retention
 
-    policy = _policy(outbox_horizon, receipts_horizon)
+    policy = _policy(outbox_horizon, receipts_horizon, interval)
     kafka = reached(bootstrap_servers)
     config = kafka.client_config()
     timeout = RetentionSettings().kafka_timeout_seconds
@@ -156,13 +177,19 @@ def _carry_out(
         engine.dispose()
 
 
-def _policy(outbox_horizon: str | None, receipts_horizon: str | None) -> Policy:
+def _policy(
+    outbox_horizon: str | None, receipts_horizon: str | None, interval: str | None = None
+) -> Policy:
     from oncely import retention
     from oncely.settings import RelaySettings
 
+    settings = RetentionSettings()
+    seconds = settings.run_interval_seconds
+    every = timedelta(seconds=seconds) if seconds is not None else None
     return retention.policy_of(
-        RetentionSettings(),
+        settings,
         RelaySettings(),
+        interval=_horizon(interval, "interval") if interval is not None else every,
         outbox_horizon=None if outbox_horizon is None else _horizon(outbox_horizon, "outbox"),
         receipts_horizon=None
         if receipts_horizon is None
@@ -170,11 +197,13 @@ def _policy(outbox_horizon: str | None, receipts_horizon: str | None) -> Policy:
     )
 
 
-def _horizon(text: str, table: str) -> timedelta:
+def _horizon(text: str, option: str) -> timedelta:
+    """``text`` as a duration, or BadParameter naming ``--{option}-horizon`` (``--interval``)."""
     try:
         return parse_duration(text)
     except typer.BadParameter as exc:
-        raise typer.BadParameter(exc.message, param_hint=f"--{table}-horizon") from None
+        hint = "--interval" if option == "interval" else f"--{option}-horizon"
+        raise typer.BadParameter(exc.message, param_hint=hint) from None
 
 
 def _print_plan(current: Plan) -> None:
@@ -195,6 +224,10 @@ def _print_outcome(outcome: Outcome, left: list[TableState]) -> None:
         _print_states(left)
         return
     out.print(f"partitions of {_step(current.step)}, now {_moment(current.now)}")
+    if outcome.purged:
+        out.print(
+            f"deleted {outcome.purged} row(s) of oncely_outbox_default that no partition will take"
+        )
     if outcome.created:
         out.print(f"created {len(outcome.created)} partition(s): {', '.join(outcome.created)}")
     dropped = [v for v in current.verdicts if v.partition.name in set(outcome.dropped)]

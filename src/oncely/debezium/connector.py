@@ -199,20 +199,28 @@ def snapshot_statement(schema: str) -> str:
     Those of transactions their shard's progress does not cover (neither the snapshot whose
     rows are all acknowledged, nor the acknowledged part of the one being read), and those held
     behind a parked key or parked as delayed; not a dead row (``oncely dead`` still lists it).
-    In ``seq`` order, so each key's backlog is published in order. The connector's user needs
-    ``SELECT`` on ``oncely_relay_shards``, ``oncely_relay_held`` and ``oncely_relay_parked``.
+    Held and delayed rows whose partition retention dropped are read from their kept copies
+    (``oncely_relay_kept``), as outbox rows. In ``seq`` order, so each key's backlog is
+    published in order. The connector's user needs ``SELECT`` on ``oncely_relay_shards``,
+    ``oncely_relay_held``, ``oncely_relay_parked`` and ``oncely_relay_kept``.
     """
     validate_schema_name(schema)
+    parked = (
+        f"(SELECT h.event_id FROM {schema}.oncely_relay_held AS h) "
+        f"OR {{row}}.id IN (SELECT p.event_id FROM {schema}.oncely_relay_parked AS p "
+        "WHERE p.reason = 'delayed')"
+    )
     return (
         f"SELECT * FROM {schema}.{OUTBOX_TABLE} AS o "
         f"WHERE EXISTS (SELECT 1 FROM {schema}.oncely_relay_shards AS s "
         "WHERE s.shard = o.shard AND NOT pg_visible_in_snapshot(o.txid, s.done) "
         "AND NOT (s.reading IS NOT NULL AND o.seq <= s.after_seq "
         "AND pg_visible_in_snapshot(o.txid, s.reading))) "
-        f"OR o.id IN (SELECT h.event_id FROM {schema}.oncely_relay_held AS h) "
-        f"OR o.id IN (SELECT p.event_id FROM {schema}.oncely_relay_parked AS p "
-        "WHERE p.reason = 'delayed') "
-        "ORDER BY o.seq"
+        f"OR o.id IN {parked.format(row='o')} "
+        # A kept copy as an outbox row: its columns by name (the outbox's others NULL).
+        f"UNION ALL SELECT (jsonb_populate_record(NULL::{schema}.{OUTBOX_TABLE}, to_jsonb(k))).* "
+        f"FROM {schema}.oncely_relay_kept AS k WHERE k.id IN {parked.format(row='k')} "
+        "ORDER BY seq"
     )
 
 

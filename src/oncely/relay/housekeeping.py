@@ -10,10 +10,10 @@ partitions; the relay still exports the ``oncely_retention_*`` gauges). A relay 
 catalog query a run while unpartitioned; a conversion is never undone). No failure of a purge
 stops the relay: it is logged, counted in ``oncely_retention_errors_total`` on partitioned
 tables, and tried again at the next interval. A run that finds another in progress (every relay
-runs retention on its timer) leaves the gauges as they were; after a run whose drop or creation
-did not get its lock, the later intervals are skipped for a while (the project's
+runs retention on its timer) leaves the gauges as they were; after a run whose drop did not get
+its lock, the later runs drop nothing for a while (the project's
 :class:`~oncely.runtime.retry.Backoff`, with jitter, so that relays do not retry together and
-stall staging again and again).
+stall staging again and again) but still create the partitions ahead.
 """
 
 from __future__ import annotations
@@ -52,7 +52,12 @@ class Housekeeping:
         self.store = store
         self.settings = settings
         self.retention_settings = retention_settings
-        self.policy = retention.policy_of(retention_settings, settings)
+        # A relay that creates partitions (retention in the relay) runs every purge interval:
+        # its partitions ahead must outlast that (a run refuses otherwise, counted as an error).
+        every = timedelta(seconds=settings.purge_interval_seconds)
+        self.policy = retention.policy_of(
+            retention_settings, settings, interval=every if retention_settings.in_relay else None
+        )
         self.metrics = metrics
         self._kafka = kafka
         self._thread: threading.Thread | None = None
@@ -61,7 +66,8 @@ class Housekeeping:
         self._step: timedelta | None = None
         #: Runs finished (failed or not): tests wait on it.
         self.runs = 0
-        #: After a lock not granted, the intervals until ``_resume_at`` (monotonic) are skipped.
+        #: After a drop's lock not granted, the runs until ``_resume_at`` (monotonic) drop
+        #: nothing (they still create the partitions ahead, which take no lock staging waits on).
         interval = settings.purge_interval_seconds
         self._backoff = Backoff(
             first=2 * interval, maximum=16 * interval, multiplier=2.0, jitter=0.5
@@ -74,9 +80,8 @@ class Housekeeping:
         return self._thread is not None and self._thread.is_alive()
 
     def due(self) -> None:
-        """Start a run unless one is still running (it then goes on; no run is queued) or the
-        runs back off after a lock not granted."""
-        if self.running or time.monotonic() < self._resume_at:
+        """Start a run unless one is still running (it then goes on; no run is queued)."""
+        if self.running:
             return
         self._thread = threading.Thread(target=self._run, name="oncely-relay-purge", daemon=True)
         self._thread.start()
@@ -115,25 +120,28 @@ class Housekeeping:
             plan = retention.plan(engine, policy, self._watermarks)
             retention.record(self.metrics, plan, policy)
             return
-        outcome = retention.run(engine, policy, self._watermarks)
+        drop = time.monotonic() >= self._resume_at
+        outcome = retention.run(engine, policy, self._watermarks, drop=drop)
         if outcome.plan is None:
             return  # another run is in progress: the gauges stay as its last plan left them
         if outcome.lock_refused:
             self._lock_failures += 1
             self._resume_at = time.monotonic() + self._backoff.delay(self._lock_failures)
-        else:
+        elif drop:
             self._lock_failures = 0
         tables = retention.states(engine, policy) if outcome.dropped else None
         retention.record(self.metrics, outcome.plan, policy, outcome, tables=tables)
-        if outcome.created or outcome.dropped:
+        if outcome.created or outcome.dropped or outcome.purged:
             log.info(
-                "retention: created %d and dropped %d partitions",
+                "retention: created %d and dropped %d partitions, deleted %d default rows",
                 len(outcome.created),
                 len(outcome.dropped),
+                outcome.purged,
                 # "created" is a LogRecord attribute: extra may not set it.
                 extra={
                     "partitions_created": outcome.created,
                     "partitions_dropped": outcome.dropped,
+                    "default_rows_deleted": outcome.purged,
                 },
             )
         for error in outcome.errors:

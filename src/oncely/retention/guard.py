@@ -1,11 +1,13 @@
 """The guard: whether a partition of the outbox or the receipts may be dropped now, or what it
 waits for, decided from facts gathered by :mod:`oncely.retention.maintenance` (pure logic).
 
-An outbox partition goes only when every row in it is past every shard's recorded progress,
-none is dead, delayed, blocked or held behind a parked key, and its range ended before the
-republish horizon. A receipts partition goes only when none of its events can be delivered
-again. Its range ended before the receipts horizon and the outbox no longer holds its events
-(so no republish of this database can reach them); then a *mark* is taken: for each topic its
+An outbox partition goes only when every row in it is past every shard's recorded progress and
+its range ended before the republish horizon. Its dead, delayed or blocked rows and the rows
+held behind a parked key do not keep it: the drop keeps them aside for the relay
+(:mod:`oncely.storage.stores.outbox.kept`). A receipts partition goes only when none of its
+events can be delivered again. Its range ended before the receipts horizon and the outbox no
+longer holds its events, its rows kept aside included (so no republish of this database, and no
+release by the relay, can reach them); then a *mark* is taken: for each topic its
 receipts name, every partition's high watermark at that moment. Every copy of its events that
 Kafka held then lies below the mark, whatever its offset or partition: the record a consumer
 receipted, a republish's copy at a higher offset, a relay's duplicate. The partition goes once
@@ -25,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from oncely.storage.partitions import Partition
+from oncely.storage.partitions import KEPT_TABLE, Partition
 
 
 @dataclass(frozen=True)
@@ -34,13 +36,9 @@ class OutboxFacts:
 
     Attributes:
         unpassed_shards: shards whose progress has not passed the partition's last row.
-        parked: parked rows of the partition by reason (``dead``, ``delayed``, ``blocked``).
-        held: rows of the partition held behind a parked key.
     """
 
     unpassed_shards: Sequence[int] = ()
-    parked: Mapping[str, int] = field(default_factory=dict)
-    held: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,7 +74,10 @@ class ReceiptsFacts:
     """What could deliver a receipts partition's records again.
 
     Attributes:
-        outbox_rows: whether the outbox still holds events of the partition's range.
+        outbox_rows: the outbox partition that still holds events of the partition's range
+            (its default one when a row of the range came after its partition was dropped),
+            ``None`` when none does (``oncely_relay_kept`` when only its rows of parked keys,
+            kept aside, do).
         unplaced: how many of its receipts have no Kafka position (topic, partition or offset
             ``NULL``).
         highest_offsets: (topic, partition) -> the highest offset receipted there.
@@ -85,7 +86,7 @@ class ReceiptsFacts:
         unanswered: the topics Kafka did not answer about when the mark was to be taken.
     """
 
-    outbox_rows: bool = False
+    outbox_rows: str | None = None
     unplaced: int = 0
     highest_offsets: Mapping[tuple[str, int], int] = field(default_factory=dict)
     mark: Mark | None = None
@@ -112,11 +113,6 @@ def outbox_reason(
     """Why the outbox ``partition`` must stay, or ``None`` if it may be dropped."""
     if (reason := _range_reason(partition, now=now, horizon=horizon)) is not None:
         return reason
-    if facts.parked:
-        kinds = ", ".join(f"{n} {reason}" for reason, n in sorted(facts.parked.items()))
-        return f"holds parked rows ({kinds}): requeue or skip them (`oncely dead list`)"
-    if facts.held:
-        return f"holds {facts.held} row(s) held behind a parked key (`oncely dead list`)"
     if facts.unpassed_shards:
         shards = ", ".join(str(s) for s in facts.unpassed_shards[:5])
         more = "..." if len(facts.unpassed_shards) > 5 else ""
@@ -172,8 +168,20 @@ def database_reason(
     receipts without a Kafka position), or ``None``: its mark and Kafka decide."""
     if (reason := _range_reason(partition, now=now, horizon=horizon)) is not None:
         return reason
-    if facts.outbox_rows:
-        return "the outbox still holds its events (a republish could deliver them again)"
+    if facts.outbox_rows is not None:
+        reason = f"the outbox still holds its events in {facts.outbox_rows}"
+        if facts.outbox_rows.endswith("_default"):
+            reason += (
+                " (staged after their range's partition was dropped: retention deletes them once"
+                " the relay has passed them and they are past the outbox horizon)"
+            )
+        if facts.outbox_rows == KEPT_TABLE:
+            return reason + (
+                " (rows of parked keys kept aside when their partition was dropped: a long delay,"
+                " a dead row or a missing topic; the relay publishes them once their key is"
+                " released, `oncely dead list --delayed`)"
+            )
+        return reason + "; a republish could deliver them again"
     if facts.unplaced:
         return (
             f"{facts.unplaced} receipt(s) without a Kafka position (not written by a consumer "
@@ -210,7 +218,7 @@ def mark_of(highest_offsets: Mapping[tuple[str, int], int], kafka: KafkaAnswer) 
 
 def _range_reason(partition: Partition, *, now: datetime, horizon: timedelta) -> str | None:
     if partition.upper is None:
-        return "the default partition is never dropped (its rows go by the batched DELETE)"
+        return "the default partition is never dropped (retention deletes its rows that may go)"
     if partition.upper > now - horizon:
         return f"its range ends at {partition.upper:%Y-%m-%d %H:%M:%S}Z, within the horizon"
     return None

@@ -1,15 +1,17 @@
 """Retention of the partitioned outbox and receipts: the plan (partitions to create ahead,
 each closed partition's verdict, each table's state) and its execution.
 
-:func:`plan` reads the catalog, the relay's progress, the parked and held rows and the receipts
-partitions' marks in one short transaction, ends it, and only then asks Kafka about the marked
-topics (no lock on oncely's tables is held while Kafka answers); it changes nothing. :func:`run`
-takes the advisory lock first (a run that finds another in progress does nothing, not even a
-plan), gathers the same facts, marking each receipts partition that has become otherwise
-droppable (one scan of it, then Kafka's high watermarks: see :mod:`.guard`), then creates the
-partitions ahead and drops each partition the guard lets go, in a transaction of its own that
-first stops writes into the partition (a SHARE lock: reads go on), gathers its facts again and
-drops it only if the guard still agrees (the drop itself holds the table for a moment).
+:func:`plan` reads the catalog, the relay's progress and the receipts partitions' marks in one
+short transaction, ends it, and only then asks Kafka about the marked topics (no lock on
+oncely's tables is held while Kafka answers); it changes nothing. :func:`run` takes the
+advisory lock first (a run that finds another in progress does nothing, not even a plan),
+gathers the same facts, marking each receipts partition that has become otherwise droppable
+(one scan of it, then Kafka's high watermarks: see :mod:`.guard`), then creates the partitions
+ahead and drops each partition the guard lets go, in a transaction of its own that first stops
+writes into the partition (a SHARE lock: reads go on), gathers its facts again and drops it only
+if the guard still agrees (the drop itself holds the table for a moment). An outbox partition's
+rows of parked keys (dead, delayed or blocked, and those held behind them) are kept aside in
+the drop's transaction, for the relay to publish at release.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
+import psycopg
 import sqlalchemy as sa
 
 from oncely.errors import ConfigurationError
@@ -27,6 +30,7 @@ from oncely.settings import RelaySettings, RetentionSettings
 from oncely.storage import partitions
 from oncely.storage.partitions import Partition, PartitionError
 from oncely.storage.stores import marks
+from oncely.storage.stores.outbox import kept
 
 #: Kafka's watermarks of the asked topics (see :func:`.kafka.watermarks`).
 AskKafka = Callable[[Iterable[str]], KafkaAnswer]
@@ -55,12 +59,16 @@ class Policy:
         ahead: partitions created ahead of the current one, in steps.
         lock_timeout: seconds a drop or a creation waits for its locks before giving up
             until the next run (staging waits behind it that long at most).
+        interval: how long runs are apart at most (the relay's purge interval, a Job's
+            schedule): :func:`run` refuses to run when the partitions created ahead do not
+            outlast it (:func:`check_ahead`); ``None``: not checked.
     """
 
     outbox_horizon: timedelta = timedelta(days=7)
     receipts_horizon: timedelta = timedelta(days=21)
     ahead: int = 3
     lock_timeout: float = 2.0
+    interval: timedelta | None = None
 
     def horizon(self, table: str) -> timedelta:
         return self.outbox_horizon if table == "oncely_outbox" else self.receipts_horizon
@@ -72,9 +80,11 @@ def policy_of(
     *,
     outbox_horizon: timedelta | None = None,
     receipts_horizon: timedelta | None = None,
+    interval: timedelta | None = None,
 ) -> Policy:
     """The :class:`Policy` of ``settings``, the outbox's horizon being the relay's
-    ``retention_seconds``; a horizon given here wins (a command-line option)."""
+    ``retention_seconds``; a horizon given here wins (a command-line option). ``interval``:
+    how long runs are apart (see :class:`Policy`)."""
     return Policy(
         outbox_horizon=timedelta(seconds=relay.retention_seconds)
         if outbox_horizon is None
@@ -84,7 +94,29 @@ def policy_of(
         else receipts_horizon,
         ahead=settings.ahead,
         lock_timeout=settings.lock_timeout_seconds,
+        interval=interval,
     )
+
+
+def check_ahead(step: timedelta, policy: Policy) -> None:
+    """Raise :class:`~oncely.errors.ConfigurationError` when the partitions a run creates
+    ahead (``policy.ahead`` steps past the current one) may end before the next run
+    (``policy.interval`` later): the rows of the gap would go to the default partition. Runs
+    that come late (a Job's starting deadline) belong in the interval."""
+    interval = policy.interval
+    if interval is None or policy.ahead * step > interval:
+        return
+    needed = interval // step + 1
+    raise ConfigurationError(
+        f"ONCELY_RETENTION_AHEAD={policy.ahead} partitions of {partitions.describe(step)} "
+        f"cover {_minutes(policy.ahead * step)}, not the {_minutes(interval)} between "
+        "retention runs: set "
+        f"ONCELY_RETENTION_AHEAD to {needed} or more, or run retention more often"
+    )
+
+
+def _minutes(span: timedelta) -> str:
+    return f"{span.total_seconds() / 60:g} min"
 
 
 @dataclass(frozen=True)
@@ -95,7 +127,8 @@ class TableState:
         partitions: its range partitions (the default one not counted).
         bytes: its size on disk, every partition's table, indexes and TOAST.
         oldest: the start of its oldest retained range partition.
-        default_rows: about how many rows its default partition holds (PostgreSQL's estimate).
+        default_rows: how many rows its default partition holds (PostgreSQL's statistics, a
+            few seconds behind).
         blocked_seconds: how long its oldest partition has been past its horizon and still
             retained (0 when none is).
     """
@@ -124,15 +157,19 @@ class Plan:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a run did: the partitions created and dropped, and every partition kept with its
-    reason (a refusal at drop time included: a lock not granted, a fact changed); ``busy``:
+    """What a run did: the partitions created and dropped, the rows of the outbox's default
+    partition deleted (``purged``: rows no range partition will take, see
+    :func:`oncely.storage.partitions.purge_default`), and every partition kept with its
+    reason (a refusal at drop time included: a lock not granted, a fact changed); ``errors``:
+    one line per partition that could not be created now (tried again next run); ``busy``:
     another run was in progress on the database, so this one did nothing, not even a plan
     (``plan`` is ``None``; not an error: every relay runs retention on its timer, one at a
-    time); ``lock_refused``: a creation or a drop did not get its lock in time."""
+    time); ``lock_refused``: a drop did not get its lock in time."""
 
     plan: Plan | None
     created: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    purged: int = 0
     kept: list[Verdict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     busy: bool = False
@@ -358,14 +395,10 @@ def _reason(
 
 
 def outbox_facts(conn: sa.Connection, partition: Partition) -> OutboxFacts:
-    """The outbox ``partition``'s facts. Progress is read before the parked and held rows:
-    the relay records its progress with the rows it parked or held in one transaction, and
-    removes a parked or held row only once it is published, so a row that progress has
-    passed is, in the later statement, either parked, held or published (read the other way
-    round, a record committed in between would make a parked row look passed)."""
-    unpassed = partitions.unpassed_shards(conn, partition)
-    parked, held = partitions.parked_in(conn, partition)
-    return OutboxFacts(unpassed, parked, held)
+    """The outbox ``partition``'s facts: the shards whose progress has not passed all its rows.
+    Its parked and held rows do not keep it: :func:`_drop` keeps them aside after reading this
+    (:func:`oncely.storage.stores.outbox.kept.keep`)."""
+    return OutboxFacts(partitions.unpassed_shards(conn, partition))
 
 
 def _state(
@@ -386,21 +419,32 @@ def _state(
     )
 
 
-def run(engine: sa.Engine, policy: Policy, kafka: AskKafka) -> Outcome:
-    """Execute :func:`plan`, marking the receipts partitions that became otherwise droppable:
-    create the partitions ahead, then drop those the guard lets go, oldest first, each under
-    its lock after checking it again; return what was done.
+def run(engine: sa.Engine, policy: Policy, kafka: AskKafka, *, drop: bool = True) -> Outcome:
+    """Delete the outbox's default rows no partition will take (passed by the relay, past the
+    outbox horizon), execute :func:`plan`, marking the receipts partitions that became
+    otherwise droppable: create the partitions ahead (moving their rows out of the default
+    partitions), then drop those the guard lets go, oldest first, each under its lock after
+    checking it again; return what was done. Without ``drop`` (a caller backing off after a
+    drop's lock was not granted) nothing is dropped: the partitions ahead are still created.
 
-    A partition whose lock is not granted within ``policy.lock_timeout`` (or whose facts
-    changed) is kept and reported; later partitions of its table wait for it. One run at a
-    time: a run that finds another one running (any process, this database) does nothing, not
-    even a plan, and says so (``busy``). Creating and dropping partitions needs the tables'
-    owner (the role that ran ``oncely db upgrade``).
+    A partition that cannot be created (a lock not granted, any database error) is reported in
+    ``errors`` and the rest of the run goes on. A partition whose lock is not granted within
+    ``policy.lock_timeout`` (or whose facts changed) is kept and reported; later partitions of
+    its table wait for it. One run at a time: a run that finds another one running (any
+    process, this database) does nothing, not even a plan, and says so (``busy``). Creating
+    and dropping partitions needs the tables' owner (the role that ran ``oncely db upgrade``).
 
     Raises:
         NotPartitionedError: the tables are not partitioned.
+        oncely.errors.ConfigurationError: ``policy.ahead`` does not cover ``policy.interval``
+            (:func:`check_ahead`); nothing was done.
         oncely.retention.kafka.KafkaUnansweredError: Kafka did not answer.
     """
+    with engine.connect() as conn:
+        step = partitions.step_of(conn)
+    if step is None:
+        raise _not_partitioned()
+    check_ahead(step, policy)
     # The lock is the session's, held across the run's transactions; the session holds no
     # transaction open meanwhile (autocommit).
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as session:
@@ -409,14 +453,15 @@ def run(engine: sa.Engine, policy: Policy, kafka: AskKafka) -> Outcome:
         ).scalar():
             return Outcome(None, busy=True)
         try:
-            return _run(engine, policy, kafka)
+            return _run(engine, policy, kafka, drop=drop)
         finally:
             session.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": RUN_LOCK})
 
 
-def _run(engine: sa.Engine, policy: Policy, kafka: AskKafka) -> Outcome:
+def _run(engine: sa.Engine, policy: Policy, kafka: AskKafka, *, drop: bool) -> Outcome:
+    purged = _purge_default(engine, policy)
     current = _plan(engine, policy, kafka, marking=True)
-    outcome = Outcome(current)
+    outcome = Outcome(current, purged=purged)
     lock_refused = False
     for table, moment in current.create:
         try:
@@ -425,19 +470,27 @@ def _run(engine: sa.Engine, policy: Policy, kafka: AskKafka) -> Outcome:
                 outcome.created.append(
                     partitions.create_partition(conn, table, moment, moment + current.step)
                 )
-        except PartitionError as exc:
-            outcome.errors.append(str(exc))
-        except sa.exc.OperationalError as exc:
-            lock_refused = True
-            outcome.errors.append(
-                f"{partitions.partition_name(table, moment)}: not created, lock not granted in "
-                f"{policy.lock_timeout:g} s ({type(exc.orig).__name__}); retried next run"
-            )
+        except sa.exc.DBAPIError as exc:  # one partition's error; the others go on
+            name = partitions.partition_name(table, moment)
+            if isinstance(exc.orig, psycopg.errors.LockNotAvailable):
+                outcome.errors.append(
+                    f"{name}: not created, lock not granted in {policy.lock_timeout:g} s "
+                    f"({type(exc.orig).__name__}); retried next run"
+                )
+            else:
+                first = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
+                outcome.errors.append(
+                    f"{name}: not created ({type(exc.orig).__name__}: {first}); retried next run"
+                )
     blocked: set[str] = set()
     for verdict in current.verdicts:
         table = verdict.partition.table
-        if not verdict.droppable or table in blocked:
-            kept = verdict.reason or "waits for an older partition kept in this run"
+        if not drop or not verdict.droppable or table in blocked:
+            kept = verdict.reason or (
+                "waits for an older partition kept in this run"
+                if drop
+                else "not dropped in this run: it backs off after a lock not granted"
+            )
             outcome.kept.append(Verdict(verdict.partition, kept))
             continue
         refused = _drop(engine, verdict.partition, policy, current.now, current.kafka)
@@ -456,6 +509,31 @@ class _LockNotGranted(str):
     __slots__ = ()
 
 
+#: Rows of the outbox's default partition deleted per statement (each its own transaction).
+_PURGE_BATCH = 1000
+
+
+def _purge_default(engine: sa.Engine, policy: Policy) -> int:
+    """Delete the outbox's default rows no range partition will take, that the relay has
+    passed and that are past the outbox horizon, in batches; return how many."""
+    purged = 0
+    while True:
+        with _connect(engine) as conn, conn.begin():
+            now: datetime = conn.execute(sa.text("SELECT now()")).scalar_one()
+            step = partitions.step_of(conn)
+            if step is None:
+                return purged
+            batch = partitions.purge_default(
+                conn,
+                below=partitions.window_start(now, step),
+                older_than=policy.outbox_horizon,
+                limit=_PURGE_BATCH,
+            )
+        purged += batch
+        if batch < _PURGE_BATCH:
+            return purged
+
+
 def _drop(
     engine: sa.Engine,
     partition: Partition,
@@ -471,6 +549,8 @@ def _drop(
             reason = _reason(conn, partition, policy, now, answer)
             if reason is not None:
                 return reason
+            if partition.table == "oncely_outbox":  # after the progress read, as kept.keep needs
+                kept.keep(conn, *partition.ids())
             partitions.drop(conn, partition, timeout=policy.lock_timeout)
             if partition.table == "oncely_receipts":
                 marks.discard(conn, partition.name)

@@ -57,6 +57,7 @@ def document(
     if outcome is not None:
         found["created"] = outcome.created
         found["dropped"] = outcome.dropped
+        found["purged_default_rows"] = outcome.purged
         found["kept"] = [verdict_document(v) for v in outcome.kept]
         found["errors"] = outcome.errors
         found["busy"] = outcome.busy

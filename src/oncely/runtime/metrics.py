@@ -144,8 +144,8 @@ class RetentionMetrics:
         )
         self.default_rows = Gauge(
             "oncely_retention_default_rows",
-            "Rows in the table's default partition (counted up to 100,000): no range partition "
-            "held them when they were written.",
+            "Rows in the table's default partition (PostgreSQL's live-row statistics, a few "
+            "seconds behind): no range partition held them when they were written.",
             ["table"],
             registry=r,
         )

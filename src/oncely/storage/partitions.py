@@ -26,7 +26,8 @@ its own id (``stage()`` without an idempotency key, most rows) skips the trigger
 key already makes its id unique, and no earlier row can hold a key equal to a new id; a later
 row given such a key is checked against the outbox's primary key (one partition's index). (A
 trigger that looked the key up in every partition costs a probe of each partition's index per
-staged row: about 5 ms a row with 120 partitions.)
+staged row: about 5 ms a row with 120 partitions.) The key of a row retention kept aside when
+it dropped the row's partition (``oncely_relay_kept``) stays until the copy is deleted.
 
 Which partition may be dropped is decided by ``oncely.retention``; this module only runs the
 DDL. Every identifier written into DDL comes from the catalog or from :func:`partition_name`.
@@ -52,6 +53,8 @@ MIN_STEP = timedelta(minutes=1)
 #: The partitioned outbox's idempotency keys (``event_key`` -> ``event_id``): the unique index
 #: over every partition that a partitioned table cannot have.
 KEYS_TABLE = "oncely_outbox_keys"
+#: The rows of parked keys kept aside when their outbox partition is dropped (migration 0009).
+KEPT_TABLE = "oncely_relay_kept"
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: A UUID as PostgreSQL prints it (a key that could be another row's own id).
@@ -69,11 +72,23 @@ def parse_step(text: str) -> timedelta:
     """``"1d"``, ``"6h"``, ``"15m"`` as a step; raise ConfigurationError for anything else."""
     match = _STEP.fullmatch(text.strip().lower())
     step = timedelta(**{_UNITS[match.group(2)]: int(match.group(1))}) if match else None
+    return validate_step(step, shown=repr(text))
+
+
+def validate_step(step: timedelta | None, *, shown: str | None = None) -> timedelta:
+    """``step`` if it is a partition step: whole minutes, at least :data:`MIN_STEP`, that divide
+    a day or are whole days (what :func:`parse_step` accepts); else raise ConfigurationError
+    (``shown``: how the caller wrote it)."""
     day = timedelta(days=1)
-    if step is None or step < MIN_STEP or (day % step if step < day else step % day):
+    if (
+        step is None
+        or step < MIN_STEP
+        or step % MIN_STEP
+        or (day % step if step < day else step % day)
+    ):
         raise ConfigurationError(
-            f"partition step {text!r}: give minutes, hours or days that divide a day or are "
-            "whole days, e.g. 1d, 6h or 15m (at least 1m)"
+            f"partition step {shown or str(step)}: give minutes, hours or days that divide a "
+            "day or are whole days, e.g. 1d, 6h or 15m (at least 1m)"
         )
     return step
 
@@ -160,14 +175,15 @@ def convert(conn: sa.Connection, *, step: timedelta, ahead: int, now: datetime) 
     old tables are carried over, and so is their membership of publications, which are set to
     ``publish_via_partition_root`` (Debezium mode keeps receiving ``oncely_outbox`` rows).
 
-    Raises :class:`~oncely.errors.ConfigurationError` when the tables are already partitioned
-    by another step.
+    Raises :class:`~oncely.errors.ConfigurationError` when ``step`` is not a partition step
+    (:func:`validate_step`) or the tables are already partitioned by another step.
     """
+    validate_step(step)
     current = step_of(conn)
     if current is not None and current != step:
         raise ConfigurationError(
-            f"--partition-every {_describe(step)}: the tables are partitioned by "
-            f"{_describe(current)} already; the step cannot change (drop --partition-every)"
+            f"--partition-every {describe(step)}: the tables are partitioned by "
+            f"{describe(current)} already; the step cannot change (drop --partition-every)"
         )
     conn.exec_driver_sql(
         f"CREATE TABLE IF NOT EXISTS {LAYOUT_TABLE} ("
@@ -190,7 +206,8 @@ def convert(conn: sa.Connection, *, step: timedelta, ahead: int, now: datetime) 
     return converted
 
 
-def _describe(step: timedelta) -> str:
+def describe(step: timedelta) -> str:
+    """``1d``, ``6h``, ``15m``: ``step`` as :func:`parse_step` reads it."""
     minutes = int(step.total_seconds()) // 60
     if minutes % 1440 == 0:
         return f"{minutes // 1440}d"
@@ -264,7 +281,14 @@ def _convert_table(
     starts |= {first + step * n for n in range(ahead + 1)}
     for start in sorted(starts):
         create_partition(conn, table, start, start + step)
-    columns = ", ".join(
+    columns = _columns(conn, table)
+    run(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {old}")
+    run(f"DROP TABLE {old}")
+
+
+def _columns(conn: sa.Connection, table: str) -> str:
+    """``table``'s stored columns, quoted, in order (the generated ones are computed again)."""
+    return ", ".join(
         f'"{name}"'
         for name in conn.execute(
             sa.text(
@@ -274,8 +298,6 @@ def _convert_table(
             {"t": table},
         ).scalars()
     )
-    run(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {old}")
-    run(f"DROP TABLE {old}")
 
 
 def _copy_grants(conn: sa.Connection, old: str, new: str) -> None:
@@ -403,31 +425,46 @@ def create_partition(
     """Create ``table``'s partition for ``[lower, upper)`` (both ``None``: the default one) if
     missing, in ``conn``'s transaction; return its name.
 
-    Raises :class:`PartitionError` when the default partition holds rows of that range (they
-    would have to move: the range stays in the default partition).
+    The rows of that range in the default partition (staged before the partition existed: a
+    client clock ahead, a run that came late) are moved into it in the same transaction, every
+    column as it was (``seq`` and ``txid``: the relay's progress still passes them, or not, as
+    before), their idempotency keys kept. The partition is built as a table of its own, filled
+    and attached (``ATTACH PARTITION``): the moved rows enter no trigger of the outbox (its key
+    guard, its wake-up) and no publication (a connector is not sent them again; the DELETE
+    from the default partition is not published either, Debezium's publication publishing
+    inserts only), and the outbox itself is locked in SHARE UPDATE EXCLUSIVE mode only, so
+    staging into its other partitions goes on. The default partition is locked (ACCESS
+    EXCLUSIVE) from before the move to the commit: no row of the range can enter it meanwhile;
+    staging of rows it takes, and readers of the outbox, wait that long (PostgreSQL checks
+    the default partition for rows of the new range while attaching, one scan of it).
+
+    Raises a database error (the caller rolls back) when a lock is not granted within the
+    transaction's ``lock_timeout``, or a relation other than this partition has its name.
     """
+    run = conn.exec_driver_sql
+    default = f"{table}_default"
     if lower is None or upper is None:
-        name, spec = f"{table}_default", "DEFAULT"
-    else:
-        name = partition_name(table, lower)
-        low, high = bound_of(lower), bound_of(upper)
-        spec = f"FOR VALUES FROM ('{low}') TO ('{high}')"
-        default = f"{table}_default"
-        key = PARTITION_KEYS[table]
-        if conn.execute(
-            sa.text(
-                f"SELECT 1 FROM {default} WHERE {key} >= CAST(:low AS uuid)"
-                f" AND {key} < CAST(:high AS uuid) LIMIT 1"
-            ),
-            {"low": str(low), "high": str(high)},
-        ).first():
-            raise PartitionError(
-                f"{name}: the default partition {default} holds rows of its range, so it "
-                "cannot be created; they stay there (purge them with the batched DELETE)"
-            )
-    if conn.execute(sa.text("SELECT to_regclass(:n)"), {"n": name}).scalar() is not None:
+        if conn.execute(sa.text("SELECT to_regclass(:n)"), {"n": default}).scalar() is None:
+            run(f"CREATE TABLE {default} PARTITION OF {table} DEFAULT")
+        return default
+    name = partition_name(table, lower)
+    if name in {p.name for p in partitions(conn, table)}:
         return name
-    conn.exec_driver_sql(f"CREATE TABLE {name} PARTITION OF {table} {spec}")
+    low, high = bound_of(lower), bound_of(upper)
+    key = PARTITION_KEYS[table]
+    # ATTACH's own locks, in its order (the table, then the default partition), taken first.
+    run(f"LOCK TABLE ONLY {table} IN SHARE UPDATE EXCLUSIVE MODE")
+    run(f"LOCK TABLE {default} IN ACCESS EXCLUSIVE MODE")
+    run(f"CREATE TABLE {name} (LIKE {table} INCLUDING ALL)")
+    columns = _columns(conn, table)
+    conn.execute(
+        sa.text(
+            f"WITH moved AS (DELETE FROM {default} WHERE {_WITHIN.format(key=key)}"
+            f" RETURNING *) INSERT INTO {name} ({columns}) SELECT {columns} FROM moved"
+        ),
+        {"low": str(low), "high": str(high)},
+    )
+    run(f"ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES FROM ('{low}') TO ('{high}')")
     return name
 
 
@@ -486,9 +523,12 @@ def drop(conn: sa.Connection, partition: Partition, *, timeout: float) -> None:
     name = _checked(partition)
     if partition.is_default:
         raise ValueError(f"{name}: only a range partition oncely created is dropped")
-    if partition.table == "oncely_outbox":  # its keyed rows' keys go with it (no DELETE runs)
-        conn.execute(
-            sa.text(f"DELETE FROM {KEYS_TABLE} WHERE {_WITHIN.format(key='event_id')}"),
+    if partition.table == "oncely_outbox":  # its keyed rows' keys go with it (no DELETE runs),
+        conn.execute(  # but those of its rows kept aside (the kept copy's trigger frees them)
+            sa.text(
+                f"DELETE FROM {KEYS_TABLE} AS k WHERE {_WITHIN.format(key='k.event_id')}"
+                f" AND NOT EXISTS (SELECT 1 FROM {KEPT_TABLE} AS c WHERE c.id = k.event_id)"
+            ),
             _range(partition),
         )
     _lock(conn, f"ONLY {partition.table}", "ACCESS EXCLUSIVE", timeout)
@@ -547,26 +587,68 @@ def unpassed_shards(conn: sa.Connection, partition: Partition) -> list[int]:
     )
 
 
-def parked_in(conn: sa.Connection, partition: Partition) -> tuple[dict[str, int], int]:
-    """Parked rows of the outbox ``partition``'s range by reason, and its rows held behind a
-    parked key."""
-    within = _WITHIN.format(key="event_id")
-    parked = conn.execute(
-        sa.text(f"SELECT reason, count(*) FROM oncely_relay_parked WHERE {within} GROUP BY reason"),
-        _range(partition),
-    ).all()
-    held = conn.execute(
-        sa.text(f"SELECT count(*) FROM oncely_relay_held WHERE {within}"), _range(partition)
-    ).scalar_one()
-    return {row[0]: int(row[1]) for row in parked}, int(held)
-
-
-def outbox_holds(conn: sa.Connection, partition: Partition) -> bool:
-    """Whether the outbox holds an event of the receipts ``partition``'s range (any of its
-    partitions, the default one included)."""
+def outbox_holds(conn: sa.Connection, partition: Partition) -> str | None:
+    """The outbox partition that holds an event of the receipts ``partition``'s range, or
+    ``None`` when none does: the outbox partition of the same range, or the default one once
+    that was dropped (a row staged later; the default partition never holds rows of a range
+    that has its partition, :func:`create_partition` moves them), so one row answers; else
+    :data:`KEPT_TABLE` when only rows of parked keys kept aside from dropped partitions do (the
+    relay still publishes them)."""
     within = _WITHIN.format(key="id")
-    statement = sa.text(f"SELECT 1 FROM oncely_outbox WHERE {within} LIMIT 1")
-    return conn.execute(statement, _range(partition)).first() is not None
+    statement = sa.text(
+        f"SELECT tableoid::regclass::text FROM oncely_outbox WHERE {within} LIMIT 1"
+    )
+    found: str | None = conn.execute(statement, _range(partition)).scalar()
+    if (
+        found is None
+        and conn.execute(
+            sa.text(f"SELECT 1 FROM {KEPT_TABLE} WHERE {within} LIMIT 1"), _range(partition)
+        ).first()
+    ):
+        found = KEPT_TABLE
+    return found
+
+
+def purge_default(
+    conn: sa.Connection, *, below: datetime, older_than: timedelta, limit: int
+) -> int:
+    """Delete at most ``limit`` rows of the outbox's default partition that no range partition
+    will ever take, with their idempotency keys, in ``conn``'s transaction (one statement);
+    return how many.
+
+    A row goes when its id is below ``below``'s (partitions are only created from the current
+    step on, so its range's partition was dropped or never made) or is not a UUIDv7 (its
+    "time" is random), every snapshot after its shard's recorded progress sees it (the relay's
+    ``txid < pg_snapshot_xmin(done)`` rule), no parked key holds its aggregate (as the relay's
+    batched DELETE) and it is not held, and it was staged more than ``older_than`` ago (its
+    ``created_at``, the database's clock: the republish horizon). Progress, parked and held rows
+    are read in the statement's one snapshot. Deleting from the partition itself fires no
+    trigger of the outbox, so the keys are deleted here.
+    """
+    deleted = conn.execute(
+        sa.text(
+            "WITH gone AS (DELETE FROM oncely_outbox_default WHERE id IN ("
+            "  SELECT o.id FROM oncely_relay_shards AS s"
+            "  JOIN oncely_outbox_default AS o"
+            "    ON o.shard = s.shard AND o.txid < pg_snapshot_xmin(s.done)"
+            "  WHERE (o.id < CAST(:below AS uuid) OR substr(o.id::text, 15, 1) <> '7')"
+            "    AND o.created_at < now() - make_interval(secs => :older_than)"
+            "    AND NOT EXISTS (SELECT 1 FROM oncely_relay_parked AS p"
+            "                    WHERE p.topic = o.topic AND p.aggregateid = o.aggregateid)"
+            "    AND NOT EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id)"
+            "  LIMIT :limit)"
+            " RETURNING id, event_key),"
+            f" forgotten AS (DELETE FROM {KEYS_TABLE} AS k USING gone AS g"
+            "  WHERE k.event_key = g.event_key AND k.event_id = g.id)"
+            " SELECT count(*) FROM gone"
+        ),
+        {
+            "below": str(bound_of(below)),
+            "older_than": older_than.total_seconds(),
+            "limit": limit,
+        },
+    ).scalar_one()
+    return int(deleted)
 
 
 def has_receipts(conn: sa.Connection, partition: Partition) -> bool:
@@ -609,10 +691,12 @@ def receipted(conn: sa.Connection, partition: Partition) -> Receipted:
 
 
 def default_rows(conn: sa.Connection, table: str) -> int:
-    """About how many rows ``table``'s default partition holds (PostgreSQL's estimate, from the
-    catalog: no scan, no privilege on the partition needed; 0 before its first ANALYZE)."""
-    estimate = conn.execute(
-        sa.text("SELECT reltuples FROM pg_class WHERE oid = to_regclass(:name)"),
+    """How many live rows ``table``'s default partition holds, from PostgreSQL's statistics
+    (no scan, no privilege on the partition needed; counted from the first insert, no ANALYZE
+    needed, a few seconds behind the writes that change it; 0 again after a statistics reset
+    until the next write)."""
+    count = conn.execute(
+        sa.text("SELECT pg_stat_get_live_tuples(to_regclass(:name))"),
         {"name": f"{table}_default"},
     ).scalar()
-    return max(int(estimate or 0), 0)
+    return max(int(count or 0), 0)

@@ -110,6 +110,7 @@ COMPONENTS: dict[str, Component] = {
             "relay_held_of",
             "relay_unhold",
             "relay_unpark",
+            "relay_unkeep",
             "relay_park_failed",
             "relay_heartbeat",
             "relay_sleep",

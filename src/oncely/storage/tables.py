@@ -165,6 +165,28 @@ def _notify_on_insert(table: sa.Table, prefix: str, channel: str) -> None:
     sa.event.listen(table, "after_drop", _ddl(f"DROP FUNCTION IF EXISTS {function}()"))
 
 
+def _forget_kept_keys(table: sa.Table, prefix: str) -> None:
+    """Create (and drop) the trigger that frees the idempotency keys of deleted kept rows, from
+    the text of migration 0009, its one definition (the schema named as ``_wake_on_insert``)."""
+    text = resources.files(__package__).joinpath("migrations", "0009_kept_rows.sql").read_text()
+    function = text[text.index("DO $do$") : text.index("END $do$;") + len("END $do$")]
+    trigger = text[text.index("CREATE TRIGGER") :].strip().removesuffix(";")
+    if prefix:
+        schema = f"'{prefix[:-1]}'"
+        function = function.replace("current_schema()", schema).replace(
+            "FUNCTION oncely_relay_kept_forget()", f"FUNCTION {prefix}oncely_relay_kept_forget()"
+        )
+        trigger = trigger.replace(" ON oncely_relay_kept", f" ON {prefix}oncely_relay_kept")
+        trigger = trigger.replace(
+            "FUNCTION oncely_relay_kept_forget()", f"FUNCTION {prefix}oncely_relay_kept_forget()"
+        )
+    sa.event.listen(table, "after_create", _ddl(function))
+    sa.event.listen(table, "after_create", _ddl(trigger))
+    sa.event.listen(
+        table, "after_drop", _ddl(f"DROP FUNCTION IF EXISTS {prefix}oncely_relay_kept_forget()")
+    )
+
+
 #: The argument types of ``oncely_passed`` (a function is dropped by its signature).
 PASSED_SIGNATURE = "xid8, bigint, pg_snapshot, pg_snapshot, bigint"
 
@@ -282,6 +304,29 @@ def build_metadata(schema: str | None = None) -> sa.MetaData:
         ),
     )
     sa.Index("oncely_relay_held_key_idx", held.c.topic, held.c.aggregateid, held.c.position)
+    # Migration 0009: the rows of parked keys kept aside when retention dropped their partition.
+    kept = sa.Table(
+        "oncely_relay_kept",
+        md,
+        sa.Column("id", UUID(as_uuid=True), nullable=False),
+        sa.Column("seq", sa.BigInteger, nullable=False),
+        sa.Column("aggregatetype", sa.Text, nullable=False),
+        sa.Column("aggregateid", sa.Text, nullable=False),
+        sa.Column("type", sa.Text, nullable=False),
+        sa.Column("topic", sa.Text, nullable=False),
+        sa.Column("payload", sa.LargeBinary, nullable=False),
+        sa.Column("headers", JSONB, nullable=False),
+        sa.Column("event_key", sa.Text, nullable=False),
+        sa.Column("available_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("txid", XID8, nullable=False),
+        sa.Column("shard", sa.SmallInteger, nullable=False, autoincrement=False),
+        sa.Column(TRACE_CONTEXT_COLUMN, sa.Text),
+        sa.Column("kept_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        sa.PrimaryKeyConstraint("id", name="oncely_relay_kept_pkey"),
+    )
+    sa.Index("oncely_relay_kept_key_idx", kept.c.topic, kept.c.aggregateid)
+    _forget_kept_keys(kept, prefix)
     _wake_on_insert(outbox, prefix)
 
     sa.Table(

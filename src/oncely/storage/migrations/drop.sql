@@ -11,6 +11,7 @@ DROP TABLE IF EXISTS
     oncely_relay_members,
     oncely_relay_parked,
     oncely_relay_held,
+    oncely_relay_kept,
     oncely_receipts,
     oncely_tasks,
     oncely_idempotency_keys,
@@ -24,6 +25,7 @@ DROP FUNCTION IF EXISTS oncely_outbox_wake();
 DROP FUNCTION IF EXISTS oncely_tasks_notify();
 DROP FUNCTION IF EXISTS oncely_outbox_key_guard();
 DROP FUNCTION IF EXISTS oncely_outbox_keys_forget();
+DROP FUNCTION IF EXISTS oncely_relay_kept_forget();
 DROP FUNCTION IF EXISTS oncely_passed(xid8, bigint, pg_snapshot, pg_snapshot, bigint);
 -- 0001's wake-up of every relay; 0003 replaced it with oncely_outbox_wake.
 DROP FUNCTION IF EXISTS oncely_outbox_notify();

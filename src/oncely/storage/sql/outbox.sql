@@ -32,9 +32,15 @@ ORDER BY o.seq
 LIMIT :page_size
 
 -- name: relay_rows
--- Outbox rows by id, for releasing a parked key (its own row and the rows held behind it).
+-- Outbox rows by id, for releasing a parked key (its own row and the rows held behind it):
+-- from the outbox, or from oncely_relay_kept once retention dropped their partition (a row is
+-- in one or the other: the copy and the drop commit together).
 SELECT {row_to_publish}, CAST(NULL AS timestamptz) AS available_at
 FROM oncely_outbox AS o
+WHERE o.id = ANY (CAST(:ids AS uuid[]))
+UNION ALL
+SELECT {row_to_publish}, CAST(NULL AS timestamptz) AS available_at
+FROM oncely_relay_kept AS o
 WHERE o.id = ANY (CAST(:ids AS uuid[]))
 
 -- name: relay_record
@@ -97,6 +103,20 @@ WHERE p.topic = :topic AND p.aggregateid = :aggregateid
   AND NOT EXISTS (SELECT 1 FROM oncely_relay_held AS h
                   WHERE h.topic = p.topic AND h.aggregateid = p.aggregateid)
 RETURNING p.event_id
+
+-- name: relay_unkeep
+-- Delete the kept copies of a key's rows that are neither parked nor held any more (published,
+-- or skipped), in the transaction that released them; fenced by the shard's epoch. A copy
+-- that retention is still writing locked the parked and held entries it copies: the release
+-- waited for it, and this statement sees the copy.
+DELETE FROM oncely_relay_kept AS k
+USING oncely_relay_shards AS s
+WHERE k.topic = :topic AND k.aggregateid = :aggregateid
+  AND s.shard = :shard AND s.owner = :owner AND s.epoch = :epoch
+  AND NOT EXISTS (SELECT 1 FROM oncely_relay_parked AS p
+                  WHERE p.topic = k.topic AND p.aggregateid = k.aggregateid AND p.event_id = k.id)
+  AND NOT EXISTS (SELECT 1 FROM oncely_relay_held AS h
+                  WHERE h.topic = k.topic AND h.aggregateid = k.aggregateid AND h.event_id = k.id)
 
 -- name: relay_park_failed
 -- A release whose own row failed again for good: it stays parked (dead) with the new error.
@@ -207,24 +227,63 @@ GROUP BY o.topic
 ORDER BY o.topic
 
 -- name: dead_list
--- Dead rows (each parks its key) with how many rows are held behind them.
-SELECT p.event_id AS id, o.seq, p.topic, p.aggregateid, o.type, p.error, p.parked_at,
-       o.created_at, p.request,
+-- Parked rows of the :reasons (dead, delayed) with how many rows are held behind them; the
+-- row's columns from the outbox, or from oncely_relay_kept once its partition was dropped.
+SELECT p.event_id AS id, COALESCE(o.seq, k.seq) AS seq, p.topic, p.aggregateid,
+       COALESCE(o.type, k.type) AS type, p.reason, p.error, p.until, p.parked_at,
+       COALESCE(o.created_at, k.created_at) AS created_at, p.request,
        (SELECT count(*) FROM oncely_relay_held AS h
         WHERE h.topic = p.topic AND h.aggregateid = p.aggregateid) AS held
 FROM oncely_relay_parked AS p
 LEFT JOIN oncely_outbox AS o ON o.id = p.event_id
-WHERE p.reason = 'dead' AND (CAST(:topic AS text) IS NULL OR p.topic = :topic)
-ORDER BY p.parked_at, o.seq
+LEFT JOIN oncely_relay_kept AS k ON k.id = p.event_id
+WHERE p.reason = ANY (CAST(:reasons AS text[]))
+  AND (CAST(:topic AS text) IS NULL OR p.topic = :topic)
+ORDER BY p.parked_at, 2
 
 -- name: dead_request
--- Ask the relay holding the key's shard to requeue or skip dead rows.
+-- Ask the relay holding the key's shard to requeue or skip parked rows: the dead rows named
+-- by :ids (and of :topic), or all of :topic, or all; a delayed row only when named by its id
+-- (requeue: published now; skip: never published).
 UPDATE oncely_relay_parked
 SET request = :request
-WHERE reason = 'dead'
+WHERE (reason = 'dead' OR (reason = 'delayed' AND CAST(:ids AS uuid[]) IS NOT NULL))
   AND (CAST(:ids AS uuid[]) IS NULL OR event_id = ANY (CAST(:ids AS uuid[])))
   AND (CAST(:topic AS text) IS NULL OR topic = :topic)
 RETURNING event_id AS id, topic, aggregateid
+
+-- Retention: the rows of parked keys kept aside when their outbox partition is dropped.
+
+-- name: kept_lock_held
+-- Lock the held entries of rows of [:low, :high) against a release (FOR KEY SHARE: a release
+-- deletes them, and waits). Before kept_lock_parked, in the order a release deletes them, so
+-- the two never wait for each other in a cycle.
+SELECT event_id FROM oncely_relay_held
+WHERE event_id >= CAST(:low AS uuid) AND event_id < CAST(:high AS uuid)
+FOR KEY SHARE
+
+-- name: kept_copy
+-- Copy the outbox rows of [:low, :high) that park a key or are held behind one to
+-- oncely_relay_kept, locking the parked entries as kept_lock_held the held ones. Run after
+-- the relay's progress was read (every row of the range passed: the relay parks a key before
+-- its progress passes the row, and holds a row with the progress that passes it), in the
+-- transaction that drops the range's partition.
+WITH parked AS (
+    SELECT event_id FROM oncely_relay_parked
+    WHERE event_id >= CAST(:low AS uuid) AND event_id < CAST(:high AS uuid)
+    FOR KEY SHARE
+), held AS (
+    SELECT event_id FROM oncely_relay_held
+    WHERE event_id >= CAST(:low AS uuid) AND event_id < CAST(:high AS uuid)
+)
+INSERT INTO oncely_relay_kept (id, seq, aggregatetype, aggregateid, type, topic, payload,
+                               headers, event_key, available_at, created_at, txid, shard,
+                               tracingspancontext)
+SELECT o.id, o.seq, o.aggregatetype, o.aggregateid, o.type, o.topic, o.payload, o.headers,
+       o.event_key, o.available_at, o.created_at, o.txid, o.shard, o.tracingspancontext
+FROM oncely_outbox AS o
+WHERE o.id >= CAST(:low AS uuid) AND o.id < CAST(:high AS uuid)
+  AND o.id IN (SELECT event_id FROM parked UNION SELECT event_id FROM held)
 
 -- Operators' reads: `oncely status`, `oncely verify`, `oncely replay --from-outbox`. None of
 -- them writes; the callers run them in READ ONLY transactions.

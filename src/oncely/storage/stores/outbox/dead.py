@@ -1,9 +1,14 @@
-"""Dead letters of the outbox: list them, and ask the relay to requeue or skip them.
+"""Dead letters of the outbox, and delayed rows: list them, and ask the relay to requeue or
+skip them.
 
-A dead row parks its key: later rows of the same topic and key are held behind it. The relay
-holding the key's shard carries out a request: ``requeue`` publishes the dead row, then the
-held rows, in order (if the dead row fails again it stays dead); ``skip`` publishes only the
-held rows and gives up on the dead one (its outbox row stays until purged, for audit).
+A dead row parks its key: later rows of the same topic and key are held behind it. So does a
+delayed row (``available_at`` ahead) until it is due. The relay holding the key's shard carries
+out a request: ``requeue`` publishes the parked row now, then the held rows, in order (if a
+dead row fails again it stays dead); ``skip`` publishes only the held rows and never the parked
+one (its outbox row stays until purged, for audit). A delayed row is changed only when named by
+its id: requeueing every row of a topic, or all, leaves delayed rows to their time. Once
+retention dropped a parked row's partition, its columns come from its kept copy
+(``oncely_relay_kept``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ from oncely.storage.queries import query
 
 @dataclass(frozen=True)
 class DeadRow:
+    """A parked row: ``reason`` ``dead`` (with ``error``) or ``delayed`` (due at ``until``);
+    ``held``: the rows held behind its key; ``request``: requeue or skip, not carried out yet;
+    ``seq`` and ``type`` ``None`` once the row is purged."""
+
     id: UUID
     seq: int | None
     topic: str
@@ -29,6 +38,8 @@ class DeadRow:
     parked_at: datetime
     held: int
     request: str | None
+    reason: str = "dead"
+    until: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -38,9 +49,14 @@ class ChangedRow:
     aggregateid: str
 
 
-def list_dead(engine: sa.Engine, *, topic: str | None = None) -> list[DeadRow]:
+def list_dead(
+    engine: sa.Engine, *, topic: str | None = None, delayed: bool = False
+) -> list[DeadRow]:
+    """The dead rows (of ``topic``, when given), and with ``delayed`` the delayed ones too;
+    oldest first."""
+    reasons = ["dead", "delayed"] if delayed else ["dead"]
     with engine.connect() as conn:
-        rows = conn.execute(query("dead_list"), {"topic": topic}).all()
+        rows = conn.execute(query("dead_list"), {"topic": topic, "reasons": reasons}).all()
     return [
         DeadRow(
             r.id,
@@ -52,6 +68,8 @@ def list_dead(engine: sa.Engine, *, topic: str | None = None) -> list[DeadRow]:
             r.parked_at,
             int(r.held),
             r.request,
+            r.reason,
+            r.until,
         )
         for r in rows
     ]
@@ -60,16 +78,15 @@ def list_dead(engine: sa.Engine, *, topic: str | None = None) -> list[DeadRow]:
 def matching_dead(
     engine: sa.Engine, *, ids: Sequence[UUID] | None = None, topic: str | None = None
 ) -> list[DeadRow]:
-    """The dead rows :func:`requeue` (or, with ``ids``, :func:`skip`) would change now.
+    """The parked rows :func:`requeue` (or, with ``ids``, :func:`skip`) would change now.
 
-    Those named by ``ids`` (and of ``topic``, when given), or all of ``topic``, or (neither) all
-    dead rows; oldest first. Changes nothing.
+    Those named by ``ids``, dead or delayed (and of ``topic``, when given), or the dead rows of
+    ``topic``, or (neither) all dead rows; oldest first. Changes nothing.
     """
-    rows = list_dead(engine, topic=topic)
     if ids is None:
-        return rows
+        return list_dead(engine, topic=topic)
     named = set(ids)
-    return [row for row in rows if row.id in named]
+    return [row for row in list_dead(engine, topic=topic, delayed=True) if row.id in named]
 
 
 def _request(
@@ -86,11 +103,13 @@ def _request(
 def requeue(
     engine: sa.Engine, *, ids: Sequence[UUID] | None = None, topic: str | None = None
 ) -> list[ChangedRow]:
-    """Ask for the dead rows named by ``ids``, or of ``topic``, or (neither) all, to be
-    published again, then the rows held behind them; a running relay carries it out."""
+    """Ask for the dead or delayed rows named by ``ids``, or the dead rows of ``topic``, or
+    (neither) all dead rows, to be published now, then the rows held behind their keys; a
+    running relay carries it out."""
     return _request(engine, "requeue", ids=ids, topic=topic)
 
 
 def skip(engine: sa.Engine, *, ids: Sequence[UUID]) -> list[ChangedRow]:
-    """Ask for the named dead rows to be given up: their held rows are published without them."""
+    """Ask for the named dead or delayed rows to be given up (never published): their held rows
+    are published without them."""
     return _request(engine, "skip", ids=ids, topic=None)

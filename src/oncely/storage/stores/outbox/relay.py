@@ -223,7 +223,8 @@ class RelayStore:
         return [OutboxRow.of(row) for row in rows]
 
     def rows(self, ids: Sequence[UUID]) -> dict[UUID, OutboxRow]:
-        """The outbox rows with these ids (rows purged since are missing)."""
+        """The outbox rows with these ids, from the outbox or, once retention dropped their
+        partition, from its kept copies (rows purged since are missing)."""
         rows = self._fetch("relay_rows", {"ids": list(ids)})
         return {row.id: row for row in map(OutboxRow.of, rows)}
 
@@ -360,9 +361,12 @@ class RelayStore:
         )
 
     def unpark(self, parking: Parking, *, epoch: int, published_to: int | None) -> bool:
-        """Drop the held rows up to position ``published_to``, then the key if none is left.
+        """Drop the held rows up to position ``published_to``, then the key if none is left,
+        and the kept copies (``oncely_relay_kept``) of the key's rows neither parked nor held
+        any more, in one transaction.
 
-        Returns whether the key is released (fenced: ``False`` also when the shard was lost).
+        Returns whether the key is released (fenced: ``False`` also when the shard was lost,
+        and then nothing changes).
         """
         params = {
             "owner": self.owner,
@@ -374,7 +378,9 @@ class RelayStore:
         with self.engine.begin() as conn:
             if published_to is not None:
                 conn.execute(query("relay_unhold"), {**params, "position": published_to})
-            return conn.execute(query("relay_unpark"), params).first() is not None
+            released = conn.execute(query("relay_unpark"), params).first() is not None
+            conn.execute(query("relay_unkeep"), params)
+            return released
 
     def park_failed(self, parking: Parking, *, error: str) -> None:
         """A released key's own row failed again: keep it parked as dead with ``error``."""
