@@ -12,6 +12,8 @@ tests import them from here.
   topic settings;
 - :mod:`~tests.helpers.running`: a relay and consumers in this process, with quick settings, a
   relay run until rows are published;
+- :mod:`~tests.helpers.partitions`: the tables converted to minute partitions, the last ones
+  created;
 - :mod:`~tests.helpers.probes`: waiting for a condition, a process's health and metrics;
 - :mod:`~tests.helpers.status`: what ``oncely status`` reports, as a test expects it.
 """
@@ -46,6 +48,7 @@ from tests.helpers.outbox import (
     staged_rows,
     uuid7_at,
 )
+from tests.helpers.partitions import partitioned_by_minute
 from tests.helpers.probes import http_get, metric, wait_until
 from tests.helpers.processes import (
     oncely_process,
@@ -77,6 +80,7 @@ __all__ = [
     "outbox_row",
     "outbox_rows",
     "park",
+    "partitioned_by_minute",
     "process_environment",
     "publish_all",
     "publish_events",

@@ -16,7 +16,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from oncely import debezium, retention
-from oncely.storage import partitions, upgrade
+from oncely.storage import partitions
 from oncely.storage.stores.outbox import dead
 from tests.helpers import (
     acknowledge_all,
@@ -27,6 +27,7 @@ from tests.helpers import (
     oncely_cli,
     outbox_row,
     park,
+    partitioned_by_minute,
     query_all,
     read_topics,
     running_relay,
@@ -45,18 +46,7 @@ POLICY = retention.Policy(outbox_horizon=STEP, receipts_horizon=STEP, ahead=2)
 @pytest.fixture
 def now(engine: sa.Engine) -> datetime:
     """The database's clock, with partitions of the last 20 minutes created."""
-    upgrade(engine, partition_every=STEP)
-    moment: datetime = scalar(engine, "SELECT now()")
-    start = partitions.window_start(moment, STEP)
-    with engine.begin() as conn:
-        for n in range(1, 21):
-            partitions.create_partition(
-                conn, "oncely_outbox", start - STEP * n, start - STEP * (n - 1)
-            )
-            partitions.create_partition(
-                conn, "oncely_receipts", start - STEP * n, start - STEP * (n - 1)
-            )
-    return moment
+    return partitioned_by_minute(engine)
 
 
 @pytest.fixture

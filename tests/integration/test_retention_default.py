@@ -34,6 +34,7 @@ from tests.helpers import (
     insert_rows,
     outbox_row,
     park,
+    partitioned_by_minute,
     query_all,
     query_one,
     read_topics,
@@ -52,14 +53,7 @@ POLICY = retention.Policy(outbox_horizon=STEP, receipts_horizon=STEP, ahead=2)
 @pytest.fixture
 def now(engine: sa.Engine) -> datetime:
     """The database's clock, with partitions of the last 20 minutes created."""
-    upgrade(engine, partition_every=STEP)
-    moment: datetime = scalar(engine, "SELECT now()")
-    start = partitions.window_start(moment, STEP)
-    with engine.begin() as conn:
-        for table in partitions.PARTITION_KEYS:
-            for n in range(1, 21):
-                partitions.create_partition(conn, table, start - STEP * n, start - STEP * (n - 1))
-    return moment
+    return partitioned_by_minute(engine)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from oncely.relay.housekeeping import Housekeeping
 from oncely.retention.guard import KafkaAnswer
 from oncely.runtime.metrics import RetentionMetrics
 from oncely.settings import RetentionSettings
-from oncely.storage import partitions, upgrade
+from oncely.storage import partitions
 from oncely.storage.stores.outbox.relay import RelayStore
 from tests.helpers import (
     acknowledge_all,
@@ -35,6 +35,7 @@ from tests.helpers import (
     fast_settings,
     insert_rows,
     outbox_row,
+    partitioned_by_minute,
     scalar,
     uuid7_at,
 )
@@ -50,14 +51,7 @@ POLICY = retention.Policy(outbox_horizon=STEP, receipts_horizon=STEP, ahead=2)
 @pytest.fixture
 def now(engine: sa.Engine) -> datetime:
     """The database's clock, with partitions of the last 20 minutes created."""
-    upgrade(engine, partition_every=STEP)
-    moment: datetime = scalar(engine, "SELECT now()")
-    start = partitions.window_start(moment, STEP)
-    with engine.begin() as conn:
-        for n in range(1, 21):
-            for table in partitions.PARTITION_KEYS:
-                partitions.create_partition(conn, table, start - STEP * n, start - STEP * (n - 1))
-    return moment
+    return partitioned_by_minute(engine)
 
 
 def _kafka(config: dict[str, str]) -> retention.maintenance.AskKafka:
