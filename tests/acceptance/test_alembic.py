@@ -173,7 +173,11 @@ def test_alembic_revisions_build_oncely_s_schema_and_check_stays_quiet(
         part: [row for row in rows if row[0] not in USERS]
         for part, rows in schema_catalog(url).items()
     }
-    assert {row[1] for row in built["triggers"]} == {"oncely_outbox_wake", "oncely_tasks_notify"}
+    assert {row[1] for row in built["triggers"]} == {
+        "oncely_outbox_wake",
+        "oncely_relay_kept_forget",
+        "oncely_tasks_notify",
+    }
     assert len(built["indexes"]) > 10
     for part in expected:
         assert built[part] == expected[part], part
