@@ -24,13 +24,14 @@ from sqlalchemy.orm import Session
 from oncely.consumers.dlq import DeadLetters
 from oncely.consumers.runner import EffectConsumer
 from oncely.producer.staging import stage
+from oncely.relay.housekeeping import Housekeeping
 from oncely.relay.publisher import Publisher
 from oncely.relay.relay import Relay
 from oncely.relay.service import producer_config
 from oncely.runtime.metrics import ConsumerMetrics, RelayMetrics
 from oncely.schemas.codec import Codec
 from oncely.security import KafkaAuthenticationError
-from oncely.settings import ConsumerSettings, KafkaSettings
+from oncely.settings import ConsumerSettings, KafkaSettings, RetentionSettings
 from oncely.storage.stores.outbox.relay import RelayStore
 from tests.apps.ledger import App, build
 from tests.helpers import (
@@ -189,13 +190,22 @@ def test_loops_stop_when_credentials_are_refused_later(
         sasl_password="not-the-password",  # type: ignore[arg-type]
     )
     _stage(engine, app, 2)
+    store = RelayStore(engine, owner="revoked")
+    metrics = RelayMetrics()
     relay = Relay(
-        store=RelayStore(engine, owner="revoked"),
+        store=store,
         publisher_factory=lambda: Publisher(
             producer_config(bad, fast_settings()), client=bad.client_config()
         ),
         settings=fast_settings(),
-        metrics=RelayMetrics(),
+        metrics=metrics,
+        housekeeping=Housekeeping(
+            store=store,
+            settings=fast_settings(),
+            retention_settings=RetentionSettings(),
+            kafka={},
+            metrics=metrics.retention,
+        ),
     )
     consumer = EffectConsumer(
         effect=app.effects.get("ledger"),

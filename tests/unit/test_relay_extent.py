@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from oncely.relay.extent import Extent, extent, first_suspect
-from oncely.relay.shares import Rebalance, rebalance
+from oncely.relay.leases import Rebalance, rebalance
 from oncely.storage.stores.outbox.relay import Progress
 from oncely.storage.stores.outbox.rows import OutboxRow
 from oncely.storage.stores.outbox.snapshots import Snapshot

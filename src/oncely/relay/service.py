@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from oncely.relay.housekeeping import Housekeeping
 from oncely.relay.publisher import Publisher
 from oncely.relay.relay import Relay
+from oncely.relay.signals import Signals
 from oncely.runtime.metrics import RelayMetrics
 from oncely.runtime.process import database, process_id, serving, stop_on_signals
 from oncely.runtime.tracing import Tracing
@@ -64,10 +65,12 @@ def build_relay(
     metrics: RelayMetrics | None = None,
     tracing: Tracing | None = None,
     retention: RetentionSettings | None = None,
+    signals: Signals | None = None,
 ) -> Relay:
     """A :class:`Relay` over ``engine`` and Kafka, listening for staged rows; ``tracing``
     records its PRODUCER spans (default: the global tracer provider); ``retention`` says what
-    its purge timer does on partitioned tables (default: read from ``ONCELY_RETENTION_*``).
+    its purge timer does on partitioned tables (default: read from ``ONCELY_RETENTION_*``);
+    ``signals`` receives what the relay does (for tests to wait on).
 
     Raises :class:`~oncely.security.KafkaAuthenticationError` when the broker refuses the
     credentials (checked before anything is read; an unreachable broker is not an error).
@@ -100,6 +103,7 @@ def build_relay(
             kafka=kafka.client_config(),
             metrics=metrics.retention,
         ),
+        signals=signals,
     )
 
 

@@ -101,16 +101,19 @@ def serving(
 
 
 class Every:
-    """A duty due every ``seconds`` on the monotonic clock, the first time at once (or after
-    ``seconds`` with ``now=False``)."""
+    """A duty due every ``seconds`` on the monotonic clock (or ``clock``), the first time at
+    once (or after ``seconds`` with ``now=False``)."""
 
-    def __init__(self, seconds: float, *, now: bool = True) -> None:
+    def __init__(
+        self, seconds: float, *, now: bool = True, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.seconds = seconds
-        self._next = time.monotonic() + (0.0 if now else seconds)
+        self._clock = clock
+        self._next = clock() + (0.0 if now else seconds)
 
     def due(self) -> bool:
         """Whether the duty is due; if so, the next time is ``seconds`` from now."""
-        current = time.monotonic()
+        current = self._clock()
         if current < self._next:
             return False
         self._next = current + self.seconds
@@ -118,4 +121,4 @@ class Every:
 
     def remaining(self) -> float:
         """Seconds until the duty is due (0 when it is)."""
-        return max(0.0, self._next - time.monotonic())
+        return max(0.0, self._next - self._clock())

@@ -1,0 +1,116 @@
+"""What the relay's loop needs of PostgreSQL, of Kafka and of its purge timer, as protocols:
+:class:`~oncely.storage.stores.outbox.relay.RelayStore`,
+:class:`~oncely.relay.publisher.Publisher` and :class:`~oncely.relay.housekeeping.Housekeeping`
+implement them, and the unit tests run the loop on fakes of each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Protocol
+from uuid import UUID
+
+from confluent_kafka import KafkaError, Message
+
+from oncely.relay.topics import TopicState
+from oncely.storage.stores.outbox.relay import (
+    Heartbeat,
+    Held,
+    Parking,
+    ShardBacklog,
+    ShardProgress,
+)
+from oncely.storage.stores.outbox.rows import OutboxRow
+from oncely.storage.stores.outbox.snapshots import Snapshot
+
+OnDelivery = Callable[[KafkaError | None, Message | None], None]
+
+
+class RelayStore(Protocol):
+    """The relay's statements; each raises ``sqlalchemy.exc.DBAPIError`` when the database
+    fails, and a write fenced by a lease epoch changes nothing of a shard taken over."""
+
+    @property
+    def owner(self) -> str: ...
+
+    def snapshot(self) -> tuple[Snapshot, datetime]: ...
+
+    def read(
+        self,
+        shards: Sequence[int],
+        *,
+        done: Snapshot,
+        reading: Snapshot,
+        after_seq: int,
+        page_size: int,
+    ) -> list[OutboxRow]: ...
+
+    def rows(self, ids: Sequence[UUID]) -> dict[UUID, OutboxRow]: ...
+
+    def parked(self, shards: Sequence[int]) -> list[Parking]: ...
+
+    def held_of(self, key: tuple[str, str]) -> list[tuple[int, UUID]]: ...
+
+    def record(
+        self,
+        progress: Sequence[ShardProgress],
+        *,
+        parked: Sequence[tuple[Parking, int]] = (),
+        held: Sequence[Held] = (),
+    ) -> set[int]: ...
+
+    def park(self, parked: Sequence[tuple[Parking, int]]) -> None: ...
+
+    def unpark(self, parking: Parking, *, epoch: int, published_to: int | None) -> bool: ...
+
+    def park_failed(self, parking: Parking, *, error: str) -> None: ...
+
+    def heartbeat(
+        self, *, ttl_seconds: float, asleep: bool, leases: Sequence[tuple[int, int]] = ()
+    ) -> Heartbeat: ...
+
+    def sleep(self, *, asleep: bool) -> None: ...
+
+    def acquire(self, *, wanted: int, lease_seconds: float) -> list[ShardProgress]: ...
+
+    def release(self, leases: Sequence[tuple[int, int]]) -> set[int]: ...
+
+    def leave(self) -> None: ...
+
+    def backlog(self) -> list[ShardBacklog]: ...
+
+    def blocked_rows(self) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
+
+
+class Publisher(Protocol):
+    """The relay's producer: a record's result comes to its report from :meth:`poll`."""
+
+    fatal: KafkaError | None
+    auth_failed: KafkaError | None
+    brokers_down: bool
+
+    def produce(self, row: OutboxRow, report: OnDelivery) -> KafkaError | None: ...
+
+    def reachable(self) -> None: ...
+
+    def topic_state(self, topic: str, *, timeout: float = ...) -> TopicState: ...
+
+    def max_message_bytes(self, topic: str) -> int | None: ...
+
+    def forget_limits(self, topic: str) -> None: ...
+
+    def poll(self, timeout: float) -> None: ...
+
+    def flush(self, timeout: float) -> int: ...
+
+    def recreate(self) -> None: ...
+
+
+class Housekeeper(Protocol):
+    """The relay's purge timer, run off the loop."""
+
+    def due(self) -> None: ...
+
+    def join(self, timeout: float) -> None: ...
