@@ -57,7 +57,7 @@ import sqlalchemy as sa
 
 from oncely.failpoints import failpoint
 from oncely.relay import failures, release, settle
-from oncely.relay.extent import extent, first_suspect
+from oncely.relay import reading as reading_
 from oncely.relay.failures import Failures
 from oncely.relay.leases import plan_tick
 from oncely.relay.meters import GAUGE_INTERVAL, Meters
@@ -448,9 +448,9 @@ class Relay:
     def _read_page(
         self, cursor: Progress, members: list[Shard], reading: Snapshot, room: int
     ) -> tuple[int, bool] | None:
-        """Read ``members`` from ``cursor`` and produce what was read, a page per shard; return
-        how many rows and whether ``reading`` is read to its end, or ``None`` to read nothing
-        more this turn (the database failed)."""
+        """Read ``members`` from ``cursor`` and produce what was read, a page per shard
+        (:mod:`oncely.relay.reading`); return how many rows and whether ``reading`` is read to
+        its end, or ``None`` to read nothing more this turn (the database failed)."""
         # Each page of a read scans what is left of the snapshot difference: while pages
         # come back full (a large backlog), ask for twice as many, up to half the
         # in-flight bound, so a backlog costs a few scans rather than one per 1,000 rows.
@@ -468,108 +468,47 @@ class Relay:
         )
         if rows is FAILED:
             return None
-        blocked = self._blocked_topics(rows)
-        extended = self._extent(cursor, reading, rows, page_size, members, blocked)
-        if extended is None:
-            return 0, False
-        rows, ends, isolated = extended
-        cap = max(self.settings.batch_size, self.settings.max_in_flight // 2)
-        for shard in members:
-            shard.page_size = min(cap, grown * 2) if len(rows) == page_size else 0
-        pages: dict[int, Page] = {}
-        if rows:
-            failpoint("relay.after_read")
-            deadline = self._clock() + self._delivery_timeout
-            in_flight = self._shards.in_flight
-            for row in rows:
-                if row.shard not in pages:
-                    pages[row.shard] = Page(
-                        row.shard, ends, in_flight, isolated=isolated, deadline=deadline
-                    )
-            self._produce_pages(pages, rows, blocked)
-        for shard in members:
-            shard.cursor = ends
-            page = pages.get(shard.shard)
-            if page is not None and page.has_writes:
-                shard.add(page)
-            elif shard.pages:  # its progress is recorded after the pages in flight
-                shard.add(Page(shard.shard, ends, self._shards.in_flight))
-        return len(rows), ends.reading is None
-
-    def _blocked_topics(self, rows: list[OutboxRow]) -> frozenset[str]:
-        """The topics of ``rows`` that are blocked (missing or not authorised)."""
-        if not rows:
-            return frozenset()
-        is_blocked = self._topics.is_blocked
-        return frozenset(t for t in {row.topic for row in rows} if is_blocked(t))
-
-    def _extent(
-        self,
-        cursor: Progress,
-        reading: Snapshot,
-        rows: list[OutboxRow],
-        page_size: int,
-        members: list[Shard],
-        blocked: frozenset[str],
-    ) -> tuple[list[OutboxRow], Progress, bool] | None:
-        """The rows to produce, where the read ends and whether it is one isolated row
-        (:mod:`oncely.relay.extent`); ``None`` when the group waits. A row going out alone
-        leaves ``members`` to its shard, the others moved past it."""
+        topics = self._topics
+        blocked = frozenset(t for t in {row.topic for row in rows} if topics.is_blocked(t))
         parked = self._parked
-        suspect = first_suspect(
+        read = reading_.cut(
             rows,
-            waiting=lambda row: (
+            cursor=cursor,
+            reading=reading,
+            page_size=page_size,
+            members=members,
+            waits=lambda row: (
                 row.delayed or (bool(parked) and parked.waits(row)) or row.topic in blocked
             ),
             suspects=self._failures.suspects,
             limit_of=self._publisher.max_message_bytes,
         )
-        shards = {s.shard: s for s in members}
-        ends = extent(
-            rows,
-            cursor=cursor,
-            reading=reading,
-            page_size=page_size,
-            suspect=suspect,
-            busy=lambda shard: bool(shards[shard].pages),
-        )
-        if ends is None:
-            return None
-        if ends.alone is not None:
-            for shard in members:
-                if shard.shard != ends.alone:
-                    shard.cursor = ends.ends
-            members[:] = [shards[ends.alone]]
-        return list(ends.rows), ends.ends, ends.alone is not None
-
-    def _produce_pages(
-        self, pages: dict[int, Page], rows: list[OutboxRow], blocked: frozenset[str]
-    ) -> None:
-        """Produce ``rows`` (parking or holding those that must wait), each on its shard's page.
-
-        A row the client refuses at once fails its shard's page: the shard's later rows are not
-        produced (it replays); the other shards' rows are.
-        """
-        parked, produce, state_of = self._parked, self._publisher.produce, self._topics.state
-        middle = len(rows) // 2
-        for index, row in enumerate(rows):
-            page = pages[row.shard]
-            if page.failure is not None:
-                continue
-            if (parked or row.delayed or blocked) and parked.place(
-                row, page, blocked=blocked, state_of=state_of
-            ):
-                continue
-            page.rows += 1
-            refused_now = produce(row, page.report)
-            if refused_now is not None:
-                self._meters.produce_error(row.topic, row.shard, refused_now.name())
-                page.failure = Failure(row, refused_now, own=True)
-                continue
-            page.sent(row)
-            if index == middle:
-                failpoint("relay.mid_page")
-        failpoint("relay.after_produce_before_ack")
+        if read is None:
+            return 0, False
+        cap = max(self.settings.batch_size, self.settings.max_in_flight // 2)
+        for shard in read.members:
+            shard.page_size = min(cap, grown * 2) if len(read.rows) == page_size else 0
+        pages: dict[int, Page] = {}
+        if read.rows:
+            failpoint("relay.after_read")
+            waits = functools.partial(parked.place, blocked=blocked, state_of=topics.state)
+            pages, refused_now = reading_.produce(
+                read,
+                in_flight=self._shards.in_flight,
+                deadline=self._clock() + self._delivery_timeout,
+                send=self._publisher.produce,
+                waits=waits if parked or blocked or any(r.delayed for r in read.rows) else None,
+            )
+            for row, error in refused_now:
+                self._meters.produce_error(row.topic, row.shard, error.name())
+        for shard in read.members:
+            shard.cursor = read.ends
+            page = pages.get(shard.shard)
+            if page is not None and page.has_writes:
+                shard.add(page)
+            elif shard.pages:  # its progress is recorded after the pages in flight
+                shard.add(Page(shard.shard, read.ends, self._shards.in_flight))
+        return len(read.rows), read.ends.reading is None
 
     # -- settling, failures and progress -------------------------------------------------------
 
