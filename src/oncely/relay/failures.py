@@ -11,14 +11,17 @@ row becomes a *suspect* and is retried alone first (:mod:`oncely.relay.extent`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from uuid import UUID
 
 from oncely.relay import delivery
 from oncely.relay.shards import Failure, Page
-from oncely.relay.topics import topic_error_state
+from oncely.relay.topics import TopicWatch, topic_error_state
 from oncely.storage.stores.outbox.rows import OutboxRow
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,18 +46,31 @@ class Overdue:
 class Failures:
     """Each row's attempts and the suspects (rows that failed while not alone)."""
 
-    def __init__(self, *, max_attempts: int) -> None:
+    def __init__(self, *, max_attempts: int, delivery_timeout_ms: int) -> None:
         self._max_attempts = max_attempts
+        self._timeout_ms = delivery_timeout_ms
         self._attempts: dict[UUID, int] = {}
         self.suspects: set[UUID] = set()
 
-    def judge(self, failure: Failure | None) -> Verdict:
-        """The verdict on a shard's failure (``None``: its reports are overdue)."""
+    def judge(self, shard: int, failure: Failure | None) -> Verdict:
+        """The verdict on ``shard``'s failure (``None``: its reports are overdue), logged."""
         if failure is None:
+            log.warning(
+                "delivery timed out after %d ms, replaying shard %d from its recorded progress",
+                self._timeout_ms,
+                shard,
+                extra={"shard": shard, "code": "_MSG_TIMED_OUT"},
+            )
             return Verdict(backoff=True)
         row, error = failure.row, failure.error
         if topic_error_state(error) is not None:
-            return Verdict(backoff=False)
+            return Verdict(backoff=False)  # the topic is blocked now: the replay parks its rows
+        log.warning(
+            "delivery failed, replaying shard %d from its recorded progress: %s",
+            shard,
+            error.str(),
+            extra={"id": str(row.id), "topic": row.topic, "shard": shard, "code": error.name()},
+        )
         if delivery.is_transient(error):
             return Verdict(backoff=True)
         if not failure.own:
@@ -76,17 +92,28 @@ class Failures:
         self.suspects.discard(event_id)
 
 
-def overdue(pages: Iterable[Page], *, gone: Callable[[str], bool]) -> Overdue:
+def overdue(pages: list[Page], *, topics: TopicWatch, timeout_ms: int) -> Overdue:
     """Of the overdue ``pages`` (some broker reachable), the shards whose records went to a
-    topic ``gone`` since (deleted, access revoked) replay, and their rows are parked. The others
-    wait on: librdkafka keeps retrying their records, in order, until the broker takes them (a
-    partition without a leader or in-sync replicas), and a replay would only queue copies behind
-    them."""
+    topic gone since (deleted, access revoked: ``topics`` asks the broker again) replay, and
+    their rows are parked. The others wait on: librdkafka keeps retrying their records, in
+    order, until the broker takes them (a partition without a leader or in-sync replicas), and
+    a replay would only queue copies behind them."""
+    sent_to = {row.topic for page in pages for row in page.produced}
+    topics.forget(sent_to)
+    gone = {topic for topic in sent_to if topics.is_blocked(topic)}
     replay: set[int] = set()
     waiting: list[Page] = []
     for page in pages:
-        if any(gone(row.topic) for row in page.produced):
+        if gone and any(row.topic in gone for row in page.produced):
             replay.add(page.shard)
         else:
             waiting.append(page)
+    if waiting:
+        log.warning(
+            "%d shard(s) have records the broker has not confirmed after %d ms (a partition "
+            "without a leader or in-sync replicas?): waiting for them, in order",
+            len(waiting),
+            timeout_ms,
+            extra={"code": "_MSG_TIMED_OUT"},
+        )
     return Overdue(frozenset(replay), waiting)

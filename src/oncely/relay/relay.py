@@ -1,43 +1,28 @@
 """The relay loop: read leased shards by snapshot difference → produce → confirm → record.
 
-Rules the loop keeps (each is tested against real PostgreSQL and Kafka):
+The loop alone holds the store and the publisher (:mod:`oncely.relay.ports`); each job is a
+part that owns its state and returns a decision the loop applies: the shards and their phase
+(:mod:`~oncely.relay.shards`), leases (:mod:`~oncely.relay.leases`), reading and producing
+(:mod:`~oncely.relay.reading`), delivery reports (:mod:`~oncely.relay.settle`), failures
+(:mod:`~oncely.relay.failures`), progress (:mod:`~oncely.relay.progress`), parked keys and their
+release (:mod:`~oncely.relay.parking`, :mod:`~oncely.relay.release`), metrics
+(:mod:`~oncely.relay.meters`) and the read pace (:mod:`~oncely.relay.pace`). The rules it keeps,
+each tested against real PostgreSQL and Kafka:
 
-- Rows are never claimed or updated. Each shard's progress (a snapshot all of whose rows are
-  acknowledged, and the position inside the newer snapshot being read) moves only after every
-  record of its pages has a successful delivery report, in one write for all the pages
-  acknowledged in the last 20 ms (at once when they park keys or hold rows); the write is fenced by
-  the shard's lease epoch, so a relay that lost the shard (paused, partitioned) cannot move it:
-  it may cause duplicates, never loss (counted in ``progress_refused``).
-- Per-key order = commit order: a key always maps to one shard, which one relay reads at a time;
-  within a read rows go out in ``seq`` order, the same key goes to the same partition, and the
-  producer is idempotent. A read becomes one page per shard, acknowledged on its own.
-- A failure costs only the rows it concerns: a failed (or overdue) delivery replays only the
-  shard that holds the row from its recorded progress (duplicates, in order); every other shard
-  keeps flowing with no pause and no replay. The producer is recreated only when it cannot go
-  on (a fatal error, or every broker gone past the delivery timeout), counted in
-  ``producer_recreations``; every replay is counted in ``shard_replays``.
-- A topic that does not exist (or that the relay may not describe) is *blocked*
-  (:mod:`oncely.relay.topics`): the first row of each of its keys is parked as ``blocked``
-  and the later ones held, nothing is produced to it, and the broker's metadata is asked again
-  with backoff (at most every 5 s); once the topic exists its keys are released and their rows
-  published, in order, with no operator action. A blocked topic never dead-letters: it is a
-  deployment mistake, not a bad row.
-- A row that fails for good (too large, or refused after ``max_attempts``) is dead-lettered and
-  parks its key; a row whose ``available_at`` is ahead parks its key until then. Rows of a
-  parked key read later are held (recorded with the page) and published, in order, when the key
-  is released (``oncely dead requeue|skip``, the delay passing, or the topic appearing). A row
-  the broker may refuse (it failed before, or is over its topic's size limit) is produced alone
-  once its shard has nothing in flight, so a refusal is its own; only its shard waits for it.
-- Shards are leased on the database clock and shared fairly among the live relays: a relay
-  over its share hands shards off after recording them, one under it takes free or expired
-  shards, bumping their epoch. Leases are renewed while the relay lives, so they can be short.
-- Wake-up (:mod:`oncely.relay.pace`): while rows flow fast the loop polls tightly (1 ms after
-  rows, up to 4 ms) and staging sends no NOTIFY; under 500 rows/s it marks itself asleep,
-  staging NOTIFYs at each commit and the loop reads only when one arrives (or every
-  ``poll_interval_seconds``), and sends the records of each read at once instead of
-  lingering (unless ``linger_ms`` is configured); from 2,000 rows/s it polls again. An idle
-  relay sends a heartbeat every third of its lease and little else.
-- Database or broker outages never crash the loop; refused credentials stop it
+- Rows are never claimed or updated. A shard's progress moves only after every record of its
+  pages has a successful delivery report, in one write for the pages acknowledged in the last
+  20 ms (at once when they park keys or hold rows), fenced by the shard's lease epoch: a relay
+  that lost the shard cannot move it (duplicates, never loss; ``progress_refused``).
+- Per-key order = commit order: a key maps to one shard, which one relay reads at a time;
+  within a read rows go out in ``seq`` order, a key to one partition, by an idempotent producer.
+- A failure costs only its shard, which replays from its recorded progress (``shard_replays``);
+  the producer is recreated only when it cannot go on (``producer_recreations``). A missing or
+  forbidden topic blocks only its own keys (:mod:`~oncely.relay.topics`), never dead-letters,
+  and its rows go out once it exists. A row that fails for good is dead-lettered and parks its
+  key; a delayed row parks its key until then; later rows of a parked key are held.
+- Shards are leased on the database clock and shared fairly among the live relays.
+- Database or broker outages never crash the loop (a failed database call makes it serve
+  delivery reports only, until a retry time); refused credentials stop it
   (:class:`~oncely.security.KafkaAuthenticationError`) after giving back its shards.
 """
 
@@ -149,7 +134,9 @@ class Relay:
             )
         )
         self._parked = ParkedKeys()
-        self._failures = Failures(max_attempts=settings.max_attempts)
+        self._failures = Failures(
+            max_attempts=settings.max_attempts, delivery_timeout_ms=settings.delivery_timeout_ms
+        )
         self._acknowledged = Acknowledged(interval=_RECORD_INTERVAL)
         self._topics = TopicWatch(
             probe=self._publisher.topic_state,
@@ -543,29 +530,18 @@ class Relay:
         self._hand_off()
 
     def _overdue(self, pages: list[Page], now: float) -> dict[int, Failure | None]:
-        """The shards whose oldest page is unconfirmed past ``delivery_timeout_ms`` and must
-        replay (no failure report: ``None``). With every broker down, all of them (the producer
-        is then recreated). Otherwise their topics are asked about again
-        (:func:`oncely.relay.failures.overdue`)."""
+        """The shards whose oldest page is unconfirmed past ``delivery_timeout_ms`` and replay
+        (``None``: no failure report): with every broker down all of them (the producer is then
+        recreated), else as :func:`oncely.relay.failures.overdue` says; the others wait on."""
         for page in pages:
             topic = page.produced[0].topic if page.produced else ""
             self._meters.produce_error(topic, page.shard, "_MSG_TIMED_OUT")
         if self._publisher.brokers_down:
             return dict.fromkeys(page.shard for page in pages)
-        topics = {row.topic for page in pages for row in page.produced}
-        self._topics.forget(topics)
-        gone = {topic for topic in topics if self._topics.is_blocked(topic)}
-        plan = failures.overdue(pages, gone=gone.__contains__)
+        timeout_ms = self.settings.delivery_timeout_ms
+        plan = failures.overdue(pages, topics=self._topics, timeout_ms=timeout_ms)
         for page in plan.waiting:
-            page.deadline = now + self._delivery_timeout
-        if plan.waiting:
-            log.warning(
-                "%d shard(s) have records the broker has not confirmed after %d ms (a partition "
-                "without a leader or in-sync replicas?): waiting for them, in order",
-                len(plan.waiting),
-                self.settings.delivery_timeout_ms,
-                extra={"code": "_MSG_TIMED_OUT"},
-            )
+            page.deadline = now + timeout_ms / 1000
         return dict.fromkeys(plan.replay)
 
     def _replay(self, failed: dict[int, Failure | None]) -> None:
@@ -589,28 +565,12 @@ class Relay:
                 self._reset(shard, backoff=delayed, now=now)
 
     def _judge(self, shard: int, failure: Failure | None) -> bool:
-        """Log a shard's failure and apply its verdict; whether its replay waits (backoff)."""
-        verdict = self._failures.judge(failure)
-        if failure is None:
-            log.warning(
-                "delivery timed out after %d ms, replaying shard %d from its recorded progress",
-                self.settings.delivery_timeout_ms,
-                shard,
-                extra={"shard": shard, "code": "_MSG_TIMED_OUT"},
-            )
-            return verdict.backoff
-        row, error = failure.row, failure.error
-        if topic_error_state(error) is None:
-            log.warning(
-                "delivery failed, replaying shard %d from its recorded progress: %s",
-                shard,
-                error.str(),
-                extra={"id": str(row.id), "topic": row.topic, "shard": shard, "code": error.name()},
-            )
-        if verdict.forget_limits:
-            self._publisher.forget_limits(row.topic)
-        if verdict.dead_letter is not None:
-            self._dead_letter(row, verdict.dead_letter)
+        """Apply the verdict on a shard's failure; whether its replay waits (backoff)."""
+        verdict = self._failures.judge(shard, failure)
+        if failure is not None and verdict.forget_limits:
+            self._publisher.forget_limits(failure.row.topic)
+        if failure is not None and verdict.dead_letter is not None:
+            self._dead_letter(failure.row, verdict.dead_letter)
         return verdict.backoff
 
     def _recreate(self, reason: str) -> None:
