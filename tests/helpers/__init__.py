@@ -56,7 +56,13 @@ from tests.helpers.processes import (
     run_captured,
     start_oncely,
 )
-from tests.helpers.running import fast_settings, publish_all, running_consumers, running_relay
+from tests.helpers.running import (
+    fast_settings,
+    publish_all,
+    running_consumers,
+    running_relay,
+    signals_of,
+)
 from tests.helpers.status import effect_status
 
 __all__ = [
@@ -93,6 +99,7 @@ __all__ = [
     "scalar",
     "schema_catalog",
     "set_topic_config",
+    "signals_of",
     "staged_rows",
     "start_oncely",
     "uuid7_at",

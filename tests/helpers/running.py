@@ -12,6 +12,7 @@ from oncely import testing
 from oncely.consumers.effects import Effects
 from oncely.consumers.runner import EffectConsumer
 from oncely.relay import Relay
+from oncely.relay.signals import Signals
 from oncely.runtime.tracing import Tracing
 from oncely.settings import ConsumerSettings, KafkaSettings, RelaySettings
 from tests.helpers.outbox import count_published
@@ -40,9 +41,16 @@ def running_relay(
     tracing: Tracing | None = None,
     kafka: KafkaSettings | None = None,
 ) -> contextlib.AbstractContextManager[Relay]:
-    """:func:`oncely.testing.running_relay` on a PLAINTEXT ``bootstrap`` (or ``kafka``)."""
+    """:func:`oncely.testing.running_relay` on a PLAINTEXT ``bootstrap`` (or ``kafka``), with
+    :func:`signals_of` to wait on."""
     kafka = kafka or KafkaSettings(bootstrap_servers=bootstrap)
-    return testing.running_relay(engine, kafka, settings, tracing=tracing)
+    return testing.running_relay(engine, kafka, settings, tracing=tracing, signals=Signals())
+
+
+def signals_of(relay: Relay) -> Signals:
+    """The signals of a relay :func:`running_relay` started."""
+    assert relay.signals is not None, "a relay started with signals"
+    return relay.signals
 
 
 def publish_all(

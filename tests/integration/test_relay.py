@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from oncely.relay import Relay
 from oncely.relay.service import session_options
+from oncely.relay.signals import Signal
 from oncely.storage import outbox
 from oncely.storage.stores.outbox.relay import Progress, RelayStore, ShardProgress
 from tests.helpers import (
@@ -33,6 +34,7 @@ from tests.helpers import (
     running_relay,
     scalar,
     set_topic_config,
+    signals_of,
     wait_until,
 )
 
@@ -257,7 +259,8 @@ def test_losing_one_shard_of_a_page_does_not_record_the_others_before_their_acks
                 " lease_until = now() + interval '1 minute'"
                 " WHERE shard = (SELECT min(shard) FROM oncely_outbox) RETURNING shard",
             )
-        wait_until(lambda: taken not in relay.shards, timeout=10)
+        signals_of(relay).wait_for(Signal.LOST, shard=taken, timeout=10)
+        assert taken not in relay.shards
         wait_until(lambda: count_published(engine) > 0, timeout=30, interval=0.05)
         published = count_published(engine)
         on_broker = len(read_topics(kafka_bootstrap, [topic]))
@@ -330,8 +333,10 @@ def test_a_record_the_client_refuses_parks_its_key_and_skip_releases_it(
         assert error is not None and "MSG_SIZE_TOO_LARGE" in error
         assert _held(engine) == [str(rows[4]["id"]), str(rows[8]["id"])], "the key waits"
         assert _sample(relay, "oncely_relay_dead_total", topic=topic) == 1
+        mark = signals_of(relay).mark()
         _request(engine, "skip")
-        wait_until(lambda: _parked(engine) == [], timeout=30)
+        signals_of(relay).wait_for(Signal.RELEASED, after=mark, timeout=30)
+        assert _parked(engine) == []
         assert _held(engine) == []
     records = read_topics(kafka_bootstrap, [topic])
     key0 = [r.headers["id"].decode() for r in records if r.key == "key-0"]

@@ -31,6 +31,7 @@ from pydantic import SecretStr
 
 from oncely.ops.status import collect_status
 from oncely.relay import Relay
+from oncely.relay.signals import Signal
 from oncely.settings import KafkaSettings
 from oncely.storage.tables import DEFAULT_SHARDS, shard_of
 from tests.helpers import (
@@ -40,6 +41,7 @@ from tests.helpers import (
     query_all,
     read_topics,
     running_relay,
+    signals_of,
     wait_until,
 )
 from tests.integration.secure_kafka import USER, SecureKafka, start_secure_kafka
@@ -141,8 +143,10 @@ def test_a_missing_topic_holds_only_its_rows_and_resumes_once_created(
             for note in report.notes
         ), report.notes
 
+        signals = signals_of(relay)
         _create(kafka_admin, missing_topic)
-        wait_until(lambda: _parked(engine) == [], timeout=60)
+        wait_until(lambda: len(signals.events(Signal.RELEASED)) == 6, timeout=60)  # each key
+        assert _parked(engine) == []
         wait_until(lambda: missing_topic not in _blocked_rows(relay), timeout=30)
         assert _recreations(relay) == 0
         replayed = {int(s) for s, n in _replays(relay).items() if n}

@@ -31,6 +31,7 @@ from oncely.consumers.runner import EffectConsumer
 from oncely.consumers.service import build_consumers
 from oncely.relay.relay import Relay
 from oncely.relay.service import build_relay
+from oncely.relay.signals import Signals
 from oncely.runtime.metrics import ConsumerMetrics, RelayMetrics
 from oncely.runtime.tracing import Tracing
 from oncely.settings import ConsumerSettings, KafkaSettings, RelaySettings, TopicSettings
@@ -50,8 +51,11 @@ def running_relay(
     settings: RelaySettings | None = None,
     *,
     tracing: Tracing | None = None,
+    signals: Signals | None = None,
 ) -> Iterator[Relay]:
     """A relay on a thread for the block; afterwards it drains, gives its shards back and stops.
+    ``signals`` receives what it does (shards taken, lost, replayed, progress recorded, keys
+    released), for a test to wait on with :meth:`~oncely.relay.signals.Signals.wait_for`.
 
     Raises:
         AssertionError: the relay did not stop within :data:`STOP_SECONDS`.
@@ -64,6 +68,7 @@ def running_relay(
         stop=stop,
         metrics=RelayMetrics(),
         tracing=tracing,
+        signals=signals,
     )
     thread = threading.Thread(target=relay.run, args=(stop,), name="oncely-relay", daemon=True)
     thread.start()
