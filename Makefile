@@ -89,7 +89,6 @@ test: lint test-tools test-floors
 #                         the release of parked keys (their rows by id)
 #   test_stage            staging: seq from a sequence, the idempotency-key guard and the wake-up
 #                         NOTIFY, both triggers of the partitioned outbox
-#   test_consumers        receipts partitioned by event id: each event applied once per effect
 #   test_storage          a duplicate key, raised by the key guard, under the constraint's name
 #   test_least_privilege  the writer's grants on the partitions, the sequence and the keys table
 #   test_republish, test_verify, test_status  their reads of the outbox and the receipts
@@ -97,13 +96,16 @@ test: lint test-tools test-floors
 #                         that delete across partitions; the first snapshot
 # Left out: the modules of the unpartitioned schema itself (migrations, Alembic, the conversion
 # in test_partitions.py, retention's, which convert their own databases), and those that reach
-# the outbox and the receipts only through statements the modules above run: test_relay_isolation
-# (held and blocked keys live in unpartitioned tables), test_relay_wakeup (the pace of reads; the
-# wake-up trigger is test_stage's), test_effect_writes (effects' own tables; the receipt is
-# test_consumers').
+# the outbox and the receipts only through statements already run on partitioned tables, by the
+# modules above or by make test's fault scenarios (tests/chaos/test_process_faults.py: every
+# pipeline of tests/chaos/harness.py has minute partitions): test_relay_isolation (held and
+# blocked keys live in unpartitioned tables), test_relay_wakeup (the pace of reads; the wake-up
+# trigger is test_stage's), test_consumers and test_effect_writes (a receipt is inserted one at
+# a time or a run in one statement, and a duplicate found, by S4's consumers of four ways of
+# writing, crashed at each failpoint; the rest is Kafka's side or the effects' own tables).
 PARTITIONED_TESTS := $(addprefix tests/integration/,test_relay.py test_stage.py \
-  test_consumers.py test_storage.py test_least_privilege.py test_republish.py test_verify.py \
-  test_status.py test_debezium_parity.py test_debezium_maintenance.py)
+  test_storage.py test_least_privilege.py test_republish.py test_verify.py test_status.py \
+  test_debezium_parity.py test_debezium_maintenance.py)
 test-partitioned: install
 	$(BIN)/pytest $(REPORT) --oncely-partitioned=1m --oncely-partitioned-horizon=30m \
 	  $(PARTITIONED_TESTS)
