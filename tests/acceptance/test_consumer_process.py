@@ -76,6 +76,9 @@ def test_a_consumer_killed_between_db_commit_and_offset_commit_applies_once(
         kafka_bootstrap,
         "ledger",
         ONCELY_FAILPOINTS="consumer.after_db_commit_before_offset_commit=exit",
+        # The survivor gets the partitions once the dead member's session expires: 6 s (the
+        # broker's minimum), not the default 45 s.
+        ONCELY_CONSUMER_SESSION_TIMEOUT_MS="6000",
     )
     crashing.communicate(timeout=60)
     assert crashing.returncode == 137, "the failpoint ended the process"

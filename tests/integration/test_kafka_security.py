@@ -1,10 +1,10 @@
 """The pipeline against an authenticated broker (SASL SCRAM-SHA-512, with and without TLS).
 
-One secured devstack broker serves the module. The processes run as ``oncely`` commands with
-their security settings in ``ONCELY_KAFKA_*`` variables, their logs captured, and those logs
-must not contain the password. Refused credentials stop the relay and the consumer with exit
-status 2 and a message naming the settings to fix, instead of retrying forever.
-"""
+The suite's secured devstack broker (``secure_kafka``, tests/integration/conftest.py) serves
+the module. The processes run as ``oncely`` commands with their security settings in
+``ONCELY_KAFKA_*`` variables, their logs captured, and those logs must not contain the
+password. Refused credentials stop the relay and the consumer with exit status 2 and a message
+naming the settings to fix, instead of retrying forever."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,7 +41,7 @@ from tests.helpers import (
     start_oncely,
     wait_until,
 )
-from tests.integration.secure_kafka import USER, SecureKafka, start_secure_kafka
+from tests.integration.secure_kafka import USER, SecureKafka
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ledger_tables")]
 
@@ -55,13 +54,6 @@ APP = "tests.apps.ledger:effects"
 #: The suite's Kafka settings, left out of the processes' environment: theirs are the secure
 #: broker's.
 _KAFKA = ["ONCELY_KAFKA_"]
-
-
-@pytest.fixture(scope="module")
-def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
-    kafka = start_secure_kafka(tmp_path_factory.mktemp("secure-kafka"))
-    yield kafka
-    kafka.node.stop()
 
 
 @pytest.fixture
@@ -101,14 +93,14 @@ def _stop(proc: subprocess.Popen[str]) -> int:
 
 @pytest.mark.timeout(240)
 def test_pipeline_over_sasl_and_tls_leaks_no_secret(
-    secure: SecureKafka, app: App, engine: sa.Engine, database_url: str, tmp_path: Path
+    secure_kafka: SecureKafka, app: App, engine: sa.Engine, database_url: str, tmp_path: Path
 ) -> None:
-    sasl = _environment(app, database_url, secure.env(tls=False))
+    sasl = _environment(app, database_url, secure_kafka.env(tls=False))
     # The consumer side uses TLS, its credentials in ONCELY_KAFKA_EXTRA (the escape hatch).
-    tls = _environment(app, database_url, secure.env(tls=True))
+    tls = _environment(app, database_url, secure_kafka.env(tls=True))
     del tls["ONCELY_KAFKA_SASL_USERNAME"], tls["ONCELY_KAFKA_SASL_PASSWORD"]
     tls["ONCELY_KAFKA_EXTRA"] = json.dumps(
-        {"sasl.username": USER, "sasl.password": secure.password, "client.id": "secure-test"}
+        {"sasl.username": USER, "sasl.password": secure_kafka.password, "client.id": "secure-test"}
     )
     outputs: list[str] = []
 
@@ -143,16 +135,16 @@ def test_pipeline_over_sasl_and_tls_leaks_no_secret(
     assert codes == [0, 0], outputs[-2:]
     assert count_published(engine) == 20
     assert "relay started" in outputs[-2] and "consumers started" in outputs[-1]
-    leaks = [text for text in outputs if secure.password in text]
+    leaks = [text for text in outputs if secure_kafka.password in text]
     assert not leaks, f"the password appears in {len(leaks)} output(s)"
 
 
 @pytest.mark.timeout(120)
 def test_wrong_password_stops_relay_and_consumer_with_a_clear_message(
-    secure: SecureKafka, app: App, engine: sa.Engine, database_url: str, tmp_path: Path
+    secure_kafka: SecureKafka, app: App, engine: sa.Engine, database_url: str, tmp_path: Path
 ) -> None:
     wrong = f"wrong-{uuid.uuid4().hex}"
-    env = _environment(app, database_url, secure.env(tls=False, password=wrong))
+    env = _environment(app, database_url, secure_kafka.env(tls=False, password=wrong))
     _stage(engine, app, 3)
     logs = [tmp_path / "relay.log", tmp_path / "consume.log"]
     started = time.monotonic()
@@ -179,11 +171,11 @@ def test_wrong_password_stops_relay_and_consumer_with_a_clear_message(
 
 
 def test_loops_stop_when_credentials_are_refused_later(
-    secure: SecureKafka, app: App, engine: sa.Engine
+    secure_kafka: SecureKafka, app: App, engine: sa.Engine
 ) -> None:
     # Credentials revoked while running: the loops' own checks, not the start-up ones.
     bad = KafkaSettings(
-        bootstrap_servers=secure.sasl,
+        bootstrap_servers=secure_kafka.sasl,
         security_protocol="SASL_PLAINTEXT",
         sasl_mechanism="SCRAM-SHA-512",
         sasl_username=USER,
@@ -215,7 +207,7 @@ def test_loops_stop_when_credentials_are_refused_later(
         kafka=bad,
         settings=ConsumerSettings(poll_timeout_seconds=0.2),
         metrics=ConsumerMetrics(),
-        dead_letters=DeadLetters({"bootstrap.servers": secure.plaintext}),
+        dead_letters=DeadLetters({"bootstrap.servers": secure_kafka.plaintext}),
     )
     for run in (relay.run, consumer.run):
         stop = threading.Event()

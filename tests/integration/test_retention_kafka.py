@@ -5,7 +5,7 @@ is asked (F9), receipts without a Kafka position (F13)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 import pytest
@@ -39,7 +39,7 @@ from tests.helpers import (
     scalar,
     uuid7_at,
 )
-from tests.integration.secure_kafka import USER, SecureKafka, start_secure_kafka
+from tests.integration.secure_kafka import USER, SecureKafka
 
 pytestmark = pytest.mark.integration
 
@@ -306,26 +306,19 @@ def test_a_busy_run_neither_plans_nor_asks_kafka(
     assert outcome.plan is None
 
 
-@pytest.fixture(scope="module")
-def acl_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
-    kafka = start_secure_kafka(tmp_path_factory.mktemp("acl-kafka"), authorizer=True)
-    yield kafka
-    kafka.node.stop()
-
-
 @pytest.mark.timeout(300)
 def test_a_topic_the_principal_may_not_describe_is_not_deleted(
-    engine: sa.Engine, now: datetime, acl_kafka: SecureKafka
+    engine: sa.Engine, now: datetime, secure_kafka: SecureKafka
 ) -> None:
     """F2: Kafka leaves a topic the principal may not Describe out of its metadata; that is no
     answer, not a deleted topic: the receipts partition stays (Kafka still holds the record)."""
-    admin = AdminClient({"bootstrap.servers": acl_kafka.plaintext})
+    admin = AdminClient({"bootstrap.servers": secure_kafka.plaintext})
     topic = f"test-denied-{uuid.uuid4().hex}"
     for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
         future.result(30)
     moment = now - timedelta(minutes=10)
     event = uuid7_at(moment)
-    _produce(acl_kafka.plaintext, topic, event)
+    _produce(secure_kafka.plaintext, topic, event)
     deny = AclBinding(
         ResourceType.TOPIC,
         topic,
@@ -338,7 +331,7 @@ def test_a_topic_the_principal_may_not_describe_is_not_deleted(
     for future in admin.create_acls([deny]).values():
         future.result(30)
     _receipt(engine, event, topic, 0)
-    denied = _kafka(acl_kafka.client_config(tls=False))
+    denied = _kafka(secure_kafka.client_config(tls=False))
     outcome = retention.run(engine, POLICY, denied)
     assert _name(moment) not in outcome.dropped
     reason = {v.partition.name: v.reason for v in outcome.kept}[_name(moment)]

@@ -191,7 +191,7 @@ def test_status_reports_backlog_progress_and_tasks_of_a_known_setup(
             ("relay-a", True) if shard in LEASED else (None, False)
         )
         assert state["epoch"] == (2 if shard in LEASED else 0)
-        assert state["unpublished"] == sum(1 for _, s in backlog if s == shard)
+        assert state["unpublished"] == sum(n for (_, s), n in backlog.items() if s == shard)
     report.pop("backlog")
     assert report == {
         "database": engine.url.render_as_string(hide_password=True),

@@ -85,6 +85,8 @@ def test_a_stack_running_in_the_default_folder_changes_no_test(tmp_path: Path) -
             "-m",
             "pytest",
             "-q",
+            # Not the one that waits 10 s for a broker: the others meet the same settings.
+            *("-m", "not slow"),
             "tests/unit/test_cli_errors.py",
             f"{Path(__file__).relative_to(ROOT)}::"
             "test_the_suite_sees_neither_the_developers_stack_nor_settings",

@@ -9,6 +9,7 @@ in any network mode, including a host network shared with other containers.
 
 from __future__ import annotations
 
+import http.client
 import urllib.error
 import urllib.request
 
@@ -57,4 +58,6 @@ def check(*, pid: int = 1, path: str = "/healthz", timeout: float = 5.0) -> int:
             answers.append(f"{url} answered {exc.code}")
         except OSError as exc:
             answers.append(f"{url} failed: {exc}")
+        except http.client.HTTPException as exc:  # a port of another protocol (TLS, Kafka...)
+            answers.append(f"{url} does not answer HTTP ({type(exc).__name__})")
     raise HealthCheckError("; ".join(answers))

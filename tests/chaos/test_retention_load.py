@@ -1,5 +1,16 @@
-"""Retention under load: the relay and a consumer run through partition drops with nothing lost
-and no effect applied twice.
+"""Retention under load (`make chaos`; a soak of 1-3 minutes, moved out of `make test` in issue
+46): the relay and a consumer run through partition drops with nothing lost and no effect
+applied twice.
+
+`make test` keeps shorter tests of the same guarantees: the fault scenarios of
+``test_process_faults.py`` (relays and consumers exiting at each failpoint: nothing lost, no
+effect applied twice) run on minute-partitioned tables with retention running every 3 s, which
+drops a partition when a scenario crosses a minute boundary; the relay drops an outbox partition
+once it has published its rows (``test_retention_relay.py``); the rows of a step moved out of
+the default partition are published once (``test_retention_default.py``); each rule of the
+guard (unpublished, dead and held rows keep an outbox partition: ``test_retention.py``; Kafka's
+copies and the outbox's events keep a receipts partition: ``test_retention_kafka.py``) and the
+drops' locks against staging (``test_retention_races.py``) have their own test.
 
 The outbox and the receipts are partitioned by the minute, with horizons of 0 (a partition
 may go as soon as its minute is over and the guard lets it go). A writer stages events in
@@ -37,7 +48,7 @@ from oncely.schemas.codec import Codec
 from tests.apps.ledger import App, create_tables
 from tests.chaos.harness import Pipeline, pipeline
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(330)]
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(330)]
 
 POLICY = retention.Policy(
     outbox_horizon=timedelta(0), receipts_horizon=timedelta(0), ahead=2, lock_timeout=2.0
