@@ -1,7 +1,9 @@
 """docker-compose.yml, as Docker users run it, brought up by podman-compose on local images:
 ``--profile pipeline`` runs the payments example from oncely's image, events reach their
 effects and their task, ``oncely verify`` passes, and ``down`` leaves nothing running;
-``--profile debezium`` does the same with Kafka Connect and Debezium in place of the relay."""
+``--profile debezium`` does the same with Kafka Connect and Debezium in place of the relay.
+The host ports are free ones (ONCELY_POSTGRES_PORT, ONCELY_KAFKA_PORT), so a stack of the
+user's own on 5432 and 9092 changes nothing."""
 
 from __future__ import annotations
 
@@ -18,12 +20,11 @@ from examples.payments.models import metadata
 from examples.payments.service import TransferService
 from tools.images import CONNECT_IMAGE, KAFKA_IMAGE, POSTGRES_IMAGE, podman_environment
 
+from oncely.devstack._process import free_ports
 from tests.container.payments import applied
 from tests.container.podman import IMAGE, ROOT, podman, wait_for
 from tests.helpers import oncely_process
 
-DATABASE_URL = "postgresql+psycopg://oncely:oncely@127.0.0.1:5432/oncely"
-BOOTSTRAP = "127.0.0.1:9092"
 APP = "examples.payments.app:app"
 PROCESSES = ("relay", "consumer", "send-receipt", "task-worker")
 
@@ -31,7 +32,12 @@ PROCESSES = ("relay", "consumer", "send-receipt", "task-worker")
 class Compose:
     def __init__(self, project: str) -> None:
         self.project = project
+        postgres, kafka = free_ports(2)
+        self.database_url = f"postgresql+psycopg://oncely:oncely@127.0.0.1:{postgres}/oncely"
+        self.bootstrap = f"127.0.0.1:{kafka}"
         self.environment = podman_environment() | {
+            "ONCELY_POSTGRES_PORT": str(postgres),
+            "ONCELY_KAFKA_PORT": str(kafka),
             "ONCELY_IMAGE": IMAGE,
             "ONCELY_POSTGRES_IMAGE": POSTGRES_IMAGE,
             "ONCELY_KAFKA_IMAGE": KAFKA_IMAGE,
@@ -104,9 +110,9 @@ def _up(compose: Compose, profile: str, processes: Sequence[str]) -> None:
         wait_for(f"{name} healthy", lambda n=name: _healthy(compose.container(n)), 120, 1)
 
 
-def _events_reach_their_effects() -> None:
+def _events_reach_their_effects(compose: Compose) -> None:
     """Stage transfers in the compose database; wait until the ledger and the emails have them."""
-    engine = sa.create_engine(DATABASE_URL)
+    engine = sa.create_engine(compose.database_url)
     try:
         metadata.create_all(engine)
         service = TransferService(engine)
@@ -127,12 +133,15 @@ def _events_reach_their_effects() -> None:
 @pytest.mark.timeout(600)
 def test_the_pipeline_profile_runs_the_payments_example_from_the_image(compose: Compose) -> None:
     _up(compose, "pipeline", PROCESSES)
-    _events_reach_their_effects()
+    _events_reach_their_effects(compose)
     for name in PROCESSES:
         assert _healthy(compose.container(name)), name
     verify = oncely_process(
         *("verify", "--since", "1h", "--app", APP),
-        env={"ONCELY_DATABASE_URL": DATABASE_URL, "ONCELY_KAFKA_BOOTSTRAP_SERVERS": BOOTSTRAP},
+        env={
+            "ONCELY_DATABASE_URL": compose.database_url,
+            "ONCELY_KAFKA_BOOTSTRAP_SERVERS": compose.bootstrap,
+        },
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
@@ -177,7 +186,7 @@ def test_the_debezium_profile_relays_with_kafka_connect_instead(compose: Compose
         ] == ["RUNNING"]
 
     wait_for("the connector and its task running", running, 120, 1)
-    _events_reach_their_effects()
+    _events_reach_their_effects(compose)
     for name in consumers:
         assert _healthy(compose.container(name)), name
     compose("--profile", "debezium", "down", "--timeout", "60")

@@ -35,13 +35,14 @@ def test_compose_runs_postgres_with_logical_wal_and_a_kraft_broker() -> None:
     postgres, kafka = services["postgres"], services["kafka"]
     assert _image(postgres, "ONCELY_POSTGRES_IMAGE").startswith("postgres:")
     assert "wal_level=logical" in postgres["command"]
-    assert "5432:5432" in postgres["ports"]
+    # Host ports 5432 and 9092 by default, others by ONCELY_POSTGRES_PORT and ONCELY_KAFKA_PORT.
+    assert "${ONCELY_POSTGRES_PORT:-5432}:5432" in postgres["ports"]
     assert _image(kafka, "ONCELY_KAFKA_IMAGE").startswith("apache/kafka:4.")
     env = kafka["environment"]
     assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
-    assert "HOST://127.0.0.1:9092" in env["KAFKA_ADVERTISED_LISTENERS"]
-    assert "9092:9092" in kafka["ports"]
+    assert "HOST://127.0.0.1:${ONCELY_KAFKA_PORT:-9092}" in env["KAFKA_ADVERTISED_LISTENERS"]
+    assert "${ONCELY_KAFKA_PORT:-9092}:9092" in kafka["ports"]
     # The services needed to develop against are not behind a profile.
     assert "profiles" not in postgres and "profiles" not in kafka
 
