@@ -12,13 +12,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TypeVar
 from uuid import UUID
 
 import sqlalchemy as sa
 from confluent_kafka import KafkaError
 from prometheus_client import CollectorRegistry
 
-from oncely.relay.ports import OnDelivery
+from oncely.relay.ports import FAILED, Failed, OnDelivery
 from oncely.relay.relay import Relay
 from oncely.relay.signals import Signals
 from oncely.relay.topics import TopicState
@@ -34,6 +35,8 @@ from oncely.storage.stores.outbox.relay import (
 )
 from oncely.storage.stores.outbox.rows import OutboxRow
 from oncely.storage.stores.outbox.snapshots import Snapshot
+
+T = TypeVar("T")
 
 
 class Clock:
@@ -77,6 +80,8 @@ class FakeStore:
         self.positions = 0
         self.fail: dict[str, int] = {}
         self.records: list[list[ShardProgress]] = []
+        self.asleep = False
+        self.backlog_reads = 0
 
     def _maybe_fail(self, statement: str) -> None:
         if self.fail.get(statement, 0) > 0:
@@ -209,7 +214,8 @@ class FakeStore:
         return Heartbeat(alive=self.alive, shards=len(self.leases), kept=kept)
 
     def sleep(self, *, asleep: bool) -> None:
-        pass
+        self._maybe_fail("sleep")
+        self.asleep = asleep
 
     def acquire(self, *, wanted: int, lease_seconds: float) -> list[ShardProgress]:
         taken: list[ShardProgress] = []
@@ -231,6 +237,7 @@ class FakeStore:
         pass
 
     def backlog(self) -> list[ShardBacklog]:
+        self.backlog_reads += 1
         return []
 
     def blocked_rows(self) -> dict[str, int]:
@@ -380,3 +387,11 @@ def loop(*, shards: int = 4, alive: int = 1, **settings: object) -> Loop:
         clock=clock,
     )
     return Loop(relay, store, publisher, clock, signals, metrics)
+
+
+def guard(what: str, call: Callable[[], T]) -> T | Failed:
+    """The loop's database guard, without its retry time: a failed call answers ``FAILED``."""
+    try:
+        return call()
+    except sa.exc.DBAPIError:
+        return FAILED

@@ -15,6 +15,7 @@ from oncely.runtime.metrics import RelayMetrics
 from oncely.storage.stores.outbox.relay import Progress, ShardProgress
 from oncely.storage.stores.outbox.rows import OutboxRow
 from oncely.storage.stores.outbox.snapshots import Snapshot
+from tests.unit.relay_fakes import FakeStore, guard
 
 END = Progress(Snapshot(1, 1, frozenset()))
 
@@ -47,3 +48,15 @@ def test_signals_say_what_the_relay_did_and_a_wait_times_out() -> None:
     assert [e.signal for e in signals.events()] == [Signal.REPLAYED, Signal.TOOK]
     with pytest.raises(TimeoutError, match="no lost event"):
         signals.wait_for(Signal.LOST, timeout=0.01)
+
+
+def test_the_backlog_is_read_only_while_rows_are_read_or_some_were_left() -> None:
+    store, meters = FakeStore(), Meters(RelayMetrics(CollectorRegistry()), None)
+    shards = frozenset({0, 1})
+    meters.read_gauges(store, shards, any_blocked=False, db=guard)  # once at the start
+    assert store.backlog_reads == 1
+    meters.read_gauges(store, shards, any_blocked=False, db=guard)  # none left, none read
+    assert store.backlog_reads == 1
+    meters.rows_read(3)
+    meters.read_gauges(store, shards, any_blocked=False, db=guard)
+    assert store.backlog_reads == 2

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Collection, Iterable
 
+from oncely.relay.ports import FAILED, Guard, RelayStore
 from oncely.relay.shards import Page
 from oncely.relay.signals import Signal, Signals
 from oncely.runtime.metrics import RelayMetrics
@@ -132,6 +133,20 @@ class Meters:
 
     def rows_read(self, rows: int) -> None:
         self._rows_read += rows
+
+    def read_gauges(
+        self, store: RelayStore, shards: frozenset[int], *, any_blocked: bool, db: Guard
+    ) -> None:
+        """Read the backlog gauges of ``shards`` and the rows held per blocked topic, each only
+        while it may have changed (through the loop's database guard)."""
+        if shards and self.wants_backlog():
+            backlog = db("backlog", store.backlog)
+            if backlog is not FAILED:
+                self.backlog(backlog, shards)
+        if self.wants_blocked(any_blocked):
+            blocked = db("blocked topics", store.blocked_rows)
+            if blocked is not FAILED:
+                self.blocked(blocked)
 
     def wants_backlog(self) -> bool:
         """Whether to read the backlog: rows were read since, or the last answer had some."""

@@ -24,6 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+#: Rows read per second under which the relay waits for NOTIFYs, and from which it polls again:
+#: a NOTIFY per commit costs writers a global lock at commit.
+LISTEN_BELOW, POLL_ABOVE = 500.0, 2000.0
 #: Poll intervals while polling: the first after rows were read, doubling up to the last.
 POLL_MIN, POLL_MAX = 0.001, 0.004
 #: Rows per second are counted over windows this long.

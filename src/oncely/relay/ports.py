@@ -1,18 +1,22 @@
 """What the relay's loop needs of PostgreSQL, of Kafka and of its purge timer, as protocols:
 :class:`~oncely.storage.stores.outbox.relay.RelayStore`,
 :class:`~oncely.relay.publisher.Publisher` and :class:`~oncely.relay.housekeeping.Housekeeping`
-implement them, and the unit tests run the loop on fakes of each."""
+implement them, and the unit tests run the loop on fakes of each. Parts that call the database
+for the loop do it through its :class:`Guard`, which answers :data:`FAILED` for a failed call."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, TypeVar
 from uuid import UUID
 
 from confluent_kafka import KafkaError, Message
 
-from oncely.relay.topics import TopicState
+from oncely.relay.topics import TopicState, TopicWatch
+from oncely.settings import RelaySettings
 from oncely.storage.stores.outbox.relay import (
     Heartbeat,
     Held,
@@ -24,6 +28,24 @@ from oncely.storage.stores.outbox.rows import OutboxRow
 from oncely.storage.stores.outbox.snapshots import Snapshot
 
 OnDelivery = Callable[[KafkaError | None, Message | None], None]
+T = TypeVar("T")
+
+
+class Failed(enum.Enum):
+    """A database call that failed: the guard logged it and set the loop's retry time."""
+
+    FAILED = "failed"
+
+
+FAILED = Failed.FAILED
+
+
+class Guard(Protocol):
+    """The loop's database call: ``call()``'s result, or :data:`FAILED` when the database
+    failed (logged as ``database <what> failed``; the loop serves delivery reports only until
+    its retry time)."""
+
+    def __call__(self, what: str, call: Callable[[], T]) -> T | Failed: ...
 
 
 class RelayStore(Protocol):
@@ -114,3 +136,14 @@ class Housekeeper(Protocol):
     def due(self) -> None: ...
 
     def join(self, timeout: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Sources:
+    """What the loop reads from and writes to, for the parts that call them on its behalf: the
+    store, the publisher, the watch over blocked topics, and the relay's settings."""
+
+    store: RelayStore
+    publisher: Publisher
+    topics: TopicWatch
+    settings: RelaySettings

@@ -27,10 +27,18 @@ class Refused:
     held: list[Held]
 
 
+#: Progress is recorded at most this often (seconds): a crash replays what was acknowledged
+#: since (duplicates), and a quiet service does not write progress after every few rows.
+RECORD_INTERVAL = 0.02
+#: Shards whose reads found nothing have their position recorded this often (seconds): a
+#: crash only reads empty ranges again.
+QUIET_RECORD_INTERVAL = 30.0
+
+
 class Acknowledged:
     """Progress of acknowledged pages, by shard, waiting for the next record."""
 
-    def __init__(self, *, interval: float) -> None:
+    def __init__(self, *, interval: float = RECORD_INTERVAL) -> None:
         self._by_shard: dict[int, ShardProgress] = {}
         self._interval = interval
         self._record_after = 0.0

@@ -26,6 +26,11 @@ from oncely.runtime.retry import Backoff
 log = logging.getLogger(__name__)
 
 
+#: A blocked topic is asked about at least this often (seconds): one metadata request, so its
+#: rows go out within seconds of the topic being created.
+TOPIC_CHECK_MAX = 5.0
+
+
 class TopicState(enum.Enum):
     """What the broker's metadata says of a topic."""
 
