@@ -24,7 +24,8 @@ from oncely.relay.ports import FAILED, Guard, Sources
 from oncely.relay.progress import Acknowledged, quiet, refused
 from oncely.relay.release import ReleaseOutcome
 from oncely.relay.shards import Failure, Page, Shard, ShardTable
-from oncely.relay.topics import topic_error_state
+from oncely.relay.topics import TopicWatch, topic_error_state
+from oncely.settings import RelaySettings
 from oncely.storage.stores.outbox.relay import Held, Parking, ShardProgress
 from oncely.storage.stores.outbox.rows import OutboxRow
 
@@ -33,12 +34,14 @@ log = logging.getLogger(__name__)
 
 class Outcomes:
     """Applies what the broker answered to the relay's state; the loop calls :meth:`settle`
-    every turn."""
+    every turn. Holds neither the store nor the publisher: each call that needs them gets the
+    loop's :class:`~oncely.relay.ports.Sources`, and calls the database through its guard."""
 
     def __init__(
         self,
-        sources: Sources,
         *,
+        settings: RelaySettings,
+        topics: TopicWatch,
         shards: ShardTable,
         parked: ParkedKeys,
         meters: Meters,
@@ -46,8 +49,7 @@ class Outcomes:
         db: Guard,
         clock: Callable[[], float],
     ) -> None:
-        self._store, self._publisher = sources.store, sources.publisher
-        self._topics, self._settings = sources.topics, sources.settings
+        self._topics, self._settings = topics, settings
         self._shards, self._parked, self._meters, self._pace = shards, parked, meters, pace
         self._db, self._clock = db, clock
         self.failures = Failures(
@@ -64,14 +66,14 @@ class Outcomes:
         self._parked.drop_shard(number)
         self._meters.forget(number)
 
-    def hand_off(self) -> None:
+    def hand_off(self, io: Sources) -> None:
         """Give back shards over the fair share once everything read from them is recorded."""
         ready = self._shards.ready_to_hand_off()
         if not ready:
             return
-        self.record_quiet(ready)
+        self.record_quiet(io, ready)
         released = self._db(
-            "hand-off", lambda: self._store.release([(s.shard, s.epoch) for s in ready])
+            "hand-off", lambda: io.store.release([(s.shard, s.epoch) for s in ready])
         )
         if released is FAILED:
             return
@@ -81,44 +83,44 @@ class Outcomes:
             log.info("handed off shards %s", sorted(released))
             self._meters.handed_off(released)
 
-    def settle(self) -> None:
+    def settle(self, io: Sources) -> None:
         """Record acknowledged pages; replay the shards whose delivery failed or is overdue."""
         for row, error in settle.take_errors(self._shards):
             self._meters.produce_error(row.topic, row.shard, error.name())
             state = topic_error_state(error)
             if state is not None:
                 self._topics.block(row.topic, state)
-        if self._publisher.fatal is not None:
+        if io.publisher.fatal is not None:
             log.warning("fatal producer error, recreating the producer and replaying")
-            self._recreate("fatal")
+            self._recreate(io, "fatal")
             return
         now = self._clock()
         settled = settle.settle(self._shards, now)
         for page in settled.acknowledged:
             if page.produced:
-                self._publisher.reachable()
+                io.publisher.reachable()
                 self._meters.acknowledged(page)
                 self.failures.published(page.produced)
         for progress in settled.progress:
             self.acknowledged.add(progress)
         failed: dict[int, Failure | None] = dict(settled.failed)
         if settled.overdue:
-            failed.update(self._overdue(settled.overdue, now))
+            failed.update(self._overdue(io, settled.overdue, now))
         self._meters.flush()
         if self.acknowledged.due(self._clock(), urgent=bool(settled.parked or settled.held)):
-            self.record_acknowledged(list(settled.parked.values()), settled.held)
+            self.record_acknowledged(io, list(settled.parked.values()), settled.held)
         if failed:
-            self._replay(failed)
-        self.hand_off()
+            self._replay(io, failed)
+        self.hand_off(io)
 
-    def _overdue(self, pages: list[Page], now: float) -> dict[int, Failure | None]:
+    def _overdue(self, io: Sources, pages: list[Page], now: float) -> dict[int, Failure | None]:
         """The shards whose oldest page is unconfirmed past ``delivery_timeout_ms`` and replay
         (``None``: no failure report): with every broker down all of them (the producer is then
         recreated), else as :func:`oncely.relay.failures.overdue` says; the others wait on."""
         for page in pages:
             topic = page.produced[0].topic if page.produced else ""
             self._meters.produce_error(topic, page.shard, "_MSG_TIMED_OUT")
-        if self._publisher.brokers_down:
+        if io.publisher.brokers_down:
             return dict.fromkeys(page.shard for page in pages)
         timeout_ms = self._settings.delivery_timeout_ms
         plan = failures.overdue(pages, topics=self._topics, timeout_ms=timeout_ms)
@@ -126,42 +128,42 @@ class Outcomes:
             page.deadline = now + timeout_ms / 1000
         return dict.fromkeys(plan.replay)
 
-    def _replay(self, failed: dict[int, Failure | None]) -> None:
+    def _replay(self, io: Sources, failed: dict[int, Failure | None]) -> None:
         """Replay the failed shards from their recorded progress (:mod:`oncely.relay.failures`
         judges each); no other shard is touched. With every broker down past the delivery
         timeout, the producer cannot go on: it is recreated and every shard replays."""
-        if any(failure is None for failure in failed.values()) and self._publisher.brokers_down:
+        if any(failure is None for failure in failed.values()) and io.publisher.brokers_down:
             log.warning(
                 "delivery timed out after %d ms with every broker down, recreating the producer",
                 self._settings.delivery_timeout_ms,
             )
-            self._recreate("brokers_down")
+            self._recreate(io, "brokers_down")
             return
-        backoff = {shard: self._judge(shard, failure) for shard, failure in failed.items()}
+        backoff = {shard: self._judge(io, shard, failure) for shard, failure in failed.items()}
         if self.acknowledged:
-            self.record_acknowledged()  # replay only what was not acknowledged
+            self.record_acknowledged(io)  # replay only what was not acknowledged
         now = self._clock()
         for number, delayed in backoff.items():
             shard = self._shards.get(number)
             if shard is not None:
                 self.reset(shard, backoff=delayed, now=now)
 
-    def _judge(self, shard: int, failure: Failure | None) -> bool:
+    def _judge(self, io: Sources, shard: int, failure: Failure | None) -> bool:
         """Apply the verdict on a shard's failure; whether its replay waits (backoff)."""
         verdict = self.failures.judge(shard, failure)
         if failure is not None and verdict.forget_limits:
-            self._publisher.forget_limits(failure.row.topic)
+            io.publisher.forget_limits(failure.row.topic)
         if failure is not None and verdict.dead_letter is not None:
-            self._dead_letter(failure.row, verdict.dead_letter)
+            self._dead_letter(io, failure.row, verdict.dead_letter)
         return verdict.backoff
 
-    def _recreate(self, reason: str) -> None:
+    def _recreate(self, io: Sources, reason: str) -> None:
         """The producer cannot go on: record what is acknowledged, start a new producer (every
         outstanding record fails) and replay every shard from its recorded progress."""
         self._meters.recreated(reason)
         if self.acknowledged:
-            self.record_acknowledged()
-        self._publisher.recreate()
+            self.record_acknowledged(io)
+        io.publisher.recreate()
         self.reset_all()
 
     def reset_all(self) -> None:
@@ -177,10 +179,10 @@ class Outcomes:
         self.acknowledged.drop(shard.shard)
         self._parked.drop_pages(self._shards.reset(shard, backoff=backoff, now=now))
 
-    def _dead_letter(self, row: OutboxRow, error: str) -> None:
+    def _dead_letter(self, io: Sources, row: OutboxRow, error: str) -> None:
         parking = Parking(row.topic, row.aggregateid, row.shard, row.id, "dead", error=error)
         epoch = self._shards.epoch_of(row.shard)
-        if self._db("dead letter", lambda: self._store.park([(parking, epoch)])) is FAILED:
+        if self._db("dead letter", lambda: io.store.park([(parking, epoch)])) is FAILED:
             return
         self._parked.park(parking)
         self.failures.dead(row.id)
@@ -192,27 +194,32 @@ class Outcomes:
         )
 
     def record_acknowledged(
-        self, parked: list[tuple[Parking, int]] | None = None, held: list[Held] | None = None
+        self,
+        io: Sources,
+        parked: list[tuple[Parking, int]] | None = None,
+        held: list[Held] | None = None,
     ) -> None:
         """Record the progress of the acknowledged pages not yet recorded (with the keys they
         parked and the rows they held)."""
         failpoint("relay.after_ack_before_record")
-        self._record(self.acknowledged.take(self._clock()), parked or [], held or [])
+        self._record(io, self.acknowledged.take(self._clock()), parked or [], held or [])
 
-    def record_quiet(self, shards: Iterable[Shard]) -> None:
+    def record_quiet(self, io: Sources, shards: Iterable[Shard]) -> None:
         """Record the position of ``shards`` whose last reads found nothing to publish."""
         positions = quiet(shards)
         if positions:
-            self._record(positions, [], [])
+            self._record(io, positions, [], [])
 
     def _record(
-        self, progress: list[ShardProgress], parked: list[tuple[Parking, int]], held: list[Held]
+        self,
+        io: Sources,
+        progress: list[ShardProgress],
+        parked: list[tuple[Parking, int]],
+        held: list[Held],
     ) -> None:
         """Write progress; a shard taken over is forgotten and the rest written again. When the
         database fails, every shard replays from its recorded progress."""
-        recorded = self._db(
-            "progress", lambda: self._store.record(progress, parked=parked, held=held)
-        )
+        recorded = self._db("progress", lambda: io.store.record(progress, parked=parked, held=held))
         if recorded is not FAILED:
             split = refused(progress, parked, held, recorded=recorded)
             if split is not None:
@@ -225,9 +232,7 @@ class Outcomes:
                 progress = split.progress
                 recorded = self._db(
                     "progress",
-                    lambda: self._store.record(
-                        split.progress, parked=split.parked, held=split.held
-                    ),
+                    lambda: io.store.record(split.progress, parked=split.parked, held=split.held),
                 )
         if recorded is FAILED:
             self.reset_all()
@@ -237,7 +242,7 @@ class Outcomes:
             self._shards.recorded(item)
         self._meters.recorded(progress)
 
-    def released(self, shard: Shard, outcome: ReleaseOutcome) -> None:
+    def released(self, io: Sources, shard: Shard, outcome: ReleaseOutcome) -> None:
         """Apply a release of ``shard``'s parked keys: unpark each key whose rows all went out
         (fenced by the shard's epoch); a key whose rows failed stays parked (blocked, or dead
         when its own row failed for good), and the shard waits (backoff) before the next try."""
@@ -245,7 +250,7 @@ class Outcomes:
             if again.block is not None:
                 self._topics.block(*again.block)
             if again.dead is not None:
-                park = functools.partial(self._store.park_failed, again.parking, error=again.dead)
+                park = functools.partial(io.store.park_failed, again.parking, error=again.dead)
                 if self._db("dead letter", park) is FAILED:
                     return
                 self._parked.dead(again.parking, again.dead)
@@ -254,7 +259,7 @@ class Outcomes:
             released = self._db(
                 "release",
                 functools.partial(
-                    self._store.unpark,
+                    io.store.unpark,
                     unpark.parking,
                     epoch=shard.epoch,
                     published_to=unpark.published_to,

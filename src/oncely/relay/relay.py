@@ -96,12 +96,11 @@ class Relay:
         """``housekeeping`` runs the purge timer off the loop
         (:func:`~oncely.relay.service.build_relay` gives the relay's); ``signals`` receives
         what the relay did, for tests to wait on; ``clock`` is the monotonic clock."""
-        self.store = store
         self.settings = settings
         self.housekeeping = housekeeping
         self._clock = clock
         self._wakeup = wakeup
-        self._publisher = publisher_factory()
+        publisher = publisher_factory()
         now = clock()
         self._shards = ShardTable(
             Backoff(
@@ -111,8 +110,8 @@ class Relay:
             )
         )
         self._parked = ParkedKeys()
-        self._topics = TopicWatch(
-            probe=self._publisher.topic_state,
+        topics = TopicWatch(
+            probe=publisher.topic_state,
             backoff=Backoff(
                 first=settings.initial_backoff_seconds,
                 maximum=min(settings.max_backoff_seconds, TOPIC_CHECK_MAX),
@@ -120,7 +119,7 @@ class Relay:
             ),
             clock=clock,
         )
-        self._sources = Sources(store, self._publisher, self._topics, settings)
+        self._sources = Sources(store, publisher, topics, settings)
         self._meters = Meters(metrics, signals)
         self._pace = Pace(
             listen_below=LISTEN_BELOW,
@@ -129,7 +128,8 @@ class Relay:
             window_start=now,
         )
         self._outcomes = Outcomes(
-            self._sources,
+            settings=settings,
+            topics=topics,
             shards=self._shards,
             parked=self._parked,
             meters=self._meters,
@@ -160,7 +160,11 @@ class Relay:
 
     def ready(self) -> bool:
         """The last database call worked and the broker is reachable."""
-        return self.healthy() and self.database_ok and not self._publisher.brokers_down
+        return self.healthy() and self.database_ok and not self._sources.publisher.brokers_down
+
+    @property
+    def store(self) -> RelayStore:
+        return self._sources.store
 
     @property
     def shards(self) -> frozenset[int]:
@@ -184,7 +188,7 @@ class Relay:
         quiet_record = Every(QUIET_RECORD_INTERVAL, clock=clock)
         gauges = Every(GAUGE_INTERVAL, clock=clock)
         purge = Every(self.settings.purge_interval_seconds, clock=clock)
-        pace, publisher, wakeup = self._pace, self._publisher, self._wakeup
+        pace, publisher, wakeup = self._pace, self._sources.publisher, self._wakeup
         while not stop.is_set():
             self._health.heartbeat = now = clock()
             if publisher.auth_failed is not None:
@@ -203,7 +207,7 @@ class Relay:
             if purge.due():
                 self.housekeeping.due()
             publisher.poll(0)
-            self._outcomes.settle()
+            self._outcomes.settle(self._sources)
             self._shards.wake(now)
             self._release_parked()
             if pace.mode is Mode.LISTENING and wakeup is not None and wakeup.pending():
@@ -220,7 +224,7 @@ class Relay:
                 # Quiet: no other rows will join these records, so they go out now (flush
                 # ignores linger.ms) and their reports are served, rather than after linger.
                 publisher.flush(_SEND_WAIT)
-                self._outcomes.settle()
+                self._outcomes.settle(self._sources)
             if read and (pace.mode is Mode.POLLING or not complete):
                 continue
             if not pace.listens() or wakeup is None:
@@ -255,7 +259,7 @@ class Relay:
         retry_at = self._health.database_retry_at
         if retry_at is None or now >= retry_at:
             return False
-        self._publisher.poll(min(retry_at - now, 0.1))
+        self._sources.publisher.poll(min(retry_at - now, 0.1))
         return True
 
     def _quiet_wait(self, tick: Every) -> float:
@@ -300,7 +304,7 @@ class Relay:
         if plan.take:
             self._acquire(plan.take, started)
         if quiet_record.due():
-            self._outcomes.record_quiet(shards)
+            self._outcomes.record_quiet(self._sources, shards)
         self._refresh_parked()
 
     def _acquire(self, wanted: int, started: float) -> None:
@@ -361,14 +365,14 @@ class Relay:
         if not self._parked:
             self._shards.releasing(frozenset())
             return
-        due = self._parked.due(self._topics.is_blocked)
+        due = self._parked.due(self._sources.topics.is_blocked)
         self._shards.releasing(frozenset(due))
         for number, parkings in due.items():
             shard = self._shards.get(number)
             if shard is None or shard.pages or shard.phase is not Phase.RELEASING:
                 continue
             if number in self._outcomes.acknowledged:
-                self._outcomes.record_acknowledged()  # released on the next turn
+                self._outcomes.record_acknowledged(self._sources)  # released on the next turn
                 continue
             self._release(shard, parkings)
 
@@ -379,20 +383,20 @@ class Relay:
             "release",
             lambda: release.release(
                 self.store,
-                self._publisher,
+                self._sources.publisher,
                 parkings,
                 timeout=self._delivery_timeout + 5,
                 clock=self._clock,
             ),
         )
         if outcome is not FAILED:
-            self._outcomes.released(shard, outcome)
+            self._outcomes.released(self._sources, shard, outcome)
 
     # -- stop -----------------------------------------------------------------------
 
     def _drain(self) -> None:
         """Stop reading, wait (bounded) for reports, record, give every shard back."""
-        clock, shards, publisher = self._clock, self._shards, self._publisher
+        clock, shards, publisher = self._clock, self._shards, self._sources.publisher
         deadline = clock() + self.settings.shutdown_timeout_seconds
         shards.hand_off()
         while (
@@ -403,11 +407,11 @@ class Relay:
         ):
             publisher.flush(min(0.5, max(0.0, deadline - clock())))
             before = len(shards)
-            self._outcomes.settle()
+            self._outcomes.settle(self._sources)
             if len(shards) == before and any(s.pages for s in shards):
                 continue
             if all(not s.pages for s in shards):
-                self._outcomes.hand_off()
+                self._outcomes.hand_off(self._sources)
         unanswered = len(shards)
         self.housekeeping.join(max(0.0, deadline - clock()))
         try:
