@@ -167,6 +167,7 @@ class Outcomes:
         self.reset_all()
 
     def reset_all(self) -> None:
+        """Replay every shard from its recorded progress, after a backoff."""
         now = self._clock()
         for shard in list(self._shards):
             self.reset(shard, backoff=True, now=now)
