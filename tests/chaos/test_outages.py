@@ -114,7 +114,10 @@ def test_s6_broker_killed_and_paused_past_the_delivery_timeout(
         chaos.relay().start()
         chaos.consumer().start()
         writer = chaos.write_in_background(1500, keys=20)
-        time.sleep(3)
+        # Killed once events flow end to end, not while the consumer still starts (it exits
+        # when it cannot create its dead-letter topics; a loaded machine took over 3 s to get
+        # there).
+        chaos.wait_applied(50)
         assert broker._proc is not None
         broker._proc.send_signal(signal.SIGKILL)
         broker._proc.wait()
