@@ -188,4 +188,4 @@ test-container: image
 	$(BIN)/python -m tools.images kafka
 	$(BIN)/python -m tools.images postgres
 	$(BIN)/python -m tools.images connect
-	$(BIN)/pytest -m container tests/container
+	$(BIN)/pytest $(REPORT) -m container tests/container
