@@ -87,6 +87,12 @@ _PRODUCERS: dict[str, Any] = {}
 _LOG = logging.getLogger(__name__)
 
 
+def close_producers() -> None:
+    """Let :func:`publish_events`' producer go while Python runs (tests/conftest.py, at the
+    session's end): one destroyed at the interpreter's exit prints its broker's refusals."""
+    _PRODUCERS.clear()
+
+
 def publish_events(
     bootstrap: str, codec: object, events: Sequence[tuple[uuid.UUID | str, object]]
 ) -> None:
