@@ -142,7 +142,7 @@ test-floors: install kubernetes-tools
 	  --python $(FLOORS)/bin/python pyproject.toml -o $(FLOORS)/floors.txt
 	$(BIN)/uv pip sync --quiet --python $(FLOORS)/bin/python $(FLOORS)/floors.txt
 	$(BIN)/uv pip install --quiet --no-deps --python $(FLOORS)/bin/python -e .
-	MYPY_CACHE_DIR=$(FLOORS)/mypy-cache $(FLOORS)/bin/pytest -q tests/unit \
+	MYPY_CACHE_DIR=$(FLOORS)/mypy-cache $(FLOORS)/bin/pytest -q --durations=10 tests/unit \
 	  $(addprefix --deselect ,$(FLOORS_OWN_VENV_ONLY))
 	$(FLOORS)/bin/mkdocs build --strict --site-dir $(FLOORS)/site
 
