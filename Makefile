@@ -77,7 +77,10 @@ kubernetes-tools:
 
 # The 30 slowest tests close the output; the JUnit report stays in .oncely/junit/.
 REPORT = --durations=30 --junitxml=.oncely/junit/$@.xml
-test: lint test-tools test-floors
+# lint and the floors' run share no file (each has its own venv, mypy cache and site folder)
+# and each keeps one core busy, so they run side by side; -O prints each one's output whole.
+test: install kubernetes-tools test-tools
+	$(MAKE) --no-print-directory -j2 -O lint test-floors
 	$(BIN)/pytest $(REPORT)
 
 # The integration modules whose statements read or write the outbox or the receipts in a way of
