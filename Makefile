@@ -77,7 +77,10 @@ kubernetes-tools:
 
 # The 30 slowest tests close the output; the JUnit report stays in .oncely/junit/.
 REPORT = --durations=30 --junitxml=.oncely/junit/$@.xml
-test: lint test-tools test-floors
+# lint and the floors' run share no file (each has its own venv, mypy cache and site folder)
+# and each keeps one core busy, so they run side by side; -O prints each one's output whole.
+test: install kubernetes-tools test-tools
+	$(MAKE) --no-print-directory -j2 -O lint test-floors
 	$(BIN)/pytest $(REPORT)
 
 # The integration modules whose statements read or write the outbox or the receipts in a way of
@@ -103,19 +106,38 @@ test: lint test-tools test-floors
 # trigger is test_stage's), test_consumers and test_effect_writes (a receipt is inserted one at
 # a time or a run in one statement, and a duplicate found, by S4's consumers of four ways of
 # writing, crashed at each failpoint; the rest is Kafka's side or the effects' own tables).
+# Left out of those modules: the tests of Kafka's side, whose statements the modules' other tests
+# run (27 s): test_the_relay_rides_out_a_broker_outage (its reads and records after the outage
+# are those of a relay resuming where it recorded), and the status command with Kafka down, with
+# a broker that never answers, and --watch (the same reads as the module's other tests).
 PARTITIONED_TESTS := $(addprefix tests/integration/,test_relay.py test_stage.py \
   test_storage.py test_least_privilege.py test_republish.py test_verify.py test_status.py \
   test_debezium_parity.py test_debezium_maintenance.py)
+PARTITIONED_KAFKA_SIDE := \
+  test_relay.py::test_the_relay_rides_out_a_broker_outage \
+  test_status.py::test_with_kafka_down_everything_the_database_knows_is_shown_and_one_line_says_so \
+  test_status.py::test_a_broker_that_never_answers_costs_the_status_its_kafka_budget_only \
+  test_status.py::test_status_watch_refreshes_until_ctrl_c
 test-partitioned: install
 	$(BIN)/pytest $(REPORT) --oncely-partitioned=1m --oncely-partitioned-horizon=30m \
-	  $(PARTITIONED_TESTS)
+	  $(PARTITIONED_TESTS) $(addprefix --deselect tests/integration/,$(PARTITIONED_KAFKA_SIDE))
 
 # The declared floors hold: the unit tests run against the lowest version of every direct
 # dependency that pyproject.toml allows (uv's lowest-direct resolution), in a venv of their own,
 # and the documentation site builds with the lowest mkdocs and mkdocstrings. Their mypy (the
 # effect typing test) keeps its cache apart: another mypy version's cache is thrown away whole,
 # and make test's own run of that test would then start cold (9-17 s here instead of 0.5 s).
+# Two unit tests run in make test's venv only; what they check is no dependency's:
+#   test_hermetic's stack test  the suite's own environment (tests/conftest.py): it runs
+#                               test_cli_errors again in a pytest process, and the floors run
+#                               that module itself (28 s on the floors' venv)
+#   the unreachable broker's 10 s  the bound is oncely's own REACH_SECONDS; the floor client's
+#                               failure to reach a broker is the module's other unreachable
+#                               broker tests', which the floors run (8 s)
 FLOORS := .venv-floors
+FLOORS_OWN_VENV_ONLY := \
+  tests/unit/test_hermetic.py::test_a_stack_running_in_the_default_folder_changes_no_test \
+  tests/unit/test_cli_errors.py::test_an_unreachable_broker_is_reported_within_10_s
 test-floors: install kubernetes-tools
 	$(BIN)/pip install --quiet uv
 	$(BIN)/uv venv --quiet --allow-existing --python $(BIN)/python $(FLOORS)
@@ -123,7 +145,8 @@ test-floors: install kubernetes-tools
 	  --python $(FLOORS)/bin/python pyproject.toml -o $(FLOORS)/floors.txt
 	$(BIN)/uv pip sync --quiet --python $(FLOORS)/bin/python $(FLOORS)/floors.txt
 	$(BIN)/uv pip install --quiet --no-deps --python $(FLOORS)/bin/python -e .
-	MYPY_CACHE_DIR=$(FLOORS)/mypy-cache $(FLOORS)/bin/pytest -q tests/unit
+	MYPY_CACHE_DIR=$(FLOORS)/mypy-cache $(FLOORS)/bin/pytest -q --durations=10 tests/unit \
+	  $(addprefix --deselect ,$(FLOORS_OWN_VENV_ONLY))
 	$(FLOORS)/bin/mkdocs build --strict --site-dir $(FLOORS)/site
 
 chaos: install
@@ -168,4 +191,4 @@ test-container: image
 	$(BIN)/python -m tools.images kafka
 	$(BIN)/python -m tools.images postgres
 	$(BIN)/python -m tools.images connect
-	$(BIN)/pytest -m container tests/container
+	$(BIN)/pytest $(REPORT) -m container tests/container

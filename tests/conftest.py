@@ -90,6 +90,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    from tests.helpers.kafka import close_producers  # not at import: before the environment
+
+    close_producers()
     shutil.rmtree(SCRATCH, ignore_errors=True)
 
 

@@ -258,13 +258,15 @@ def test_topics_ensure_creates_missing_topics_and_flags_weaker_ones(kafka_bootst
     assert "3 partitions, 6 declared" in weaker.stdout
 
 
-def test_a_relay_facing_a_dead_broker_for_30_s_writes_only_json_lines(
+def test_a_relay_facing_a_dead_broker_writes_only_json_lines(
     engine: sa.Engine, database_url: str, kafka_bootstrap: str, new_topic: Callable[..., str]
 ) -> None:
+    """librdkafka's connection failures, then the relay's own delivery timeouts (every 2 s
+    here; 30 s by default) with a new producer each time: every line on stderr is JSON."""
     insert_rows(engine, outbox_rows(20, topics=[new_topic()], keys=5))  # records to fail on
     nobody = f"127.0.0.1:{free_port()}"
-    proc = _start_relay(database_url, nobody)
-    time.sleep(30)
+    proc = _start_relay(database_url, nobody, env={"ONCELY_RELAY_DELIVERY_TIMEOUT_MS": "2000"})
+    time.sleep(10)  # several delivery timeouts, each followed by a new producer
     code, stderr = _stop(proc)
     assert code == 0, stderr
     lines = stderr.splitlines()
@@ -275,3 +277,5 @@ def test_a_relay_facing_a_dead_broker_for_30_s_writes_only_json_lines(
     assert all(record["client"].startswith("rdkafka#producer") for record in librdkafka)
     assert any(nobody in record["message"] for record in librdkafka)
     assert {record["level"] for record in librdkafka} <= {"ERROR", "WARNING", "INFO"}
+    relay = [r for r in records if r["logger"].startswith("oncely.relay")]
+    assert any(r["level"] == "WARNING" for r in relay), "the relay's delivery timeouts are logged"

@@ -3,10 +3,12 @@ and deleted (once the broker lists the change), topic settings."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -78,6 +80,19 @@ def read_topics(bootstrap: str, topics: Sequence[str], *, timeout: float = 30) -
     return records
 
 
+#: The producer of :func:`publish_events`, kept for the next call to the same broker: a new
+#: idempotent producer sends its first record only after its producer id, about 0.5 s later
+#: (librdkafka's timer), and a test that publishes in steps paid that at each step.
+_PRODUCERS: dict[str, Any] = {}
+_LOG = logging.getLogger(__name__)
+
+
+def close_producers() -> None:
+    """Let :func:`publish_events`' producer go while Python runs (tests/conftest.py, at the
+    session's end): one destroyed at the interpreter's exit prints its broker's refusals."""
+    _PRODUCERS.clear()
+
+
 def publish_events(
     bootstrap: str, codec: object, events: Sequence[tuple[uuid.UUID | str, object]]
 ) -> None:
@@ -89,7 +104,12 @@ def publish_events(
     from oncely.schemas.codec import Codec
 
     assert isinstance(codec, Codec)
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    producer = _PRODUCERS.get(bootstrap)
+    if producer is None:
+        _PRODUCERS.clear()  # a stopped test broker's producer goes (it logs only when flushed)
+        producer = _PRODUCERS[bootstrap] = Producer(
+            {"bootstrap.servers": bootstrap, "enable.idempotence": True, "logger": _LOG}
+        )
     for event_id, event in events:
         assert isinstance(event, BaseModel)
         event_type = codec.registry.for_model(type(event))

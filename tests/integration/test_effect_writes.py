@@ -246,9 +246,11 @@ def test_an_async_handler_awaits_its_database_write_and_an_http_call_beside_a_sy
         assert scalar(engine, "SELECT count(*) FROM ledger WHERE effect = :e", e=effect) == 40
 
 
-#: Long enough to tell a record applied on arrival from one applied after it; the test's end
-#: waits out the consumer's last poll (up to this long).
-POLL_TIMEOUT = 15.0
+#: Long enough to tell a record applied on arrival (well under a second) from one applied
+#: after it: the second and third events are published as a poll begins, so a loop that waited
+#: its poll out would apply them a full poll later. The test's end waits out the consumer's
+#: last poll (up to this long).
+POLL_TIMEOUT = 8.0
 
 
 def test_a_record_is_applied_when_it_arrives_not_after_the_poll_timeout(
