@@ -1,6 +1,7 @@
 """The relay's loop on fakes (:mod:`tests.unit.relay_fakes`): the decisions of its parts applied
-in the right order, turn by turn on a fake clock. The same guarantees are tested against real
-PostgreSQL and Kafka in tests/integration/test_relay*.py."""
+in the right order, turn by turn on a fake clock, and what delivery reports lead to
+(:mod:`oncely.relay.outcomes`: records, replays, dead letters, releases, hand-offs). The same
+guarantees are tested against real PostgreSQL and Kafka in tests/integration/test_relay*.py."""
 
 from __future__ import annotations
 
