@@ -77,11 +77,18 @@ kubernetes-tools:
 
 # The 30 slowest tests close the output; the JUnit report stays in .oncely/junit/.
 REPORT = --durations=30 --junitxml=.oncely/junit/$@.xml
+# make test and make test-partitioned run pytest on TEST_WORKERS pytest-xdist workers (0: one
+# process), a module at a time to a worker (a module's fixtures stay in one process). Each
+# worker starts its own Kafka and PostgreSQL. Two workers on 2 cores: most tests wait on
+# processes, brokers and timeouts, so the suite takes 13 minutes instead of 22 (measured here,
+# each once, on the same commit).
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadfile
 # lint and the floors' run share no file (each has its own venv, mypy cache and site folder)
 # and each keeps one core busy, so they run side by side; -O prints each one's output whole.
 test: install kubernetes-tools test-tools
 	$(MAKE) --no-print-directory -j2 -O lint test-floors
-	$(BIN)/pytest $(REPORT)
+	$(BIN)/pytest $(XDIST) $(REPORT)
 
 # The integration modules whose statements read or write the outbox or the receipts in a way of
 # their own, again on test databases converted by `oncely db upgrade --partition-every 1m` (the
@@ -119,7 +126,7 @@ PARTITIONED_KAFKA_SIDE := \
   test_status.py::test_a_broker_that_never_answers_costs_the_status_its_kafka_budget_only \
   test_status.py::test_status_watch_refreshes_until_ctrl_c
 test-partitioned: install
-	$(BIN)/pytest $(REPORT) --oncely-partitioned=1m --oncely-partitioned-horizon=30m \
+	$(BIN)/pytest $(XDIST) $(REPORT) --oncely-partitioned=1m --oncely-partitioned-horizon=30m \
 	  $(PARTITIONED_TESTS) $(addprefix --deselect tests/integration/,$(PARTITIONED_KAFKA_SIDE))
 
 # The declared floors hold: the unit tests run against the lowest version of every direct

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,28 @@ def test_missing_maven_names_what_to_install(
     with pytest.raises(ToolMissingError, match="Maven") as info:
         resolve_kafka_libs("4.4.0", cache_dir=tmp_path / "cache")
     assert "docker compose up" in str(info.value)
+
+
+_RESOLVE = """
+import sys, time
+from pathlib import Path
+from oncely.devstack.jvm import resolve_once
+home = Path(sys.argv[1])
+log = home / "resolutions"
+def resolve():
+    with log.open("a") as out:
+        out.write("resolved\\n")
+    time.sleep(0.5)
+    (home / ".resolved").touch()
+resolve_once(home, (home / ".resolved").exists, resolve)
+"""
+
+
+def test_two_processes_starting_together_resolve_a_cache_folder_once(tmp_path: Path) -> None:
+    home = tmp_path / "kafka-4.4.0"
+    started = [subprocess.Popen([sys.executable, "-c", _RESOLVE, str(home)]) for _ in range(2)]
+    assert [process.wait(30) for process in started] == [0, 0]
+    assert (home / "resolutions").read_text().splitlines() == ["resolved"]
 
 
 def test_cluster_id_is_a_kafka_uuid() -> None:

@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from oncely.devstack._process import ServerProcess, free_port, tail
-from oncely.devstack.jvm import cache_root, check_java, copy_dependencies, jvm_command
+from oncely.devstack.jvm import (
+    cache_root,
+    check_java,
+    copy_dependencies,
+    jvm_command,
+    resolve_once,
+)
 from oncely.devstack.kafka import DEFAULT_KAFKA_VERSION
 from oncely.errors import DevstackError
 
@@ -64,34 +70,36 @@ def resolve_connect(
         f"connect-{kafka_version}-debezium-{debezium_version}-otel-{OPENTELEMETRY_VERSION}"
     )
     libs, plugins, marker = home / "libs", home / "plugins", home / ".resolved"
-    if marker.exists() and libs.is_dir() and plugins.is_dir():
-        return libs, plugins
-    archive_name = _PLUGIN_ARCHIVE.format(version=debezium_version)
-    staging = copy_dependencies(
-        home,
-        "connect-pom.xml",
-        {
-            "kafka.version": kafka_version,
-            "debezium.version": debezium_version,
-            "opentelemetry.version": OPENTELEMETRY_VERSION,
-        },
-        wanted=archive_name,
-        resolves=f"Kafka Connect (org.apache.kafka:connect-runtime:{kafka_version}) and "
-        f"Debezium (io.debezium:debezium-connector-postgres:{debezium_version}, plugin tar.gz)",
-        missing_hint="Docker users can run `docker compose --profile debezium up -d connect` "
-        "instead.",
-    )
-    archive = staging / archive_name
-    plugin_staging = home / "plugins.partial"
-    shutil.rmtree(plugin_staging, ignore_errors=True)
-    plugin_staging.mkdir()
-    with tarfile.open(archive) as tar:
-        tar.extractall(plugin_staging, filter="data")
-    archive.unlink()
-    for final, partial in ((libs, staging), (plugins, plugin_staging)):
-        shutil.rmtree(final, ignore_errors=True)
-        partial.rename(final)
-    marker.write_text(f"{kafka_version} {debezium_version}\n")
+
+    def resolve() -> None:
+        archive_name = _PLUGIN_ARCHIVE.format(version=debezium_version)
+        staging = copy_dependencies(
+            home,
+            "connect-pom.xml",
+            {
+                "kafka.version": kafka_version,
+                "debezium.version": debezium_version,
+                "opentelemetry.version": OPENTELEMETRY_VERSION,
+            },
+            wanted=archive_name,
+            resolves=f"Kafka Connect (org.apache.kafka:connect-runtime:{kafka_version}) and "
+            f"Debezium (io.debezium:debezium-connector-postgres:{debezium_version}, plugin tar.gz)",
+            missing_hint="Docker users can run `docker compose --profile debezium up -d connect` "
+            "instead.",
+        )
+        archive = staging / archive_name
+        plugin_staging = home / "plugins.partial"
+        shutil.rmtree(plugin_staging, ignore_errors=True)
+        plugin_staging.mkdir()
+        with tarfile.open(archive) as tar:
+            tar.extractall(plugin_staging, filter="data")
+        archive.unlink()
+        for final, partial in ((libs, staging), (plugins, plugin_staging)):
+            shutil.rmtree(final, ignore_errors=True)
+            partial.rename(final)
+        marker.write_text(f"{kafka_version} {debezium_version}\n")
+
+    resolve_once(home, lambda: marker.exists() and libs.is_dir() and plugins.is_dir(), resolve)
     return libs, plugins
 
 

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 
@@ -85,6 +86,20 @@ def jvm_command(
         f"{libs}/*",
         main_class,
     ]
+
+
+def resolve_once(home: Path, ready: Callable[[], bool], resolve: Callable[[], None]) -> None:
+    """Run ``resolve`` unless ``ready()``, one process at a time per cache folder ``home``
+    (an exclusive lock on ``home/.lock``): two that start together (two test workers on a
+    clean machine, two ``oncely dev up``) resolve once, and the one that waited finds it
+    ready."""
+    if ready():
+        return
+    home.mkdir(parents=True, exist_ok=True)
+    with (home / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ready():
+            resolve()
 
 
 def copy_dependencies(

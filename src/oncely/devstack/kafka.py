@@ -22,7 +22,13 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from oncely.devstack._process import ServerProcess, free_ports, run_tool
-from oncely.devstack.jvm import cache_root, check_java, copy_dependencies, jvm_command
+from oncely.devstack.jvm import (
+    cache_root,
+    check_java,
+    copy_dependencies,
+    jvm_command,
+    resolve_once,
+)
 from oncely.errors import DevstackError
 
 DEFAULT_KAFKA_VERSION = "4.4.0"
@@ -39,18 +45,20 @@ def resolve_kafka_libs(
     home = (cache_dir or cache_root()) / f"kafka-{version}"
     libs = home / "libs"
     marker = home / ".resolved"
-    if marker.exists() and libs.is_dir():
-        return libs
-    staging = copy_dependencies(
-        home,
-        "kafka-pom.xml",
-        {"kafka.version": version},
-        wanted=f"kafka_2.13-{version}.jar",
-        resolves=f"the Kafka broker (org.apache.kafka:kafka_2.13:{version})",
-    )
-    shutil.rmtree(libs, ignore_errors=True)
-    staging.rename(libs)
-    marker.write_text(version + "\n")
+
+    def resolve() -> None:
+        staging = copy_dependencies(
+            home,
+            "kafka-pom.xml",
+            {"kafka.version": version},
+            wanted=f"kafka_2.13-{version}.jar",
+            resolves=f"the Kafka broker (org.apache.kafka:kafka_2.13:{version})",
+        )
+        shutil.rmtree(libs, ignore_errors=True)
+        staging.rename(libs)
+        marker.write_text(version + "\n")
+
+    resolve_once(home, lambda: marker.exists() and libs.is_dir(), resolve)
     return libs
 
 

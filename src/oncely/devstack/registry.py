@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oncely.devstack._process import ServerProcess, free_ports
-from oncely.devstack.jvm import cache_root, copy_dependencies, java_version
+from oncely.devstack.jvm import cache_root, copy_dependencies, java_version, resolve_once
 from oncely.errors import ToolMissingError
 
 DEFAULT_APICURIO_VERSION = "3.3.3"
@@ -44,27 +44,29 @@ def resolve_registry(
     """
     home = (cache_dir or cache_root()) / f"apicurio-registry-{version}"
     app, marker = home / "app", home / ".resolved"
-    if marker.exists() and (app / "quarkus-run.jar").is_file():
-        return app
-    archive_name = _ARCHIVE.format(version=version)
-    staging = copy_dependencies(
-        home,
-        "registry-pom.xml",
-        {"apicurio.version": version},
-        wanted=archive_name,
-        resolves=f"Apicurio Registry (io.apicurio:apicurio-registry-app:{version}, all tar.gz)",
-        missing_hint="Or run a Confluent-compatible schema registry yourself and set "
-        "ONCELY_TEST_SCHEMA_REGISTRY_URL.",
-    )
-    unpacked = home / "app.partial"
-    shutil.rmtree(unpacked, ignore_errors=True)
-    unpacked.mkdir()
-    with tarfile.open(staging / archive_name) as tar:
-        tar.extractall(unpacked, filter="data")
-    shutil.rmtree(staging)
-    shutil.rmtree(app, ignore_errors=True)
-    unpacked.rename(app)
-    marker.write_text(version + "\n")
+
+    def resolve() -> None:
+        archive_name = _ARCHIVE.format(version=version)
+        staging = copy_dependencies(
+            home,
+            "registry-pom.xml",
+            {"apicurio.version": version},
+            wanted=archive_name,
+            resolves=f"Apicurio Registry (io.apicurio:apicurio-registry-app:{version}, all tar.gz)",
+            missing_hint="Or run a Confluent-compatible schema registry yourself and set "
+            "ONCELY_TEST_SCHEMA_REGISTRY_URL.",
+        )
+        unpacked = home / "app.partial"
+        shutil.rmtree(unpacked, ignore_errors=True)
+        unpacked.mkdir()
+        with tarfile.open(staging / archive_name) as tar:
+            tar.extractall(unpacked, filter="data")
+        shutil.rmtree(staging)
+        shutil.rmtree(app, ignore_errors=True)
+        unpacked.rename(app)
+        marker.write_text(version + "\n")
+
+    resolve_once(home, lambda: marker.exists() and (app / "quarkus-run.jar").is_file(), resolve)
     return app
 
 

@@ -45,6 +45,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -71,6 +72,7 @@ TEMPLATE_DATABASE = "oncely_test_template"
 DEFAULT_PARTITION_HORIZON = "2h"
 _services_key = pytest.StashKey[Services]()
 _registry_key = pytest.StashKey[SchemaRegistry]()
+_worker_services_key = pytest.StashKey[list[str]]()
 _DURATION = re.compile(r"(\d+)\s*([mhd])")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days"}
 
@@ -253,21 +255,42 @@ def oncely_pipeline(
     )
 
 
+def _described(config: pytest.Config) -> list[str]:
+    """This process's services, one line each."""
+    return [
+        found.describe()
+        for found in (config.stash.get(_services_key, None), config.stash.get(_registry_key, None))
+        if found is not None
+    ]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under pytest-xdist, a worker hands its services' lines to the controller's summary."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["oncely_services"] = _described(session.config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """pytest-xdist's hook, in the controller: keep a worker's services' lines."""
+    lines = getattr(node, "workeroutput", {}).get("oncely_services", [])
+    node.config.stash.setdefault(_worker_services_key, []).extend(lines)
+
+
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:
-    services = config.stash.get(_services_key, None)
-    registry = config.stash.get(_registry_key, None)
-    if services is not None or registry is not None:
-        terminalreporter.write_sep("-", "oncely test services")
-    if services is not None:
-        terminalreporter.write_line(services.describe())
-        partitioning = _partitioning(config)
-        if partitioning is not None:
-            step, horizon = partitioning
-            terminalreporter.write_line(
-                f"test databases partitioned: outbox and receipts by {step}, partitions "
-                f"created {horizon} ahead of the session's start"
-            )
-    if registry is not None:
-        terminalreporter.write_line(registry.describe())
+    lines = _described(config) + config.stash.get(_worker_services_key, [])
+    if not lines:
+        return
+    terminalreporter.write_sep("-", "oncely test services")
+    for line in lines:
+        terminalreporter.write_line(line)
+    partitioning = _partitioning(config)
+    if partitioning is not None:
+        step, horizon = partitioning
+        terminalreporter.write_line(
+            f"test databases partitioned: outbox and receipts by {step}, partitions "
+            f"created {horizon} ahead of the session's start"
+        )
