@@ -22,6 +22,11 @@ A consumer reads headers as text with :func:`text_headers`, within :data:`MAX_HE
 :data:`MAX_HEADER_BYTES` and :data:`MAX_HEADERS_TOTAL_BYTES`. A record an effect gives up on
 goes to :func:`dlq_topic` with the original headers and the ``oncely.dlq.*`` ones of
 :func:`dlq_headers`.
+
+A relay in exactly-once mode commits, with each transaction's records, a
+:class:`ProgressRecord` of the shard they came from to :func:`progress_topic` (compacted, keyed
+by shard): the position a relay taking the shard over starts from when it is ahead of the one
+recorded in the database.
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ import json
 import operator
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 
 import javaproperties
+import pydantic
 from confluent_kafka import Message
 
 from oncely.errors import error_text
@@ -52,12 +59,15 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "SCHEMA_VERSION_HEADER",
     "Headers",
+    "ProgressRecord",
     "check_cloudevents_source",
     "cloudevents_headers",
     "cloudevents_time",
     "dlq_headers",
     "dlq_topic",
     "id_header",
+    "progress_topic",
+    "read_progress_record",
     "record_headers",
     "row_headers",
     "text_headers",
@@ -246,3 +256,44 @@ def dlq_headers(
         (f"{DLQ_HEADER_PREFIX}original.partition", str(message.partition())),
         (f"{DLQ_HEADER_PREFIX}original.offset", str(message.offset())),
     ]
+
+
+def progress_topic(prefix: str) -> str:
+    """The compacted topic of the progress records of the relays whose transactional ids start
+    with ``prefix``."""
+    return f"{prefix}.progress"
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressRecord:
+    """A shard's position, committed with the records that reached it: every row visible in
+    the snapshot ``done`` and, of ``reading`` (when set), every row up to ``after_seq``
+    (snapshots in ``pg_snapshot`` text form); ``epoch`` is the lease it was written under."""
+
+    shard: int
+    epoch: int
+    done: str
+    reading: str | None = None
+    after_seq: int = 0
+
+    def key(self) -> bytes:
+        """The record's key: the shard number in decimal (compaction keeps each shard's last)."""
+        return str(self.shard).encode()
+
+    def value(self) -> bytes:
+        """The record's value: this, as JSON."""
+        return _PROGRESS.dump_json(self)
+
+
+_PROGRESS = pydantic.TypeAdapter(ProgressRecord)
+
+
+def read_progress_record(value: bytes) -> ProgressRecord:
+    """A progress record's value read back.
+
+    Raises ``ValueError`` naming what is wrong when ``value`` is not one.
+    """
+    try:
+        return _PROGRESS.validate_json(value)
+    except pydantic.ValidationError as exc:
+        raise ValueError(f"not an oncely progress record: {exc.errors()[0]['msg']}") from exc

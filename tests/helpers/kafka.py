@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.helpers.probes import wait_until
@@ -75,6 +75,61 @@ def read_topics(bootstrap: str, topics: Sequence[str], *, timeout: float = 30) -
             if offset + 1 >= ends.get((topic, partition), 0):
                 ends.pop((topic, partition), None)
         assert not ends, f"partitions not read to the end: {ends}"
+    finally:
+        consumer.close()
+    return records
+
+
+def read_committed(
+    bootstrap: str, topics: Sequence[str], *, committed: bool = True, timeout: float = 30
+) -> list[Record]:
+    """Every record of ``topics`` a ``read_committed`` consumer reads from the beginning, up
+    to the end of each partition (its last stable offset): committed transactions' records and
+    those produced outside transactions, never an aborted or open transaction's. With
+    ``committed=False``, every record on the broker (``read_uncommitted``, to the high
+    watermark)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed" if committed else "read_uncommitted",
+            "enable.partition.eof": True,
+        }
+    )
+    records: list[Record] = []
+    try:
+        metadata = consumer.list_topics(timeout=10)
+        assignment = [
+            TopicPartition(topic, partition, OFFSET_BEGINNING)
+            for topic in topics
+            for partition in metadata.topics[topic].partitions
+        ]
+        consumer.assign(assignment)
+        unread = {(tp.topic, tp.partition) for tp in assignment}
+        deadline = time.monotonic() + timeout
+        while unread and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                unread.discard((msg.topic() or "", msg.partition() or 0))
+                continue
+            assert error is None, error
+            records.append(
+                Record(
+                    msg.topic() or "",
+                    msg.partition() or 0,
+                    msg.offset() or 0,
+                    (msg.key() or b"").decode(),
+                    msg.value() or b"",
+                    {k: bytes(v or b"") for k, v in msg.headers() or []},  # type: ignore[misc]
+                    msg.timestamp()[1],
+                    tuple(name for name, _ in msg.headers() or []),
+                )
+            )
+        assert not unread, f"partitions not read to the end: {unread}"
     finally:
         consumer.close()
     return records

@@ -34,6 +34,18 @@ class Progress:
     reading: Snapshot | None = None
     after_seq: int = 0
 
+    def beyond(self, other: Progress) -> bool:
+        """Whether this position is past ``other``, both of one shard (a shard moves from
+        ``done`` through ``reading``'s rows by ``seq`` to ``done=reading``)."""
+        return self._order() > other._order()
+
+    def _order(self) -> tuple[tuple[int, int, int], tuple[int, int, int] | tuple[()], int]:
+        return (
+            self.done.order(),
+            self.reading.order() if self.reading is not None else (),
+            self.after_seq,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class ShardProgress:

@@ -29,6 +29,12 @@ class Snapshot:
     def __str__(self) -> str:
         return f"{self.xmin}:{self.xmax}:{','.join(str(x) for x in sorted(self.xip))}"
 
+    def order(self) -> tuple[int, int, int]:
+        """A key that orders the snapshots of one database by when they were taken: a later
+        one has a higher ``xmax``, or the same with a higher ``xmin``, or the same with fewer
+        transactions in progress (only ever those of the earlier)."""
+        return (self.xmax, self.xmin, -len(self.xip))
+
     def visible(self, txid: int) -> bool:
         """Whether the transaction ``txid`` had committed (or aborted) when this was taken."""
         return txid < self.xmin or (txid < self.xmax and txid not in self.xip)

@@ -1,0 +1,259 @@
+"""Exactly-once producing: a Kafka transaction per page, on one producer per shard whose
+transactional id follows the shard's lease, not the process.
+
+The producer of shard ``n`` has the transactional id ``<prefix>-<n>``. Taking shards
+(:meth:`Transactions.take`) calls ``init_transactions`` for each, which fences whichever
+producer had that id before, even one whose process is only paused, and ends its open
+transaction; then it reads the shards' last committed :class:`~oncely.wire.ProgressRecord`
+back from :func:`~oncely.wire.progress_topic` with ``read_committed``. A page's records go into
+its shard's open transaction (:meth:`Transactions.producer`); :meth:`Transactions.commit` adds
+the page's progress record and commits on a worker thread, so the commits of several shards
+overlap. Every report (each record's delivery report, and the commit's, whose message is
+``None``) runs on the caller's thread, in :meth:`Transactions.poll`.
+
+A commit that fails with an error that needs an abort is aborted: none of its records is ever
+visible to a ``read_committed`` consumer, and the page's report gets the error. A fenced or
+fatal producer, or a commit that did not end in time, cannot say whether its transaction
+committed: its shard is *lost* (:meth:`Transactions.lost`); the caller gives the lease up, and
+the next owner's ``init_transactions`` settles the transaction and its progress record says
+where it ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from oncely.wire import ProgressRecord, progress_topic, read_progress_record
+
+log = logging.getLogger(__name__)
+
+OnDelivery = Callable[[KafkaError | None, Message | None], None]
+
+#: Settings exactly-once producing depends on; configuration cannot override them.
+REQUIRED = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "partitioner": "murmur2_random",
+}
+
+
+class Transactions:
+    """The transactional producers of the shards held, and their commits."""
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        client: Mapping[str, Any],
+        prefix: str,
+        transaction_timeout_ms: int,
+        timeout: float,
+        workers: int = 8,
+    ) -> None:
+        """``config``: the producers' settings; ``client``: those every client shares (the
+        progress read-back's consumer uses them); ``prefix``: of the transactional ids and the
+        progress topic; ``transaction_timeout_ms``: how long the broker keeps a transaction
+        open for a producer that went silent (the lease's length, so a dead owner's transaction
+        holds its partitions' ``read_committed`` readers for about one lease); ``timeout``:
+        seconds that ``init_transactions``, a commit and the read-back may take."""
+        self.prefix = prefix
+        self.topic = progress_topic(prefix)
+        self._config = {
+            **config,
+            **REQUIRED,
+            "transaction.timeout.ms": transaction_timeout_ms,
+        }
+        self._client = dict(client)
+        self._timeout = timeout
+        self._producers: dict[int, Producer] = {}
+        self._open: set[int] = set()
+        self._reports: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lost: set[int] = set()
+        self._lost_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="oncely-commit")
+
+    def transactional_id(self, shard: int) -> str:
+        """The transactional id of ``shard``'s producer."""
+        return f"{self.prefix}-{shard}"
+
+    def take(self, shards: Iterable[int]) -> dict[int, ProgressRecord]:
+        """Start the producers of ``shards`` (fencing their previous owners and ending their
+        open transactions) and return the last committed progress record of each shard that
+        has one.
+
+        Raises ``KafkaException`` when a producer cannot start its transactions or the
+        progress topic cannot be read within the timeout; the shards taken are then dropped.
+        """
+        numbers = list(shards)
+        try:
+            for shard in numbers:
+                self._producers[shard] = self._start(shard)
+            return self._read_back(set(numbers))
+        except KafkaException:
+            for shard in numbers:
+                self.drop(shard)
+            raise
+
+    def producer(self, shard: int) -> Producer:
+        """The producer to send ``shard``'s records with, in its open transaction (begun here
+        when none is). Give it reports wrapped by :meth:`report`."""
+        producer = self._producers[shard]
+        if shard not in self._open:
+            producer.begin_transaction()
+            self._open.add(shard)
+        return producer
+
+    def report(self, report: OnDelivery) -> OnDelivery:
+        """``report``, to run on the loop's thread (in :meth:`poll`) whichever thread the
+        client calls it from."""
+        return lambda error, message: self._reports.put(partial(report, error, message))
+
+    def commit(self, shard: int, progress: ProgressRecord, report: OnDelivery) -> None:
+        """Add ``progress`` to ``shard``'s open transaction and commit it off this thread;
+        ``report(None, None)`` once committed, ``report(error, None)`` when it was aborted or
+        its shard was lost (then also in :meth:`lost`)."""
+        producer = self._producers[shard]
+        producer.produce(self.topic, progress.value(), progress.key())
+        self._open.discard(shard)
+        self._pool.submit(self._commit, shard, producer, report)
+
+    def _commit(self, shard: int, producer: Producer, report: OnDelivery) -> None:
+        error: KafkaError | None = None
+        try:
+            producer.commit_transaction(self._timeout)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error is not None and error.txn_requires_abort():
+                self._abort(shard, producer)
+            else:
+                self._lose(shard, error)
+        self._reports.put(partial(report, error, None))
+
+    def _abort(self, shard: int, producer: Producer) -> None:
+        """Abort the shard's transaction and start its producer again: after a record the
+        broker refused, the old one's next transaction fails (``OUT_OF_ORDER_SEQUENCE_NUMBER``:
+        the refused batch left a gap in its sequence numbers)."""
+        try:
+            producer.abort_transaction(self._timeout)
+            self._producers[shard] = self._start(shard)
+        except KafkaException as exc:
+            self._lose(shard, exc.args[0])
+
+    def _start(self, shard: int) -> Producer:
+        """A new producer of ``shard``'s transactional id, its transactions initialised."""
+        producer = Producer(
+            {
+                **self._config,
+                "transactional.id": self.transactional_id(shard),
+                "error_cb": partial(self._on_error, shard),
+            }
+        )
+        producer.init_transactions(self._timeout)
+        return producer
+
+    def _on_error(self, shard: int, error: KafkaError) -> None:
+        if error.fatal():
+            self._lose(shard, error)
+
+    def _lose(self, shard: int, error: KafkaError | None) -> None:
+        log.error(
+            "the transactional producer of shard %d cannot go on: %s",
+            shard,
+            error.str() if error is not None else "unknown error",
+            extra={"code": error.name() if error is not None else None},
+        )
+        with self._lost_lock:
+            self._lost.add(shard)
+
+    def lost(self) -> set[int]:
+        """The shards whose producer was fenced or failed fatally since the last call: give
+        their leases up and :meth:`drop` them."""
+        with self._lost_lock:
+            lost, self._lost = self._lost, set()
+        return lost
+
+    def poll(self, timeout: float) -> None:
+        """Run the reports that arrived, waiting up to ``timeout`` seconds for a first one."""
+        try:
+            self._reports.get(timeout=timeout)()
+        except queue.Empty:
+            return
+        while True:
+            try:
+                self._reports.get_nowait()()
+            except queue.Empty:
+                return
+
+    def drop(self, shard: int) -> None:
+        """Stop producing for ``shard``: its open transaction is left to the broker's timeout
+        or to the next owner's ``init_transactions``."""
+        producer = self._producers.pop(shard, None)
+        self._open.discard(shard)
+        if producer is not None:
+            producer.purge()
+
+    def close(self) -> None:
+        """Wait for the commits under way, then drop every producer."""
+        self._pool.shutdown(wait=True)
+        for shard in list(self._producers):
+            self.drop(shard)
+
+    def _read_back(self, shards: set[int]) -> dict[int, ProgressRecord]:
+        """The last committed progress record of each of ``shards`` (read to the partition's
+        end with ``read_committed``)."""
+        found: dict[int, ProgressRecord] = {}
+        if not shards:
+            return found
+        consumer = Consumer(
+            {
+                **self._client,
+                "group.id": f"{self.prefix}-read-back",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+            }
+        )
+        try:
+            consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+            while True:
+                message = consumer.poll(self._timeout)
+                if message is None:
+                    raise KafkaException(
+                        KafkaError(
+                            KafkaError._TIMED_OUT,
+                            f"no answer reading {self.topic} within {self._timeout} s",
+                        )
+                    )
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        return found
+                    raise KafkaException(error)
+                value = message.value()
+                if value is None:
+                    continue
+                try:
+                    record = read_progress_record(value)
+                except ValueError as exc:  # the database's position stands: never loss
+                    log.warning("skipped a record of %s: %s", self.topic, exc)
+                    continue
+                if record.shard in shards:
+                    found[record.shard] = record
+        finally:
+            consumer.close()

@@ -1,0 +1,196 @@
+"""Exactly-once producing's Kafka side (:mod:`oncely.relay.transactions`) on the real broker:
+a page committed with its progress record is visible to ``read_committed`` readers and its
+progress reads back; taking a shard fences its previous owner, even a paused one, whose open
+transaction is never visible; a transaction the broker refuses a record of is aborted whole.
+And PostgreSQL's snapshots order as taken (how a takeover finds the position ahead)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+import sqlalchemy as sa
+from confluent_kafka import KafkaError, Message
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from oncely.relay.transactions import Transactions
+from oncely.storage.stores.outbox.snapshots import Snapshot
+from oncely.wire import ProgressRecord, progress_topic
+from tests.helpers.kafka import read_committed
+
+
+@pytest.fixture
+def prefix(kafka_admin: AdminClient) -> Iterator[str]:
+    """A transactional id prefix of this test's own, with its compacted progress topic."""
+    name = f"test-{uuid.uuid4().hex}"
+    topic = progress_topic(name)
+    spec = NewTopic(
+        topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"}
+    )
+    kafka_admin.create_topics([spec])[topic].result(30)
+    yield name
+    kafka_admin.delete_topics([topic])[topic].result(30)
+
+
+@pytest.fixture
+def transactions(kafka_bootstrap: str, prefix: str) -> Iterator[Callable[[], Transactions]]:
+    """``transactions()``: a new owner of the prefix's transactional ids (as another relay
+    process would be); each closed after the test."""
+    made: list[Transactions] = []
+
+    def make() -> Transactions:
+        made.append(
+            Transactions(
+                {"bootstrap.servers": kafka_bootstrap, "linger.ms": 5},
+                client={"bootstrap.servers": kafka_bootstrap},
+                prefix=prefix,
+                transaction_timeout_ms=30_000,
+                timeout=10,
+            )
+        )
+        return made[-1]
+
+    yield make
+    for owner in made:
+        owner.close()
+
+
+class Reports:
+    """The reports of one page: each record's, then the commit's (message ``None``)."""
+
+    def __init__(self) -> None:
+        self.errors: list[KafkaError | None] = []
+        self.committed: KafkaError | bool | None = False
+
+    def record(self, error: KafkaError | None, message: Message | None) -> None:
+        self.errors.append(error)
+
+    def commit(self, error: KafkaError | None, message: Message | None) -> None:
+        self.committed = error if error is not None else True
+
+    def wait(self, owner: Transactions, timeout: float = 20) -> KafkaError | bool:
+        deadline = time.monotonic() + timeout
+        while self.committed is False and time.monotonic() < deadline:
+            owner.poll(0.1)
+        assert self.committed is not False, "no commit report"
+        assert self.committed is not None
+        return self.committed
+
+
+def send(
+    owner: Transactions, shard: int, topic: str, values: list[bytes], reports: Reports
+) -> None:
+    producer = owner.producer(shard)
+    for value in values:
+        producer.produce(topic, value, b"key", on_delivery=owner.report(reports.record))
+
+
+def position(shard: int, epoch: int, after_seq: int) -> ProgressRecord:
+    return ProgressRecord(shard, epoch, "100:100:", "100:110:", after_seq)
+
+
+def test_a_committed_page_is_read_committed_and_its_progress_reads_back(
+    transactions: Callable[[], Transactions], new_topic: Callable[..., str], kafka_bootstrap: str
+) -> None:
+    topic = new_topic()
+    owner = transactions()
+    assert owner.take([3]) == {}
+    reports = Reports()
+    send(owner, 3, topic, [b"a", b"b", b"c"], reports)
+    owner.commit(3, position(3, 1, 42), reports.commit)
+    assert reports.wait(owner) is True
+    assert reports.errors == [None, None, None]
+    assert [r.value for r in read_committed(kafka_bootstrap, [topic])] == [b"a", b"b", b"c"]
+    assert owner.lost() == set()
+
+    taking_over = transactions()
+    assert taking_over.take([3, 4]) == {3: position(3, 1, 42)}
+
+
+def test_taking_a_shard_fences_its_paused_owner_whose_open_transaction_never_shows(
+    transactions: Callable[[], Transactions], new_topic: Callable[..., str], kafka_bootstrap: str
+) -> None:
+    topic = new_topic()
+    paused, taking_over = transactions(), transactions()
+    paused.take([5])
+    before = Reports()
+    send(paused, 5, topic, [b"before"], before)
+    paused.commit(5, position(5, 1, 1), before.commit)
+    assert before.wait(paused) is True
+
+    stale = Reports()
+    send(paused, 5, topic, [b"stale-1", b"stale-2"], stale)
+    assert paused.producer(5).flush(10) == 0  # on the broker, in a transaction left open
+    on_the_broker = read_committed(kafka_bootstrap, [topic], committed=False)
+    assert [r.value for r in on_the_broker] == [b"before", b"stale-1", b"stale-2"]
+
+    assert taking_over.take([5]) == {5: position(5, 1, 1)}
+    after = Reports()
+    send(taking_over, 5, topic, [b"after"], after)
+    taking_over.commit(5, position(5, 2, 2), after.commit)
+    assert after.wait(taking_over) is True
+
+    paused.commit(5, position(5, 1, 3), stale.commit)  # resumed: it cannot commit
+    error = stale.wait(paused)
+    assert isinstance(error, KafkaError)
+    assert paused.lost() == {5}
+    assert [r.value for r in read_committed(kafka_bootstrap, [topic])] == [b"before", b"after"]
+    assert transactions().take([5]) == {5: position(5, 2, 2)}
+
+
+def test_a_transaction_with_a_record_the_broker_refuses_is_aborted_whole(
+    transactions: Callable[[], Transactions], new_topic: Callable[..., str], kafka_bootstrap: str
+) -> None:
+    topic = new_topic(config={"max.message.bytes": "2000"})
+    owner = transactions()
+    owner.take([7])
+    first = Reports()
+    send(owner, 7, topic, [b"first"], first)
+    owner.commit(7, position(7, 1, 1), first.commit)
+    assert first.wait(owner) is True
+
+    refused = Reports()
+    send(owner, 7, topic, [b"fits", b"x" * 10_000, b"fits too"], refused)
+    owner.commit(7, position(7, 1, 4), refused.commit)
+    error = refused.wait(owner)
+    assert isinstance(error, KafkaError)
+    assert any(e is not None and e.code() == KafkaError.MSG_SIZE_TOO_LARGE for e in refused.errors)
+    assert owner.lost() == set()  # aborted: the producer goes on
+
+    again = Reports()
+    send(owner, 7, topic, [b"fits"], again)
+    owner.commit(7, position(7, 1, 2), again.commit)
+    assert again.wait(owner) is True
+    assert [r.value for r in read_committed(kafka_bootstrap, [topic])] == [b"first", b"fits"]
+    assert transactions().take([7]) == {7: position(7, 1, 2)}
+
+
+def test_snapshots_order_as_postgresql_took_them(engine: sa.Engine) -> None:
+    """The order a takeover compares positions by (:meth:`Snapshot.order`) follows time,
+    with transactions starting and ending between snapshots."""
+
+    def snapshot() -> Snapshot:
+        with engine.connect() as conn:
+            return Snapshot.parse(
+                conn.execute(sa.text("SELECT pg_current_snapshot()::text")).scalar_one()
+            )
+
+    taken = [snapshot()]
+    with engine.connect() as first, engine.connect() as second:
+        first.execute(sa.text("SELECT pg_current_xact_id()"))
+        taken.append(snapshot())
+        second.execute(sa.text("SELECT pg_current_xact_id()"))
+        taken.append(snapshot())
+        first.commit()
+        taken.append(snapshot())
+        with engine.begin() as third:
+            third.execute(sa.text("SELECT pg_current_xact_id()"))
+        taken.append(snapshot())
+        second.rollback()
+        taken.append(snapshot())
+    assert len(set(taken)) >= 4
+    for earlier, later in itertools.pairwise(taken):
+        assert earlier.order() < later.order() or earlier == later
