@@ -6,6 +6,7 @@ And PostgreSQL's snapshots order as taken (how a takeover finds the position ahe
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 import uuid
@@ -16,7 +17,10 @@ import sqlalchemy as sa
 from confluent_kafka import KafkaError, Message
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from oncely.relay.publisher import Publisher, TransactionalPublisher
 from oncely.relay.transactions import Transactions
+from oncely.storage.stores.outbox.relay import Progress, ShardProgress
+from oncely.storage.stores.outbox.rows import OutboxRow
 from oncely.storage.stores.outbox.snapshots import Snapshot
 from oncely.wire import ProgressRecord, progress_topic
 from tests.helpers.kafka import read_committed
@@ -194,3 +198,50 @@ def test_snapshots_order_as_postgresql_took_them(engine: sa.Engine) -> None:
     assert len(set(taken)) >= 4
     for earlier, later in itertools.pairwise(taken):
         assert earlier.order() < later.order() or earlier == later
+
+
+def test_the_transactional_publisher_sends_a_page_as_the_publisher_does_visible_once_committed(
+    prefix: str, new_topic: Callable[..., str], kafka_bootstrap: str
+) -> None:
+    topic = new_topic(partitions=3)
+    client = {"bootstrap.servers": kafka_bootstrap}
+    owner = Transactions(
+        client, client=client, prefix=prefix, transaction_timeout_ms=30_000, timeout=10
+    )
+    publisher = TransactionalPublisher(client, client=client, transactions=owner)
+    plain = Publisher(client, client=client)
+    try:
+        assert publisher.take([2]) == {}
+        rows = [
+            OutboxRow(str(uuid.uuid4()), seq, 2, topic, f"key-{seq % 2}", "t", b"v%d" % seq, (), 0)
+            for seq in range(1, 6)
+        ]
+        reports = Reports()
+        for row in rows:
+            assert publisher.produce(row, reports.record) is None
+        done = Progress(Snapshot.parse("10:10:"), Snapshot.parse("10:12:"), 5)
+        assert publisher.commit(ShardProgress(2, 3, done), reports.commit)
+        assert publisher.flush(20) == 0
+        assert reports.committed is True
+        assert reports.errors == [None] * 5
+
+        expected = Reports()
+        twin = new_topic(partitions=3)
+        for row in rows:
+            plain.produce(dataclasses.replace(row, topic=twin), expected.record)
+        assert plain.flush(20) == 0
+        assert plain.commit(ShardProgress(2, 3, done), expected.commit) is False
+        seen = read_committed(kafka_bootstrap, [topic])
+        same = read_committed(kafka_bootstrap, [twin])
+        assert [(r.partition, r.key, r.value, r.headers) for r in seen] == [
+            (r.partition, r.key, r.value, r.headers) for r in same
+        ]
+    finally:
+        owner.close()
+    assert TransactionalPublisher(
+        client,
+        client=client,
+        transactions=Transactions(
+            client, client=client, prefix=prefix, transaction_timeout_ms=30_000, timeout=10
+        ),
+    ).take([2]) == {2: done}

@@ -20,17 +20,20 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from oncely.relay.topics import TopicState, topic_error_state
+from oncely.relay.transactions import Transactions
 from oncely.runtime.tracing import Tracing
 from oncely.security import KafkaAuthenticationError, is_authentication_failure
+from oncely.storage.stores.outbox.relay import Progress, ShardProgress
 from oncely.storage.stores.outbox.rows import OutboxRow
-from oncely.wire import check_cloudevents_source, trace_context_fields
+from oncely.storage.stores.outbox.snapshots import Snapshot
+from oncely.wire import ProgressRecord, check_cloudevents_source, trace_context_fields
 
 log = logging.getLogger(__name__)
 
@@ -149,9 +152,10 @@ class Publisher:
         headers: list[tuple[str, str | bytes | None]] | dict[str, str | bytes | None],
         report: OnDelivery,
     ) -> KafkaError | None:
+        producer, report = self._sender(row, report)
         while True:
             try:
-                self._producer.produce(
+                producer.produce(
                     row.topic,
                     row.payload,
                     row.key,
@@ -161,10 +165,14 @@ class Publisher:
                 )
                 return None
             except BufferError:
-                self._producer.poll(0.1)
+                producer.poll(0.1)
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
                 return error
+
+    def _sender(self, row: OutboxRow, report: OnDelivery) -> tuple[Producer, OnDelivery]:
+        """The producer that sends ``row``, and the report to give it."""
+        return self._producer, report
 
     def reachable(self) -> None:
         """A record was acknowledged: the brokers are reachable (clears :attr:`brokers_down`)."""
@@ -230,4 +238,101 @@ class Publisher:
         self._producer.purge()
         self._producer.flush(0)
         self._producer = Producer(self._config)
+        self.fatal = None
+
+    def take(self, shards: Iterable[int]) -> dict[int, Progress]:
+        """Ready to publish ``shards``' rows, just leased; the position Kafka holds for each
+        shard that has one (none here: progress lives in the database only)."""
+        return {}
+
+    def commit(self, progress: ShardProgress, report: OnDelivery) -> bool:
+        """End the page of ``progress.shard`` that reaches ``progress``; whether it had to be
+        committed (then ``report`` gets the commit's result). Here each record's delivery report
+        is the page's whole result: ``False``."""
+        return False
+
+    def lost(self) -> set[int]:
+        """The shards this publisher can no longer publish for (none here)."""
+        return set()
+
+    def drop(self, shard: int) -> None:
+        """The shard is no longer held."""
+
+
+class TransactionalPublisher(Publisher):
+    """A :class:`Publisher` whose rows go out in Kafka transactions, one per page, on their
+    shard's transactional producer (:mod:`oncely.relay.transactions`): a ``read_committed``
+    consumer sees a page's records only once its progress record is committed with them.
+
+    Rows are sent only for shards taken (:meth:`take`). Each record's report, and each
+    commit's, run on the thread that calls :meth:`poll` or :meth:`flush`.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        client: Mapping[str, Any],
+        transactions: Transactions,
+        cloudevents_source: str | None = None,
+        tracing: Tracing | None = None,
+    ) -> None:
+        """As :class:`Publisher`; ``transactions``: the shards' producers (its own producer
+        only answers questions about topics)."""
+        super().__init__(
+            config, client=client, cloudevents_source=cloudevents_source, tracing=tracing
+        )
+        self._transactions = transactions
+
+    def _sender(self, row: OutboxRow, report: OnDelivery) -> tuple[Producer, OnDelivery]:
+        return self._transactions.producer(row.shard), self._transactions.report(report)
+
+    def take(self, shards: Iterable[int]) -> dict[int, Progress]:
+        """Start the shards' transactional producers, fencing their previous owners, and
+        return the position of each shard's last committed transaction.
+
+        Raises ``KafkaException`` when the producers cannot start or the positions cannot be
+        read (nothing is taken).
+        """
+        return {
+            shard: Progress(
+                Snapshot.parse(record.done),
+                Snapshot.parse(record.reading) if record.reading is not None else None,
+                record.after_seq,
+            )
+            for shard, record in self._transactions.take(shards).items()
+        }
+
+    def commit(self, progress: ShardProgress, report: OnDelivery) -> bool:
+        position = progress.progress
+        record = ProgressRecord(
+            progress.shard,
+            progress.epoch,
+            str(position.done),
+            str(position.reading) if position.reading is not None else None,
+            position.after_seq,
+        )
+        self._transactions.commit(progress.shard, record, report)
+        return True
+
+    def lost(self) -> set[int]:
+        return self._transactions.lost()
+
+    def drop(self, shard: int) -> None:
+        self._transactions.drop(shard)
+
+    def poll(self, timeout: float) -> None:
+        super().poll(0)
+        self._transactions.poll(timeout)
+
+    def flush(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for every commit under way; return how many have not
+        reported."""
+        return self._transactions.wait(timeout)
+
+    def recreate(self) -> None:
+        """Every shard is lost: its transaction's outcome is unknown until a new owner's
+        ``init_transactions`` settles it."""
+        for shard in self._transactions.held():
+            self._transactions.lose(shard)
         self.fatal = None

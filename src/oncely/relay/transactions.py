@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -86,6 +87,8 @@ class Transactions:
         self._reports: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._lost: set[int] = set()
         self._lost_lock = threading.Lock()
+        #: Commits submitted whose report has not run yet.
+        self.committing = 0
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="oncely-commit")
 
     def transactional_id(self, shard: int) -> str:
@@ -131,7 +134,12 @@ class Transactions:
         producer = self._producers[shard]
         producer.produce(self.topic, progress.value(), progress.key())
         self._open.discard(shard)
-        self._pool.submit(self._commit, shard, producer, report)
+        self.committing += 1
+        self._pool.submit(self._commit, shard, producer, partial(self._committed, report))
+
+    def _committed(self, report: OnDelivery, error: KafkaError | None, message: None) -> None:
+        self.committing -= 1
+        report(error, message)
 
     def _commit(self, shard: int, producer: Producer, report: OnDelivery) -> None:
         error: KafkaError | None = None
@@ -171,6 +179,15 @@ class Transactions:
         if error.fatal():
             self._lose(shard, error)
 
+    def held(self) -> list[int]:
+        """The shards whose producers are started."""
+        return list(self._producers)
+
+    def lose(self, shard: int) -> None:
+        """Give ``shard`` up (it shows in :meth:`lost`): its producer cannot go on."""
+        with self._lost_lock:
+            self._lost.add(shard)
+
     def _lose(self, shard: int, error: KafkaError | None) -> None:
         log.error(
             "the transactional producer of shard %d cannot go on: %s",
@@ -178,8 +195,7 @@ class Transactions:
             error.str() if error is not None else "unknown error",
             extra={"code": error.name() if error is not None else None},
         )
-        with self._lost_lock:
-            self._lost.add(shard)
+        self.lose(shard)
 
     def lost(self) -> set[int]:
         """The shards whose producer was fenced or failed fatally since the last call: give
@@ -189,7 +205,10 @@ class Transactions:
         return lost
 
     def poll(self, timeout: float) -> None:
-        """Run the reports that arrived, waiting up to ``timeout`` seconds for a first one."""
+        """Run the reports that arrived, waiting up to ``timeout`` seconds for a first one (the
+        producers of open transactions are served first: their reports arrive)."""
+        for shard in self._open:
+            self._producers[shard].poll(0)
         try:
             self._reports.get(timeout=timeout)()
         except queue.Empty:
@@ -199,6 +218,14 @@ class Transactions:
                 self._reports.get_nowait()()
             except queue.Empty:
                 return
+
+    def wait(self, timeout: float) -> int:
+        """Run reports until every commit submitted has reported, for at most ``timeout``
+        seconds; return how many have not."""
+        deadline = time.monotonic() + timeout
+        while self.committing and time.monotonic() < deadline:
+            self.poll(min(0.1, max(0.0, deadline - time.monotonic())))
+        return self.committing
 
     def drop(self, shard: int) -> None:
         """Stop producing for ``shard``: its open transaction is left to the broker's timeout
