@@ -12,7 +12,9 @@ Points of the relay loop, in the order a page meets them: ``relay.after_read`` (
 nothing produced), ``relay.mid_page`` (half of the page produced),
 ``relay.after_produce_before_ack`` (all produced, no report yet),
 ``relay.after_ack_before_record`` (every record acknowledged, progress not written) and
-``relay.after_record_before_commit`` (progress written, its transaction not committed). Of the
+``relay.after_record_before_commit`` (progress written, its transaction not committed); in
+exactly-once mode also ``relay.before_commit`` (a page's records on the broker, its Kafka
+transaction not committed; on the thread that commits it). Of the
 consumer: ``consumer.after_poll``,
 ``consumer.after_effect_before_db_commit``, ``consumer.after_db_commit_before_offset_commit``.
 """

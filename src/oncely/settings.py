@@ -324,6 +324,20 @@ class RelaySettings(RenamableSettings):
     shutdown_timeout_seconds: float = Field(
         default=30.0, gt=0, description="Bound on the graceful drain after SIGTERM."
     )
+    exactly_once: bool = Field(
+        default=False,
+        description="Publish each page in a Kafka transaction with its shard's progress, on a "
+        "producer per shard whose transactional id follows the lease: a crashed, paused or "
+        "replaced relay puts no duplicate record before read_committed consumers (docs: "
+        "concepts, exactly-once output). Needs the progress topic (oncely topics ensure).",
+    )
+    transactional_id_prefix: str = Field(
+        default="oncely-relay",
+        min_length=1,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="Exactly-once mode: shard n's transactional id is <prefix>-<n> and the "
+        "progress topic <prefix>.progress; one prefix per outbox sharing a Kafka cluster.",
+    )
     cloudevents_source: str | None = Field(
         default=None,
         pattern=CLOUDEVENTS_SOURCE_PATTERN,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -296,6 +296,18 @@ class FakePublisher:
 
     def max_message_bytes(self, topic: str) -> int | None:
         return None
+
+    def take(self, shards: Iterable[int]) -> dict[int, Progress]:
+        return {}
+
+    def commit(self, progress: ShardProgress, report: OnDelivery, *, abort: bool = False) -> bool:
+        return False
+
+    def lost(self) -> set[int]:
+        return set()
+
+    def drop(self, shard: int) -> None:
+        pass
 
     def forget_limits(self, topic: str) -> None:
         pass

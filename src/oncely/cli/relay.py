@@ -38,6 +38,15 @@ def run(
     metrics_port: Annotated[
         int | None, typer.Option(help="Serve /metrics, /healthz, /readyz on this port.")
     ] = None,
+    exactly_once: Annotated[
+        bool | None,
+        typer.Option(
+            "--exactly-once",
+            help="Publish each page in a Kafka transaction: no duplicate record for "
+            "read_committed consumers (ONCELY_RELAY_EXACTLY_ONCE).",
+            show_default=False,
+        ),
+    ] = None,
     log_format: LogFormatOption = LogFormat.JSON,
     log_level: LogLevelOption = LogLevel.INFO,
 ) -> None:
@@ -58,6 +67,7 @@ def run(
         "lease_seconds": lease_seconds,
         "max_attempts": max_attempts,
         "metrics_port": metrics_port,
+        "exactly_once": exactly_once,
     }
     settings = settings_with(RelaySettings, flags)
     kafka = KafkaSettings(bootstrap_servers=bootstrap_servers)

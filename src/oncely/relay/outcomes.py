@@ -59,8 +59,22 @@ class Outcomes:
         #: Progress acknowledged and not yet recorded.
         self.acknowledged = Acknowledged()
 
-    def forget(self, number: int) -> None:
+    def lose(self, io: Sources, number: int) -> None:
+        """The publisher cannot go on for a shard (exactly-once mode: its producer was fenced,
+        failed, or could not end a transaction): give it back without recording anything. Its
+        next owner's producer settles the open transaction, and starts where it ended."""
+        shard = self._shards.get(number)
+        if shard is None:
+            io.publisher.drop(number)
+            return
+        self._meters.lost(number)
+        epoch = shard.epoch
+        self.forget(io, number)
+        self._db("give back", lambda: io.store.release([(number, epoch)]))
+
+    def forget(self, io: Sources, number: int) -> None:
         """Drop a shard without recording anything (it was lost, or has been given back)."""
+        io.publisher.drop(number)
         self._shards.drop(number)
         self.acknowledged.drop(number)
         self._parked.drop_shard(number)
@@ -78,7 +92,7 @@ class Outcomes:
         if released is FAILED:
             return
         for shard in ready:
-            self.forget(shard.shard)
+            self.forget(io, shard.shard)
         if released:
             log.info("handed off shards %s", sorted(released))
             self._meters.handed_off(released)
@@ -90,6 +104,8 @@ class Outcomes:
             state = topic_error_state(error)
             if state is not None:
                 self._topics.block(row.topic, state)
+        for number in io.publisher.lost():
+            self.lose(io, number)
         if io.publisher.fatal is not None:
             log.warning("fatal producer error, recreating the producer and replaying")
             self._recreate(io, "fatal")
@@ -103,6 +119,8 @@ class Outcomes:
                 self.failures.published(page.produced)
         for progress in settled.progress:
             self.acknowledged.add(progress)
+            if self._settings.exactly_once:
+                self._shards.committed(progress)
         failed: dict[int, Failure | None] = dict(settled.failed)
         if settled.overdue:
             failed.update(self._overdue(io, settled.overdue, now))
@@ -229,7 +247,7 @@ class Outcomes:
                 for number in split.shards:
                     if number in self._shards:
                         self._meters.lost(number)  # found here before the next heartbeat
-                        self.forget(number)
+                        self.forget(io, number)
                 progress = split.progress
                 recorded = self._db(
                     "progress",

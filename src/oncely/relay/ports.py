@@ -7,7 +7,7 @@ for the loop do it through its :class:`Guard`, which answers :data:`FAILED` for 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, TypeVar
@@ -21,6 +21,7 @@ from oncely.storage.stores.outbox.relay import (
     Heartbeat,
     Held,
     Parking,
+    Progress,
     ShardBacklog,
     ShardProgress,
 )
@@ -107,7 +108,10 @@ class RelayStore(Protocol):
 
 
 class Publisher(Protocol):
-    """The relay's producer: a record's result comes to its report from :meth:`poll`."""
+    """The relay's producer: a record's result comes to its report from :meth:`poll`. In
+    exactly-once mode a page is a transaction: :meth:`take` starts a shard's (and says where
+    Kafka has it), :meth:`commit` ends a page's, and :meth:`lost` names the shards whose
+    producer cannot go on; at least once, they do nothing."""
 
     fatal: KafkaError | None
     auth_failed: KafkaError | None
@@ -128,6 +132,14 @@ class Publisher(Protocol):
     def flush(self, timeout: float) -> int: ...
 
     def recreate(self) -> None: ...
+
+    def take(self, shards: Iterable[int]) -> dict[int, Progress]: ...
+
+    def commit(self, progress: ShardProgress, report: OnDelivery, *, abort: bool = ...) -> bool: ...
+
+    def lost(self) -> set[int]: ...
+
+    def drop(self, shard: int) -> None: ...
 
 
 class Housekeeper(Protocol):

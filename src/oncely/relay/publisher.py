@@ -152,7 +152,11 @@ class Publisher:
         headers: list[tuple[str, str | bytes | None]] | dict[str, str | bytes | None],
         report: OnDelivery,
     ) -> KafkaError | None:
-        producer, report = self._sender(row, report)
+        try:
+            producer, report = self._sender(row, report)
+        except KafkaException as exc:
+            sender_error: KafkaError = exc.args[0]
+            return sender_error
         while True:
             try:
                 producer.produce(
@@ -245,10 +249,10 @@ class Publisher:
         shard that has one (none here: progress lives in the database only)."""
         return {}
 
-    def commit(self, progress: ShardProgress, report: OnDelivery) -> bool:
-        """End the page of ``progress.shard`` that reaches ``progress``; whether it had to be
-        committed (then ``report`` gets the commit's result). Here each record's delivery report
-        is the page's whole result: ``False``."""
+    def commit(self, progress: ShardProgress, report: OnDelivery, *, abort: bool = False) -> bool:
+        """End the page of ``progress.shard`` that reaches ``progress`` (``abort``: a row of it
+        failed, none may show); whether it had to be committed, then ``report`` gets the
+        result. Here each record's delivery report is the page's whole result: ``False``."""
         return False
 
     def lost(self) -> set[int]:
@@ -303,7 +307,7 @@ class TransactionalPublisher(Publisher):
             for shard, record in self._transactions.take(shards).items()
         }
 
-    def commit(self, progress: ShardProgress, report: OnDelivery) -> bool:
+    def commit(self, progress: ShardProgress, report: OnDelivery, *, abort: bool = False) -> bool:
         position = progress.progress
         record = ProgressRecord(
             progress.shard,
@@ -312,7 +316,7 @@ class TransactionalPublisher(Publisher):
             str(position.reading) if position.reading is not None else None,
             position.after_seq,
         )
-        self._transactions.commit(progress.shard, record, report)
+        self._transactions.commit(progress.shard, record, report, abort=abort)
         return True
 
     def lost(self) -> set[int]:

@@ -26,7 +26,7 @@ from oncely.relay.extent import extent, first_suspect
 from oncely.relay.ports import FAILED, Guard, OnDelivery, Sources
 from oncely.relay.shards import Failure, InFlight, Page, Shard, ShardTable
 from oncely.relay.topics import TopicState
-from oncely.storage.stores.outbox.relay import Progress
+from oncely.storage.stores.outbox.relay import Progress, ShardProgress
 from oncely.storage.stores.outbox.rows import OutboxRow
 from oncely.storage.stores.outbox.snapshots import Snapshot
 
@@ -75,7 +75,9 @@ def read(
         done.complete = False
         return done
     fresh: Snapshot | None = None
-    groups = shards.groups(now=now(), margin=settings.lease_seconds / 3)
+    groups = shards.groups(
+        now=now(), margin=settings.lease_seconds / 3, one_page=settings.exactly_once
+    )
     done.complete = sum(len(m) for m in groups.values()) == len(shards) - len(shards.handing_off())
     for cursor, members in groups.items():
         if cursor.reading is None and fresh is None:
@@ -164,11 +166,31 @@ def _page(
     for shard in read.members:
         shard.cursor = read.ends
         page = pages.get(shard.shard)
+        if page is not None and page.produced:
+            _end(sources, shard, page, db)
         if page is not None and page.has_writes:
             shard.add(page)
         elif shard.pages:  # its progress is recorded after the pages in flight
             shard.add(Page(shard.shard, read.ends, shards.in_flight))
     return len(read.rows), read.ends.reading is None, refused
+
+
+def _end(sources: Sources, shard: Shard, page: Page, db: Guard) -> None:
+    """End ``page``'s transaction, in exactly-once mode: commit it with its progress, the keys
+    it parks and rows it holds written first (a relay that takes the shard over after the commit
+    and before its progress is recorded finds them); abort it when a row failed, or that write
+    did."""
+    if (page.parked or page.held) and page.failure is None and sources.settings.exactly_once:
+        parked = [(parking, shard.epoch) for parking in page.parked]
+        here = ShardProgress(shard.shard, shard.epoch, shard.recorded)
+        written = db("park", lambda: sources.store.record([here], parked=parked, held=page.held))
+        if written is FAILED or shard.shard not in written:
+            page.failure = Failure(page.produced[-1], KafkaError(KafkaError._FAIL), own=False)
+        else:
+            page.parked, page.held = [], []
+    progress = ShardProgress(shard.shard, shard.epoch, page.ends)
+    if sources.publisher.commit(progress, page.report, abort=page.failure is not None):
+        page.awaits_commit()
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from typing import TypeVar
 
 import psycopg
 import sqlalchemy as sa
+from confluent_kafka import KafkaError, KafkaException
 
 from oncely.relay import listening, reading, release
 from oncely.relay.leases import plan_tick
@@ -48,6 +49,7 @@ from oncely.relay.pace import LISTEN_BELOW, POLL_ABOVE, Mode, Pace
 from oncely.relay.parking import ParkedKeys, held_keys
 from oncely.relay.ports import FAILED, Failed, Housekeeper, Publisher, RelayStore, Sources
 from oncely.relay.progress import QUIET_RECORD_INTERVAL
+from oncely.relay.release import ReleaseOutcome
 from oncely.relay.shards import Phase, Shard, ShardTable
 from oncely.relay.signals import Signals
 from oncely.relay.topics import TOPIC_CHECK_MAX, TopicWatch
@@ -298,7 +300,7 @@ class Relay:
         for number in plan.lost:
             log.warning("lost shard %d to another relay", number)
             self._meters.lost(number)
-            self._outcomes.forget(number)
+            self._outcomes.forget(self._sources, number)
         shards.renewed(started + lease)
         shards.hand_off(plan.hand_off)
         if plan.take:
@@ -316,12 +318,71 @@ class Relay:
         if taken is FAILED or not taken[0]:
             return
         leases, parked = taken
+        leases = self._kafka_positions(leases)
+        if leases and self._clock() - started > self.settings.lease_seconds / 3:
+            started = self._clock()
+            leases = self._renew_taken(leases)
+        if not leases:
+            return
         for lease in leases:
             self._shards.take(lease, lease_deadline=started + self.settings.lease_seconds)
         self._parked.add(parked)
         self._pace.ask()
         self._meters.took(leases)
         log.info("took shards %s", sorted(lease.shard for lease in leases))
+
+    def _kafka_positions(self, leases: list[ShardProgress]) -> list[ShardProgress]:
+        """The shards just leased, each from where Kafka has it when that is ahead of its
+        recorded progress (exactly-once mode: a transaction committed, its progress not yet
+        recorded), recorded here first. When the publisher cannot take them (the broker does
+        not answer), they are given back: none."""
+        publisher, store = self._sources.publisher, self.store
+        started = self._clock()
+        try:
+            in_kafka = publisher.take([lease.shard for lease in leases])
+            log.debug("took %d shards in Kafka in %.2f s", len(leases), self._clock() - started)
+        except KafkaException as exc:
+            log.warning("could not take shards in Kafka, giving them back: %s", exc)
+            self._db("give back", lambda: store.release([(s.shard, s.epoch) for s in leases]))
+            return []
+        ahead = [
+            ShardProgress(lease.shard, lease.epoch, in_kafka[lease.shard])
+            for lease in leases
+            if lease.shard in in_kafka and in_kafka[lease.shard].beyond(lease.progress)
+        ]
+        if not ahead:
+            return leases
+        recorded = self._db("progress", lambda: store.record(ahead))
+        if recorded is FAILED:
+            for lease in leases:
+                publisher.drop(lease.shard)
+            self._db("give back", lambda: store.release([(s.shard, s.epoch) for s in leases]))
+            return []
+        log.info(
+            "took shards %s from where Kafka has them",
+            sorted(p.shard for p in ahead if p.shard in recorded),
+        )
+        adopted = {p.shard: p for p in ahead if p.shard in recorded}
+        return [adopted.get(lease.shard, lease) for lease in leases]
+
+    def _renew_taken(self, leases: list[ShardProgress]) -> list[ShardProgress]:
+        """Renew the leases of shards whose taking in Kafka took a third of a lease or more
+        (their producers' start waited for their previous owners' transactions to end); those
+        lost meanwhile are dropped."""
+        store, publisher = self.store, self._sources.publisher
+        renewed = self._db(
+            "lease renewal",
+            lambda: store.heartbeat(
+                ttl_seconds=self.settings.lease_seconds,
+                asleep=self._pace.mode is Mode.LISTENING,
+                leases=[(lease.shard, lease.epoch) for lease in leases] + self._shards.leases(),
+            ),
+        )
+        kept = frozenset() if renewed is FAILED else renewed.kept
+        for lease in leases:
+            if lease.shard not in kept:
+                publisher.drop(lease.shard)
+        return [lease for lease in leases if lease.shard in kept]
 
     def _refresh_parked(self) -> None:
         """Read the parked keys of the shards held again, and count the shards and keys. Nothing
@@ -389,8 +450,24 @@ class Relay:
                 clock=self._clock,
             ),
         )
-        if outcome is not FAILED:
-            self._outcomes.released(self._sources, shard, outcome)
+        if outcome is FAILED:
+            return
+        if not self._release_committed(shard, outcome):
+            outcome = ReleaseOutcome([], outcome.again, failed=True)
+        self._outcomes.released(self._sources, shard, outcome)
+
+    def _release_committed(self, shard: Shard, outcome: ReleaseOutcome) -> bool:
+        """End a release's transaction (exactly-once mode; at least once there is none):
+        committed when every row went out, else aborted. Whether its rows are published."""
+        ended: list[KafkaError | None] = []
+        position = ShardProgress(shard.shard, shard.epoch, shard.committed or shard.recorded)
+        publisher = self._sources.publisher
+        if not publisher.commit(
+            position, lambda error, _: ended.append(error), abort=outcome.failed
+        ):
+            return True
+        publisher.flush(self._delivery_timeout + 5)
+        return not outcome.failed and ended == [None]
 
     # -- stop -----------------------------------------------------------------------
 

@@ -64,7 +64,9 @@ def release(
     batch: list[tuple[Parking, list[tuple[int, UUID]], list[OutboxRow]]] = []
     for parking in parkings:
         held = store.held_of(parking.key)
-        ids = [event_id for _, event_id in held]
+        # A row is held twice when the page that held it aborted and was read again (its
+        # held rows are written before the commit, in exactly-once mode): it goes out once.
+        ids = list(dict.fromkeys(event_id for _, event_id in held))
         if parking.request != "skip":
             ids.insert(0, parking.event_id)
         found = store.rows(ids)

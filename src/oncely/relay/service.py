@@ -8,9 +8,10 @@ import threading
 import sqlalchemy as sa
 
 from oncely.relay.housekeeping import Housekeeping
-from oncely.relay.publisher import Publisher
+from oncely.relay.publisher import Publisher, TransactionalPublisher
 from oncely.relay.relay import Relay
 from oncely.relay.signals import Signals
+from oncely.relay.transactions import Transactions
 from oncely.runtime.metrics import RelayMetrics
 from oncely.runtime.process import database, process_id, serving, stop_on_signals
 from oncely.runtime.tracing import Tracing
@@ -39,6 +40,26 @@ def producer_config(kafka: KafkaSettings, relay: RelaySettings) -> dict[str, obj
         # The relay times deliveries itself (delivery_timeout_ms), purging and replaying.
         "message.timeout.ms": 0,
     }
+
+
+def transactions(
+    config: dict[str, object], kafka: KafkaSettings, relay: RelaySettings
+) -> Transactions:
+    """The shards' transactional producers of exactly-once mode.
+
+    A transaction stays open at most one lease (``transaction.timeout.ms``): the broker aborts
+    a dead or paused owner's, which holds its partitions' ``read_committed`` readers until then.
+    A record may wait that long too (``message.timeout.ms`` may not be longer; one timed out
+    aborts its page's transaction, which replays whole, so no gap).
+    """
+    timeout_ms = max(1000, round(relay.lease_seconds * 1000))
+    return Transactions(
+        {**config, "message.timeout.ms": timeout_ms},
+        client=kafka.client_config(),
+        prefix=relay.transactional_id_prefix,
+        transaction_timeout_ms=timeout_ms,
+        timeout=max(10.0, relay.lease_seconds),
+    )
 
 
 def session_options(database_url: str, settings: RelaySettings) -> str:
@@ -79,11 +100,21 @@ def build_relay(
     config = producer_config(kafka, settings)
 
     def publisher() -> Publisher:
-        made = Publisher(
-            config,
-            client=kafka.client_config(),
-            cloudevents_source=settings.cloudevents_source,
-            tracing=tracing,
+        made = (
+            TransactionalPublisher(
+                config,
+                client=kafka.client_config(),
+                transactions=transactions(config, kafka, settings),
+                cloudevents_source=settings.cloudevents_source,
+                tracing=tracing,
+            )
+            if settings.exactly_once
+            else Publisher(
+                config,
+                client=kafka.client_config(),
+                cloudevents_source=settings.cloudevents_source,
+                tracing=tracing,
+            )
         )
         made.check_credentials(timeout=_CREDENTIALS_TIMEOUT)
         return made

@@ -74,7 +74,7 @@ def settle(shards: Iterable[Shard], now: float) -> Settled:
             settled.progress.append(ShardProgress(shard.shard, shard.epoch, last.ends))
         if shard.pages:
             first = shard.pages[0]
-            if first.failure is not None:
+            if first.failure is not None and first.failed:
                 settled.failed[shard.shard] = first.failure
             elif first.outstanding and now >= first.deadline:
                 settled.overdue.append(first)

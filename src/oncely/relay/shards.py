@@ -63,10 +63,26 @@ class Page:
     deadline: float = math.inf
     parked: list[Parking] = field(default_factory=list)
     held: list[Held] = field(default_factory=list)
+    #: A Kafka transaction (exactly-once mode): its commit is the page's last report.
+    transaction: bool = False
 
     @property
     def acknowledged(self) -> bool:
         return self.outstanding == 0 and self.failure is None
+
+    @property
+    def failed(self) -> bool:
+        """The page failed and its shard may replay: at once, unless its transaction has yet
+        to commit or abort (a replay must not race records that may still become visible)."""
+        return self.failure is not None and not (self.transaction and self.outstanding)
+
+    def awaits_commit(self) -> None:
+        """The page's records are in a transaction whose commit (or abort) reports last; it is
+        never overdue (the transaction's own timeout ends it)."""
+        self.transaction = True
+        self.outstanding += 1
+        self.in_flight.count += 1
+        self.deadline = math.inf
 
     @property
     def has_writes(self) -> bool:
@@ -127,6 +143,9 @@ class Shard:
     recorded: Progress
     cursor: Progress
     lease_deadline: float
+    #: Where a replay starts: ``recorded``, or in exactly-once mode the end of its last
+    #: committed transaction when that is ahead (its records are visible: never again).
+    committed: Progress | None = None
     pages: deque[Page] = field(default_factory=deque)
     phase: Phase = Phase.READING
     #: Replays since progress was last recorded (the backoff grows with them).
@@ -207,7 +226,9 @@ class ShardTable:
 
     def take(self, lease: ShardProgress, *, lease_deadline: float) -> Shard:
         """A shard just leased, read from its recorded progress."""
-        shard = Shard(lease.shard, lease.epoch, lease.progress, lease.progress, lease_deadline)
+        shard = Shard(
+            lease.shard, lease.epoch, lease.progress, lease.progress, lease_deadline, lease.progress
+        )
         self._shards[lease.shard] = shard
         return shard
 
@@ -226,7 +247,7 @@ class ShardTable:
         """Drop what ``shard`` has in flight: it reads again from its recorded progress, after
         a backoff when ``backoff``. Returns the pages dropped."""
         dropped = shard.drop_pages()
-        shard.cursor = shard.recorded
+        shard.cursor = shard.committed or shard.recorded
         if backoff:
             shard.attempts += 1
             if shard.enter(Phase.BACKING_OFF):
@@ -241,6 +262,14 @@ class ShardTable:
         if shard is not None:
             shard.recorded = progress.progress
             shard.attempts = 0
+            if shard.committed is None or not shard.committed.beyond(progress.progress):
+                shard.committed = progress.progress
+
+    def committed(self, progress: ShardProgress) -> None:
+        """``progress`` ends a transaction just committed: the shard never replays before it."""
+        shard = self._shards.get(progress.shard)
+        if shard is not None:
+            shard.committed = progress.progress
 
     def wake(self, now: float) -> None:
         """Shards whose backoff has passed read again."""
@@ -267,12 +296,19 @@ class ShardTable:
             if numbers is None or shard.shard in numbers:
                 shard.enter(Phase.HANDING_OFF)
 
-    def groups(self, *, now: float, margin: float) -> dict[Progress, list[Shard]]:
+    def groups(
+        self, *, now: float, margin: float, one_page: bool = False
+    ) -> dict[Progress, list[Shard]]:
         """The shards to read now, grouped by position (a group is read by one statement):
-        reading, and their lease not within ``margin`` seconds of its end."""
+        reading, and their lease not within ``margin`` seconds of its end; with ``one_page``
+        (a shard's page is a transaction, one at a time), only those with no page in flight."""
         groups: dict[Progress, list[Shard]] = {}
         for shard in self._shards.values():
-            if shard.phase is Phase.READING and now < shard.lease_deadline - margin:
+            if (
+                shard.phase is Phase.READING
+                and now < shard.lease_deadline - margin
+                and not (one_page and shard.pages)
+            ):
                 groups.setdefault(shard.cursor, []).append(shard)
         return groups
 

@@ -40,6 +40,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from oncely.failpoints import failpoint
 from oncely.wire import ProgressRecord, progress_topic, read_progress_record
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class Transactions:
         self._client = dict(client)
         self._timeout = timeout
         self._producers: dict[int, Producer] = {}
+        #: Each shard's last committed progress record (``None``: none yet), as this owner knows.
+        self._last: dict[int, ProgressRecord | None] = {}
         self._open: set[int] = set()
         self._reports: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._lost: set[int] = set()
@@ -104,21 +107,35 @@ class Transactions:
         progress topic cannot be read within the timeout; the shards taken are then dropped.
         """
         numbers = list(shards)
+        started = [self._pool.submit(self._start, shard) for shard in numbers]
+        failed: KafkaException | None = None
+        for shard, starting in zip(numbers, started, strict=True):
+            try:
+                self._producers[shard] = starting.result()
+            except KafkaException as exc:
+                failed = exc
         try:
-            for shard in numbers:
-                self._producers[shard] = self._start(shard)
-            return self._read_back(set(numbers))
+            if failed is not None:
+                raise failed
+            found = self._read_back(set(numbers))
         except KafkaException:
             for shard in numbers:
                 self.drop(shard)
             raise
+        for shard in numbers:
+            self._last[shard] = found.get(shard)
+        return found
 
     def producer(self, shard: int) -> Producer:
         """The producer to send ``shard``'s records with, in its open transaction (begun here
         when none is). Give it reports wrapped by :meth:`report`."""
         producer = self._producers[shard]
         if shard not in self._open:
-            producer.begin_transaction()
+            try:
+                producer.begin_transaction()
+            except KafkaException as exc:
+                self._lose(shard, exc.args[0])
+                raise
             self._open.add(shard)
         return producer
 
@@ -127,24 +144,51 @@ class Transactions:
         client calls it from."""
         return lambda error, message: self._reports.put(partial(report, error, message))
 
-    def commit(self, shard: int, progress: ProgressRecord, report: OnDelivery) -> None:
+    def commit(
+        self, shard: int, progress: ProgressRecord, report: OnDelivery, *, abort: bool = False
+    ) -> None:
         """Add ``progress`` to ``shard``'s open transaction and commit it off this thread;
         ``report(None, None)`` once committed, ``report(error, None)`` when it was aborted or
-        its shard was lost (then also in :meth:`lost`)."""
+        its shard was lost (then also in :meth:`lost`). With ``abort``, abort it instead
+        (``report(None, None)`` once aborted)."""
         producer = self._producers[shard]
-        producer.produce(self.topic, progress.value(), progress.key())
-        self._open.discard(shard)
         self.committing += 1
-        self._pool.submit(self._commit, shard, producer, partial(self._committed, report))
+        done = partial(self._committed, report)
+        opened = shard in self._open
+        self._open.discard(shard)
+        if abort:
+            if opened:
+                self._pool.submit(self._abort_page, shard, producer, done)
+            else:  # nothing was sent
+                self._reports.put(partial(done, None, None))
+            return
+        try:
+            if not opened:
+                producer.begin_transaction()
+            producer.produce(self.topic, progress.value(), progress.key())
+        except KafkaException as exc:
+            self._lose(shard, exc.args[0])
+            self._reports.put(partial(done, exc.args[0], None))
+            return
+        self._pool.submit(self._commit, shard, producer, progress, done)
+
+    def _abort_page(self, shard: int, producer: Producer, report: OnDelivery) -> None:
+        error = self._abort(shard, producer)
+        self._reports.put(partial(report, error, None))
 
     def _committed(self, report: OnDelivery, error: KafkaError | None, message: None) -> None:
         self.committing -= 1
         report(error, message)
 
-    def _commit(self, shard: int, producer: Producer, report: OnDelivery) -> None:
+    def _commit(
+        self, shard: int, producer: Producer, progress: ProgressRecord, report: OnDelivery
+    ) -> None:
         error: KafkaError | None = None
         try:
+            producer.flush(self._timeout)  # the records on the broker, then the commit
+            failpoint("relay.before_commit")
             producer.commit_transaction(self._timeout)
+            self._last[shard] = progress
         except KafkaException as exc:
             error = exc.args[0]
             if error is not None and error.txn_requires_abort():
@@ -153,15 +197,29 @@ class Transactions:
                 self._lose(shard, error)
         self._reports.put(partial(report, error, None))
 
-    def _abort(self, shard: int, producer: Producer) -> None:
-        """Abort the shard's transaction and start its producer again: after a record the
-        broker refused, the old one's next transaction fails (``OUT_OF_ORDER_SEQUENCE_NUMBER``:
-        the refused batch left a gap in its sequence numbers)."""
+    def _abort(self, shard: int, producer: Producer) -> KafkaError | None:
+        """Abort the shard's transaction and start its producer again (after a record the
+        broker refused, the old one's next transaction fails: ``OUT_OF_ORDER_SEQUENCE_NUMBER``,
+        the refused batch left a gap in its sequence numbers); the error when it could not.
+
+        Starting a producer fences whoever else has its id, so the shard's progress is read
+        back right after: when the last commit is not this relay's own (another relay took the
+        shard over and published meanwhile), the shard is lost."""
         try:
             producer.abort_transaction(self._timeout)
             self._producers[shard] = self._start(shard)
+            last = self._read_back({shard}).get(shard)
         except KafkaException as exc:
             self._lose(shard, exc.args[0])
+            return exc.args[0]  # type: ignore[no-any-return]
+        if last != self._last.get(shard):
+            log.warning(
+                "shard %d was published by another relay since this one's last commit: "
+                "giving it up",
+                shard,
+            )
+            self.lose(shard)
+        return None
 
     def _start(self, shard: int) -> Producer:
         """A new producer of ``shard``'s transactional id, its transactions initialised."""
@@ -232,6 +290,7 @@ class Transactions:
         or to the next owner's ``init_transactions``."""
         producer = self._producers.pop(shard, None)
         self._open.discard(shard)
+        self._last.pop(shard, None)
         if producer is not None:
             producer.purge()
 

@@ -1,0 +1,235 @@
+"""Exactly-once mode (``--exactly-once``) as processes on the real broker and database: a relay
+killed mid-drain, killed after a Kafka commit and before its progress is recorded, or paused
+past its lease while another takes its shards and then resumed, puts no duplicate record before
+a ``read_committed`` consumer reading from the beginning; nothing is lost and each key's records
+keep their order. The SIGKILL scenario runs at least once too, for the count to compare."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from oncely.devstack._process import free_port
+from oncely.wire import progress_topic
+from tests.helpers import (
+    count_published,
+    http_get,
+    insert_rows,
+    outbox_rows,
+    start_oncely,
+    wait_until,
+)
+from tests.helpers.kafka import Record, read_committed
+
+pytestmark = pytest.mark.acceptance
+
+ROWS = 20_000
+
+
+@pytest.fixture
+def prefix(kafka_admin: AdminClient) -> Iterator[str]:
+    """This test's transactional id prefix, with its compacted progress topic."""
+    name = f"test-{uuid.uuid4().hex}"
+    topic = progress_topic(name)
+    spec = NewTopic(
+        topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"}
+    )
+    kafka_admin.create_topics([spec])[topic].result(30)
+    yield name
+    kafka_admin.delete_topics([topic])[topic].result(30)
+
+
+def _relay(
+    database_url: str,
+    bootstrap: str,
+    prefix: str,
+    name: str,
+    *,
+    exactly_once: bool,
+    lease: float = 2,
+    **env: str,
+) -> tuple[subprocess.Popen[str], int]:
+    port = free_port()
+    process = start_oncely(
+        *("relay", "run", "--database-url", database_url, "--bootstrap-servers", bootstrap),
+        *("--relay-id", name, "--metrics-port", str(port), "--lease-seconds", str(lease)),
+        *(["--exactly-once"] if exactly_once else []),
+        env={
+            "ONCELY_RELAY_POLL_INTERVAL_SECONDS": "0.2",
+            "ONCELY_RELAY_TRANSACTIONAL_ID_PREFIX": prefix,
+            **env,
+        },
+        without=["ONCELY_RELAY_"],
+    )
+    return process, port
+
+
+def _ready(process: subprocess.Popen[str], port: int) -> None:
+    def ready() -> bool:
+        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        try:
+            return http_get(port, "/readyz")[0] == 200
+        except OSError:
+            return False
+
+    wait_until(ready, timeout=30)
+
+
+def _stop(process: subprocess.Popen[str]) -> str:
+    if process.poll() is None:
+        process.send_signal(signal.SIGCONT)
+        process.send_signal(signal.SIGTERM)
+    try:
+        _, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, stderr = process.communicate()
+    return stderr
+
+
+def _check(records: list[Record], rows: list[dict[str, object]]) -> int:
+    """Nothing lost and each key's records in staged order (after their first copy); the
+    number of duplicates."""
+    seen = Counter(r.headers["id"].decode() for r in records)
+    assert set(seen) == {str(row["id"]) for row in rows}, "records lost"
+    firsts: dict[str, list[int]] = defaultdict(list)
+    copies: set[str] = set()
+    for record in records:
+        event_id = record.headers["id"].decode()
+        if event_id not in copies:
+            copies.add(event_id)
+            firsts[record.key].append(int(record.headers["n"]))
+    for key, order in firsts.items():
+        assert order == sorted(order), f"key {key} out of order"
+    return sum(seen.values()) - len(seen)
+
+
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
+def test_a_relay_killed_mid_drain_then_replaced_puts_no_duplicate_on_the_wire(
+    exactly_once: bool,
+    engine: sa.Engine,
+    database_url: str,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    prefix: str,
+) -> None:
+    topic = new_topic(partitions=3)
+    rows = outbox_rows(ROWS, topics=[topic], keys=200)
+    insert_rows(engine, rows)
+    victim, port = _relay(
+        database_url, kafka_bootstrap, prefix, "victim", exactly_once=exactly_once
+    )
+    try:
+        _ready(victim, port)
+        wait_until(lambda: count_published(engine) >= ROWS // 5, timeout=60, interval=0.02)
+        victim.send_signal(signal.SIGKILL)
+        victim.communicate(timeout=10)
+    finally:
+        _stop(victim)
+    assert count_published(engine) < ROWS, "drained before the kill: nothing tested"
+    survivor, port = _relay(
+        database_url, kafka_bootstrap, prefix, "survivor", exactly_once=exactly_once
+    )
+    try:
+        _ready(survivor, port)
+        wait_until(lambda: count_published(engine) == ROWS, timeout=120)
+    finally:
+        _stop(survivor)
+    duplicates = _check(read_committed(kafka_bootstrap, [topic]), rows)
+    print(f"{'exactly' if exactly_once else 'at least'} once: {duplicates} duplicate records")
+    if exactly_once:
+        assert duplicates == 0
+
+
+def test_a_relay_killed_after_a_kafka_commit_before_recording_it_is_followed_from_kafka(
+    engine: sa.Engine,
+    database_url: str,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    prefix: str,
+) -> None:
+    topic = new_topic(partitions=3)
+    rows = outbox_rows(3000, topics=[topic], keys=100)
+    insert_rows(engine, rows)
+    victim, _ = _relay(
+        database_url,
+        kafka_bootstrap,
+        prefix,
+        "victim",
+        exactly_once=True,
+        ONCELY_FAILPOINTS="relay.after_ack_before_record=exit",
+    )
+    victim.communicate(timeout=60)
+    assert victim.returncode == 137
+    survivor, port = _relay(database_url, kafka_bootstrap, prefix, "survivor", exactly_once=True)
+    try:
+        _ready(survivor, port)
+        wait_until(lambda: count_published(engine) == len(rows), timeout=60)
+    finally:
+        stderr = _stop(survivor)
+    assert "from where Kafka has them" in stderr  # a commit ahead of the recorded progress
+    assert _check(read_committed(kafka_bootstrap, [topic]), rows) == 0
+
+
+def test_a_paused_relay_whose_shards_were_taken_is_fenced_and_publishes_nothing(
+    engine: sa.Engine,
+    database_url: str,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    prefix: str,
+) -> None:
+    topic = new_topic(partitions=3)
+    rows = outbox_rows(3000, topics=[topic], keys=100)
+    insert_rows(engine, rows)
+    zombie, _ = _relay(
+        database_url,
+        kafka_bootstrap,
+        prefix,
+        "zombie",
+        exactly_once=True,
+        # Its transactions time out after 8 s (the lease), and the broker ends those timed out
+        # every 10 s: resumed about 8 s after the pause, only the fencing keeps it out.
+        lease=8,
+        # Paused with a page's records on the broker, about to commit its transaction (the
+        # 20th: the first ones may still wait for the transaction coordinator).
+        ONCELY_FAILPOINTS="relay.before_commit=stop-after:20",
+    )
+    try:
+        wait_until(lambda: zombie.poll() is None and _stopped(zombie), timeout=30)
+        taker, port = _relay(database_url, kafka_bootstrap, prefix, "taker", exactly_once=True)
+        try:
+            _ready(taker, port)
+            # Resumed once the taker has published every row (its read-back of the progress
+            # done): only the fencing keeps the zombie's paused commit from making copies.
+            wait_until(lambda: count_published(engine) == len(rows), timeout=60, interval=0.05)
+            zombie.send_signal(signal.SIGCONT)
+            time.sleep(3)  # its commit fails at once; any later try of the zombie's would show
+        finally:
+            _stop(taker)
+    finally:
+        stderr = _stop(zombie)
+    assert _check(read_committed(kafka_bootstrap, [topic]), rows) == 0
+    assert "cannot go on" in stderr or "published by another relay" in stderr  # it gave up
+
+
+def _owners(engine: sa.Engine) -> set[str]:
+    with engine.connect() as conn:
+        return set(
+            conn.execute(
+                sa.text("SELECT DISTINCT owner FROM oncely_relay_shards WHERE lease_until > now()")
+            ).scalars()
+        )
+
+
+def _stopped(process: subprocess.Popen[str]) -> bool:
+    stat = Path(f"/proc/{process.pid}/stat").read_text()
+    return stat.rsplit(")", 1)[-1].split()[0] == "T"
