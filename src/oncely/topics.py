@@ -34,7 +34,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from oncely.errors import ConfigurationError
 from oncely.events import Registry
 from oncely.settings import TopicSettings
-from oncely.wire import dlq_topic
+from oncely.wire import dlq_topic, progress_topic
 
 
 class Consuming(Protocol):
@@ -55,13 +55,27 @@ class TopicSpec:
     partitions: int
     replication_factor: int
     min_insync_replicas: int
+    #: Other topic settings it is created with (e.g. ``cleanup.policy``).
+    config: Mapping[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
         """``6 partitions, replication factor 3, min.insync.replicas 2``."""
         return (
             f"{self.partitions} partitions, replication factor {self.replication_factor}, "
             f"min.insync.replicas {self.min_insync_replicas}"
-        )
+        ) + "".join(f", {name} {value}" for name, value in self.config.items())
+
+
+def progress_topic_spec(prefix: str, settings: TopicSettings) -> TopicSpec:
+    """The progress topic of relays in exactly-once mode with transactional id ``prefix``:
+    one partition, compacted (each shard's last record kept), replicated as the others."""
+    return TopicSpec(
+        progress_topic(prefix),
+        1,
+        settings.replication_factor,
+        settings.min_insync_replicas,
+        {"cleanup.policy": "compact"},
+    )
 
 
 @dataclass
@@ -220,7 +234,7 @@ def _create(
                 spec.name,
                 num_partitions=spec.partitions,
                 replication_factor=spec.replication_factor,
-                config={"min.insync.replicas": str(spec.min_insync_replicas)},
+                config={"min.insync.replicas": str(spec.min_insync_replicas), **spec.config},
             )
             for spec in specs
         ],

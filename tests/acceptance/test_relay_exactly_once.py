@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from oncely.devstack._process import free_port
 from oncely.wire import progress_topic
@@ -24,6 +24,7 @@ from tests.helpers import (
     count_published,
     http_get,
     insert_rows,
+    oncely_process,
     outbox_rows,
     start_oncely,
     wait_until,
@@ -233,3 +234,32 @@ def _owners(engine: sa.Engine) -> set[str]:
 def _stopped(process: subprocess.Popen[str]) -> bool:
     stat = Path(f"/proc/{process.pid}/stat").read_text()
     return stat.rsplit(")", 1)[-1].split()[0] == "T"
+
+
+def test_topics_ensure_creates_the_compacted_progress_topic_the_relay_needs(
+    database_url: str, kafka_bootstrap: str, kafka_admin: AdminClient
+) -> None:
+    prefix = f"test-{uuid.uuid4().hex}"
+    relay = oncely_process(
+        *("relay", "run", "--database-url", database_url, "--bootstrap-servers", kafka_bootstrap),
+        "--exactly-once",
+        env={"ONCELY_RELAY_TRANSACTIONAL_ID_PREFIX": prefix},
+        timeout=60,
+    )
+    assert relay.returncode == 2
+    assert f"{prefix}.progress, which is missing" in relay.stderr
+    assert "oncely topics ensure --exactly-once" in relay.stderr
+
+    ensure = oncely_process(
+        *("topics", "ensure", "--registry", "tests.apps.ledger:registry"),
+        *("--bootstrap-servers", kafka_bootstrap, "--exactly-once"),
+        env={"ONCELY_RELAY_TRANSACTIONAL_ID_PREFIX": prefix},
+        timeout=60,
+    )
+    assert ensure.returncode == 0, ensure.stderr
+    assert f"created   {prefix}.progress (1 partitions" in ensure.stdout
+    assert "cleanup.policy compact" in ensure.stdout
+    resource = ConfigResource(ResourceType.TOPIC, f"{prefix}.progress")
+    configs = kafka_admin.describe_configs([resource])[resource].result(30)
+    assert configs["cleanup.policy"].value == "compact"
+    kafka_admin.delete_topics([f"{prefix}.progress"])[f"{prefix}.progress"].result(30)

@@ -11,7 +11,7 @@ from oncely.cli._imports import load_app, load_effects
 from oncely.cli._kafka import reached
 from oncely.cli._options import APP_HELP, BootstrapServers
 from oncely.cli._output import JsonFlag, out, print_json
-from oncely.settings import TopicSettings
+from oncely.settings import RelaySettings, TopicSettings
 
 app = typer.Typer(help="Provision Kafka topics for the registered event types.")
 
@@ -47,6 +47,15 @@ def ensure(
             "production: 2)."
         ),
     ] = None,
+    exactly_once: Annotated[
+        bool | None,
+        typer.Option(
+            "--exactly-once/--at-least-once",
+            help="Also the progress topic of relays in exactly-once mode, <prefix>.progress "
+            "(ONCELY_RELAY_TRANSACTIONAL_ID_PREFIX; default: ONCELY_RELAY_EXACTLY_ONCE).",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Create missing topics; exit 1 if an existing topic is weaker than declared.
@@ -64,7 +73,7 @@ def ensure(
     """
     from confluent_kafka.admin import AdminClient
 
-    from oncely.topics import ensure_topics, planned_topics
+    from oncely.topics import ensure_topics, planned_topics, progress_topic_spec
 
     loaded = load_app(registry)
     apps = [app for app in [loaded.effects] if app is not None]
@@ -77,6 +86,9 @@ def ensure(
     }
     settings = TopicSettings(**{k: v for k, v in flags.items() if v is not None})
     specs = planned_topics(event_registry, settings, effects=[e for app in apps for e in app])
+    relay = RelaySettings()
+    if relay.exactly_once if exactly_once is None else exactly_once:
+        specs.append(progress_topic_spec(relay.transactional_id_prefix, settings))
     admin = AdminClient(reached(bootstrap_servers).client_config())
     report = ensure_topics(admin, specs)
     declared = {spec.name: spec for spec in specs}

@@ -7,10 +7,12 @@ import threading
 
 import sqlalchemy as sa
 
+from oncely.errors import ConfigurationError
 from oncely.relay.housekeeping import Housekeeping
 from oncely.relay.publisher import Publisher, TransactionalPublisher
 from oncely.relay.relay import Relay
 from oncely.relay.signals import Signals
+from oncely.relay.topics import TopicState
 from oncely.relay.transactions import Transactions
 from oncely.runtime.metrics import RelayMetrics
 from oncely.runtime.process import database, process_id, serving, stop_on_signals
@@ -19,6 +21,7 @@ from oncely.runtime.wakeup import Wakeup
 from oncely.settings import KafkaSettings, RelaySettings, RetentionSettings
 from oncely.storage.stores.outbox.relay import RelayStore
 from oncely.storage.tables import NOTIFY_CHANNEL
+from oncely.wire import progress_topic
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +120,13 @@ def build_relay(
             )
         )
         made.check_credentials(timeout=_CREDENTIALS_TIMEOUT)
+        progress = progress_topic(settings.transactional_id_prefix)
+        if settings.exactly_once and made.topic_state(progress) is TopicState.MISSING:
+            raise ConfigurationError(
+                f"exactly-once mode commits each page with its progress to the topic {progress}, "
+                "which is missing: create it with `oncely topics ensure --exactly-once` "
+                "(ONCELY_RELAY_TRANSACTIONAL_ID_PREFIX sets its prefix)"
+            )
         return made
 
     store = RelayStore(engine, owner=owner)
