@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import oncely.failpoints
+from oncely.wire import progress_topic
 from tests.apps import ledger
 
 #: The ``ONCELY_*`` variables taken from the developer's shell: the services the
@@ -183,3 +184,17 @@ def app(new_ledger: Callable[..., ledger.App]) -> ledger.App:
     ``tests.apps.ledger:effects`` is in a process given ``app.env``. A test module whose app
     differs defines its own ``app``."""
     return new_ledger(2, ways=True)
+
+
+@pytest.fixture
+def progress_prefix(kafka_admin: AdminClient) -> Iterator[str]:
+    """A transactional id prefix of this test's own, with its compacted progress topic (what
+    ``oncely topics ensure --exactly-once`` creates)."""
+    name = f"test-{uuid.uuid4().hex}"
+    topic = progress_topic(name)
+    spec = NewTopic(
+        topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"}
+    )
+    kafka_admin.create_topics([spec])[topic].result(30)
+    yield name
+    kafka_admin.delete_topics([topic])[topic].result(30)

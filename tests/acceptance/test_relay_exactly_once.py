@@ -11,15 +11,14 @@ import subprocess
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from oncely.devstack._process import free_port
-from oncely.wire import progress_topic
 from tests.helpers import (
     count_published,
     http_get,
@@ -34,19 +33,6 @@ from tests.helpers.kafka import Record, read_committed
 pytestmark = pytest.mark.acceptance
 
 ROWS = 20_000
-
-
-@pytest.fixture
-def prefix(kafka_admin: AdminClient) -> Iterator[str]:
-    """This test's transactional id prefix, with its compacted progress topic."""
-    name = f"test-{uuid.uuid4().hex}"
-    topic = progress_topic(name)
-    spec = NewTopic(
-        topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"}
-    )
-    kafka_admin.create_topics([spec])[topic].result(30)
-    yield name
-    kafka_admin.delete_topics([topic])[topic].result(30)
 
 
 def _relay(
@@ -121,13 +107,13 @@ def test_a_relay_killed_mid_drain_then_replaced_puts_no_duplicate_on_the_wire(
     database_url: str,
     kafka_bootstrap: str,
     new_topic: Callable[..., str],
-    prefix: str,
+    progress_prefix: str,
 ) -> None:
     topic = new_topic(partitions=3)
     rows = outbox_rows(ROWS, topics=[topic], keys=200)
     insert_rows(engine, rows)
     victim, port = _relay(
-        database_url, kafka_bootstrap, prefix, "victim", exactly_once=exactly_once
+        database_url, kafka_bootstrap, progress_prefix, "victim", exactly_once=exactly_once
     )
     try:
         _ready(victim, port)
@@ -138,7 +124,7 @@ def test_a_relay_killed_mid_drain_then_replaced_puts_no_duplicate_on_the_wire(
         _stop(victim)
     assert count_published(engine) < ROWS, "drained before the kill: nothing tested"
     survivor, port = _relay(
-        database_url, kafka_bootstrap, prefix, "survivor", exactly_once=exactly_once
+        database_url, kafka_bootstrap, progress_prefix, "survivor", exactly_once=exactly_once
     )
     try:
         _ready(survivor, port)
@@ -156,7 +142,7 @@ def test_a_relay_killed_after_a_kafka_commit_before_recording_it_is_followed_fro
     database_url: str,
     kafka_bootstrap: str,
     new_topic: Callable[..., str],
-    prefix: str,
+    progress_prefix: str,
 ) -> None:
     topic = new_topic(partitions=3)
     rows = outbox_rows(3000, topics=[topic], keys=100)
@@ -164,14 +150,16 @@ def test_a_relay_killed_after_a_kafka_commit_before_recording_it_is_followed_fro
     victim, _ = _relay(
         database_url,
         kafka_bootstrap,
-        prefix,
+        progress_prefix,
         "victim",
         exactly_once=True,
         ONCELY_FAILPOINTS="relay.after_ack_before_record=exit",
     )
     victim.communicate(timeout=60)
     assert victim.returncode == 137
-    survivor, port = _relay(database_url, kafka_bootstrap, prefix, "survivor", exactly_once=True)
+    survivor, port = _relay(
+        database_url, kafka_bootstrap, progress_prefix, "survivor", exactly_once=True
+    )
     try:
         _ready(survivor, port)
         wait_until(lambda: count_published(engine) == len(rows), timeout=60)
@@ -186,7 +174,7 @@ def test_a_paused_relay_whose_shards_were_taken_is_fenced_and_publishes_nothing(
     database_url: str,
     kafka_bootstrap: str,
     new_topic: Callable[..., str],
-    prefix: str,
+    progress_prefix: str,
 ) -> None:
     topic = new_topic(partitions=3)
     rows = outbox_rows(3000, topics=[topic], keys=100)
@@ -194,7 +182,7 @@ def test_a_paused_relay_whose_shards_were_taken_is_fenced_and_publishes_nothing(
     zombie, _ = _relay(
         database_url,
         kafka_bootstrap,
-        prefix,
+        progress_prefix,
         "zombie",
         exactly_once=True,
         # Its transactions time out after 8 s (the lease), and the broker ends those timed out
@@ -206,7 +194,9 @@ def test_a_paused_relay_whose_shards_were_taken_is_fenced_and_publishes_nothing(
     )
     try:
         wait_until(lambda: zombie.poll() is None and _stopped(zombie), timeout=30)
-        taker, port = _relay(database_url, kafka_bootstrap, prefix, "taker", exactly_once=True)
+        taker, port = _relay(
+            database_url, kafka_bootstrap, progress_prefix, "taker", exactly_once=True
+        )
         try:
             _ready(taker, port)
             # Resumed once the taker has published every row (its read-back of the progress

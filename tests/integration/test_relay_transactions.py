@@ -15,32 +15,20 @@ from collections.abc import Callable, Iterator
 import pytest
 import sqlalchemy as sa
 from confluent_kafka import KafkaError, Message
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from oncely.relay.publisher import Publisher, TransactionalPublisher
 from oncely.relay.transactions import Transactions
 from oncely.storage.stores.outbox.relay import Progress, ShardProgress
 from oncely.storage.stores.outbox.rows import OutboxRow
 from oncely.storage.stores.outbox.snapshots import Snapshot
-from oncely.wire import ProgressRecord, progress_topic
+from oncely.wire import ProgressRecord
 from tests.helpers.kafka import read_committed
 
 
 @pytest.fixture
-def prefix(kafka_admin: AdminClient) -> Iterator[str]:
-    """A transactional id prefix of this test's own, with its compacted progress topic."""
-    name = f"test-{uuid.uuid4().hex}"
-    topic = progress_topic(name)
-    spec = NewTopic(
-        topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"}
-    )
-    kafka_admin.create_topics([spec])[topic].result(30)
-    yield name
-    kafka_admin.delete_topics([topic])[topic].result(30)
-
-
-@pytest.fixture
-def transactions(kafka_bootstrap: str, prefix: str) -> Iterator[Callable[[], Transactions]]:
+def transactions(
+    kafka_bootstrap: str, progress_prefix: str
+) -> Iterator[Callable[[], Transactions]]:
     """``transactions()``: a new owner of the prefix's transactional ids (as another relay
     process would be); each closed after the test."""
     made: list[Transactions] = []
@@ -50,7 +38,7 @@ def transactions(kafka_bootstrap: str, prefix: str) -> Iterator[Callable[[], Tra
             Transactions(
                 {"bootstrap.servers": kafka_bootstrap, "linger.ms": 5},
                 client={"bootstrap.servers": kafka_bootstrap},
-                prefix=prefix,
+                prefix=progress_prefix,
                 transaction_timeout_ms=30_000,
                 timeout=10,
             )
@@ -201,12 +189,12 @@ def test_snapshots_order_as_postgresql_took_them(engine: sa.Engine) -> None:
 
 
 def test_the_transactional_publisher_sends_a_page_as_the_publisher_does_visible_once_committed(
-    prefix: str, new_topic: Callable[..., str], kafka_bootstrap: str
+    progress_prefix: str, new_topic: Callable[..., str], kafka_bootstrap: str
 ) -> None:
     topic = new_topic(partitions=3)
     client = {"bootstrap.servers": kafka_bootstrap}
     owner = Transactions(
-        client, client=client, prefix=prefix, transaction_timeout_ms=30_000, timeout=10
+        client, client=client, prefix=progress_prefix, transaction_timeout_ms=30_000, timeout=10
     )
     publisher = TransactionalPublisher(client, client=client, transactions=owner)
     plain = Publisher(client, client=client)
@@ -242,6 +230,6 @@ def test_the_transactional_publisher_sends_a_page_as_the_publisher_does_visible_
         client,
         client=client,
         transactions=Transactions(
-            client, client=client, prefix=prefix, transaction_timeout_ms=30_000, timeout=10
+            client, client=client, prefix=progress_prefix, transaction_timeout_ms=30_000, timeout=10
         ),
     ).take([2]) == {2: done}

@@ -7,8 +7,11 @@ from confluent_kafka import KafkaError
 
 from oncely.relay.release import ParkAgain, Unpark, park_again, release
 from oncely.relay.topics import TopicState
-from oncely.storage.stores.outbox.relay import Held, Parking, ShardProgress
+from oncely.storage.stores.outbox.relay import Held, Parking, Progress, ShardProgress
+from oncely.storage.stores.outbox.snapshots import Snapshot
 from tests.unit.relay_fakes import Clock, FakePublisher, FakeStore
+
+POSITION = ShardProgress(0, 1, Progress(Snapshot(1, 1, frozenset())))
 
 
 def _parked(store: FakeStore, key: str, *, held: int) -> tuple[Parking, list[str]]:
@@ -28,7 +31,7 @@ def test_a_released_key_publishes_its_row_then_its_held_rows_in_order() -> None:
     clock = Clock()
     store, publisher = FakeStore(shards=1), FakePublisher(clock)
     parking, ids = _parked(store, "a", held=2)
-    outcome = release(store, publisher, [parking], timeout=1.0, clock=clock)
+    outcome = release(store, publisher, [parking], position=POSITION, timeout=1.0, clock=clock)
     assert [r.event_id for r in publisher.sent] == ids
     assert outcome.again == [] and not outcome.failed
     assert outcome.unpark == [Unpark(parking, outcome.unpark[0].rows, 2)]
@@ -39,7 +42,7 @@ def test_a_skipped_key_publishes_only_its_held_rows() -> None:
     store, publisher = FakeStore(shards=1), FakePublisher(clock)
     parking, ids = _parked(store, "a", held=1)
     skip = Parking("orders", "a", 0, parking.event_id, "dead", request="skip")
-    release(store, publisher, [skip], timeout=1.0, clock=clock)
+    release(store, publisher, [skip], position=POSITION, timeout=1.0, clock=clock)
     assert [r.event_id for r in publisher.sent] == ids[1:]
 
 
@@ -48,7 +51,7 @@ def test_a_key_whose_rows_fail_stays_parked_and_the_shard_backs_off() -> None:
     store, publisher = FakeStore(shards=1), FakePublisher(clock)
     parking, ids = _parked(store, "a", held=1)
     publisher.failing[ids[0]] = KafkaError.INVALID_RECORD
-    outcome = release(store, publisher, [parking], timeout=1.0, clock=clock)
+    outcome = release(store, publisher, [parking], position=POSITION, timeout=1.0, clock=clock)
     assert outcome.failed and outcome.unpark == []
     assert outcome.again[0].dead is not None and outcome.again[0].block is None
 

@@ -39,9 +39,8 @@ from typing import TypeVar
 
 import psycopg
 import sqlalchemy as sa
-from confluent_kafka import KafkaError, KafkaException
 
-from oncely.relay import listening, reading, release
+from oncely.relay import listening, reading, release, takeover
 from oncely.relay.leases import plan_tick
 from oncely.relay.meters import GAUGE_INTERVAL, Meters
 from oncely.relay.outcomes import Outcomes
@@ -49,7 +48,6 @@ from oncely.relay.pace import LISTEN_BELOW, POLL_ABOVE, Mode, Pace
 from oncely.relay.parking import ParkedKeys, held_keys
 from oncely.relay.ports import FAILED, Failed, Housekeeper, Publisher, RelayStore, Sources
 from oncely.relay.progress import QUIET_RECORD_INTERVAL
-from oncely.relay.release import ReleaseOutcome
 from oncely.relay.shards import Phase, Shard, ShardTable
 from oncely.relay.signals import Signals
 from oncely.relay.topics import TOPIC_CHECK_MAX, TopicWatch
@@ -318,10 +316,17 @@ class Relay:
         if taken is FAILED or not taken[0]:
             return
         leases, parked = taken
-        leases = self._kafka_positions(leases)
+        leases = takeover.in_kafka(self._sources, leases, db=self._db)
         if leases and self._clock() - started > self.settings.lease_seconds / 3:
+            # Taking them in Kafka waited for their previous owners' transactions to end.
             started = self._clock()
-            leases = self._renew_taken(leases)
+            leases = takeover.renew(
+                self._sources,
+                leases,
+                held=self._shards.leases(),
+                asleep=self._pace.mode is Mode.LISTENING,
+                db=self._db,
+            )
         if not leases:
             return
         for lease in leases:
@@ -330,59 +335,6 @@ class Relay:
         self._pace.ask()
         self._meters.took(leases)
         log.info("took shards %s", sorted(lease.shard for lease in leases))
-
-    def _kafka_positions(self, leases: list[ShardProgress]) -> list[ShardProgress]:
-        """The shards just leased, each from where Kafka has it when that is ahead of its
-        recorded progress (exactly-once mode: a transaction committed, its progress not yet
-        recorded), recorded here first. When the publisher cannot take them (the broker does
-        not answer), they are given back: none."""
-        publisher, store = self._sources.publisher, self.store
-        started = self._clock()
-        try:
-            in_kafka = publisher.take([lease.shard for lease in leases])
-            log.debug("took %d shards in Kafka in %.2f s", len(leases), self._clock() - started)
-        except KafkaException as exc:
-            log.warning("could not take shards in Kafka, giving them back: %s", exc)
-            self._db("give back", lambda: store.release([(s.shard, s.epoch) for s in leases]))
-            return []
-        ahead = [
-            ShardProgress(lease.shard, lease.epoch, in_kafka[lease.shard])
-            for lease in leases
-            if lease.shard in in_kafka and in_kafka[lease.shard].beyond(lease.progress)
-        ]
-        if not ahead:
-            return leases
-        recorded = self._db("progress", lambda: store.record(ahead))
-        if recorded is FAILED:
-            for lease in leases:
-                publisher.drop(lease.shard)
-            self._db("give back", lambda: store.release([(s.shard, s.epoch) for s in leases]))
-            return []
-        log.info(
-            "took shards %s from where Kafka has them",
-            sorted(p.shard for p in ahead if p.shard in recorded),
-        )
-        adopted = {p.shard: p for p in ahead if p.shard in recorded}
-        return [adopted.get(lease.shard, lease) for lease in leases]
-
-    def _renew_taken(self, leases: list[ShardProgress]) -> list[ShardProgress]:
-        """Renew the leases of shards whose taking in Kafka took a third of a lease or more
-        (their producers' start waited for their previous owners' transactions to end); those
-        lost meanwhile are dropped."""
-        store, publisher = self.store, self._sources.publisher
-        renewed = self._db(
-            "lease renewal",
-            lambda: store.heartbeat(
-                ttl_seconds=self.settings.lease_seconds,
-                asleep=self._pace.mode is Mode.LISTENING,
-                leases=[(lease.shard, lease.epoch) for lease in leases] + self._shards.leases(),
-            ),
-        )
-        kept = frozenset() if renewed is FAILED else renewed.kept
-        for lease in leases:
-            if lease.shard not in kept:
-                publisher.drop(lease.shard)
-        return [lease for lease in leases if lease.shard in kept]
 
     def _refresh_parked(self) -> None:
         """Read the parked keys of the shards held again, and count the shards and keys. Nothing
@@ -446,28 +398,13 @@ class Relay:
                 self.store,
                 self._sources.publisher,
                 parkings,
+                position=ShardProgress(shard.shard, shard.epoch, shard.committed or shard.recorded),
                 timeout=self._delivery_timeout + 5,
                 clock=self._clock,
             ),
         )
-        if outcome is FAILED:
-            return
-        if not self._release_committed(shard, outcome):
-            outcome = ReleaseOutcome([], outcome.again, failed=True)
-        self._outcomes.released(self._sources, shard, outcome)
-
-    def _release_committed(self, shard: Shard, outcome: ReleaseOutcome) -> bool:
-        """End a release's transaction (exactly-once mode; at least once there is none):
-        committed when every row went out, else aborted. Whether its rows are published."""
-        ended: list[KafkaError | None] = []
-        position = ShardProgress(shard.shard, shard.epoch, shard.committed or shard.recorded)
-        publisher = self._sources.publisher
-        if not publisher.commit(
-            position, lambda error, _: ended.append(error), abort=outcome.failed
-        ):
-            return True
-        publisher.flush(self._delivery_timeout + 5)
-        return not outcome.failed and ended == [None]
+        if outcome is not FAILED:
+            self._outcomes.released(self._sources, shard, outcome)
 
     # -- stop -----------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError, Message
 from oncely.relay import delivery
 from oncely.relay.ports import Publisher, RelayStore
 from oncely.relay.topics import TopicState, topic_error_state
-from oncely.storage.stores.outbox.relay import Parking
+from oncely.storage.stores.outbox.relay import Parking, ShardProgress
 from oncely.storage.stores.outbox.rows import OutboxRow
 
 Results = list[tuple[OutboxRow, KafkaError | None]]
@@ -54,10 +54,13 @@ def release(
     publisher: Publisher,
     parkings: Sequence[Parking],
     *,
+    position: ShardProgress,
     timeout: float,
     clock: Callable[[], float],
 ) -> ReleaseOutcome:
-    """Publish the rows of ``parkings`` and wait at most ``timeout`` seconds for their reports.
+    """Publish the rows of ``parkings`` (of the shard at ``position``) and wait at most
+    ``timeout`` seconds for their reports; in exactly-once mode they are one transaction,
+    committed with ``position`` when every row went out, else aborted.
 
     Raises ``sqlalchemy.exc.DBAPIError`` when the rows cannot be read (nothing is published).
     """
@@ -85,7 +88,21 @@ def release(
         failures = [(row, errors[row.id]) for row in rows if row.id in errors]
         if failures:
             again.append(park_again(parking, *failures[0]))
-    return ReleaseOutcome(unpark, again, failed=not complete or bool(errors))
+    failed = not complete or bool(errors)
+    if not _ended(publisher, position, failed=failed, timeout=timeout):
+        return ReleaseOutcome([], again, failed=True)
+    return ReleaseOutcome(unpark, again, failed=failed)
+
+
+def _ended(publisher: Publisher, position: ShardProgress, *, failed: bool, timeout: float) -> bool:
+    """End the release's transaction (exactly-once mode): committed when nothing ``failed``,
+    else aborted; whether its rows are published. At least once there is none: they are, as
+    their reports said."""
+    ended: list[KafkaError | None] = []
+    if not publisher.commit(position, lambda error, _: ended.append(error), abort=failed):
+        return True
+    publisher.flush(timeout)
+    return not failed and ended == [None]
 
 
 def park_again(parking: Parking, row: OutboxRow, error: KafkaError) -> ParkAgain:

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 from oncely.errors import ConfigurationError
 from oncely.relay.housekeeping import Housekeeping
-from oncely.relay.publisher import Publisher, TransactionalPublisher
+from oncely.relay.publisher import REQUIRED, Publisher, TransactionalPublisher
 from oncely.relay.relay import Relay
 from oncely.relay.signals import Signals
 from oncely.relay.topics import TopicState
@@ -57,7 +57,7 @@ def transactions(
     """
     timeout_ms = max(1000, round(relay.lease_seconds * 1000))
     return Transactions(
-        {**config, "message.timeout.ms": timeout_ms},
+        {**config, **REQUIRED, "message.timeout.ms": timeout_ms},
         client=kafka.client_config(),
         prefix=relay.transactional_id_prefix,
         transaction_timeout_ms=timeout_ms,

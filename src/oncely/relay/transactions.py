@@ -47,13 +47,6 @@ log = logging.getLogger(__name__)
 
 OnDelivery = Callable[[KafkaError | None, Message | None], None]
 
-#: Settings exactly-once producing depends on; configuration cannot override them.
-REQUIRED = {
-    "enable.idempotence": True,
-    "acks": "all",
-    "partitioner": "murmur2_random",
-}
-
 
 class Transactions:
     """The transactional producers of the shards held, and their commits."""
@@ -68,7 +61,8 @@ class Transactions:
         timeout: float,
         workers: int = 8,
     ) -> None:
-        """``config``: the producers' settings; ``client``: those every client shares (the
+        """``config``: the producers' settings (the publisher's fixed ones among them,
+        :data:`oncely.relay.publisher.REQUIRED`); ``client``: those every client shares (the
         progress read-back's consumer uses them); ``prefix``: of the transactional ids and the
         progress topic; ``transaction_timeout_ms``: how long the broker keeps a transaction
         open for a producer that went silent (the lease's length, so a dead owner's transaction
@@ -76,11 +70,7 @@ class Transactions:
         seconds that ``init_transactions``, a commit and the read-back may take."""
         self.prefix = prefix
         self.topic = progress_topic(prefix)
-        self._config = {
-            **config,
-            **REQUIRED,
-            "transaction.timeout.ms": transaction_timeout_ms,
-        }
+        self._config = {**config, "transaction.timeout.ms": transaction_timeout_ms}
         self._client = dict(client)
         self._timeout = timeout
         self._producers: dict[int, Producer] = {}
