@@ -16,8 +16,11 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import KafkaError, Message
 
+from oncely.relay import service
 from oncely.relay.publisher import Publisher, TransactionalPublisher
+from oncely.relay.service import producer_config
 from oncely.relay.transactions import Transactions
+from oncely.settings import KafkaSettings, RelaySettings
 from oncely.storage.stores.outbox.relay import Progress, ShardProgress
 from oncely.storage.stores.outbox.rows import OutboxRow
 from oncely.storage.stores.outbox.snapshots import Snapshot
@@ -192,12 +195,12 @@ def test_the_transactional_publisher_sends_a_page_as_the_publisher_does_visible_
     progress_prefix: str, new_topic: Callable[..., str], kafka_bootstrap: str
 ) -> None:
     topic = new_topic(partitions=3)
-    client = {"bootstrap.servers": kafka_bootstrap}
-    owner = Transactions(
-        client, client=client, prefix=progress_prefix, transaction_timeout_ms=30_000, timeout=10
-    )
-    publisher = TransactionalPublisher(client, client=client, transactions=owner)
-    plain = Publisher(client, client=client)
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
+    relay = RelaySettings(exactly_once=True, transactional_id_prefix=progress_prefix)
+    config, client = producer_config(kafka, relay), kafka.client_config()
+    owner = service.transactions(config, kafka, relay)  # as the relay process makes them
+    publisher = TransactionalPublisher(config, client=client, transactions=owner)
+    plain = Publisher(config, client=client)
     try:
         assert publisher.take([2]) == {}
         rows = [
@@ -221,15 +224,15 @@ def test_the_transactional_publisher_sends_a_page_as_the_publisher_does_visible_
         assert plain.commit(ShardProgress(2, 3, done), expected.commit) is False
         seen = read_committed(kafka_bootstrap, [topic])
         same = read_committed(kafka_bootstrap, [twin])
-        assert [(r.partition, r.key, r.value, r.headers) for r in seen] == [
-            (r.partition, r.key, r.value, r.headers) for r in same
-        ]
+        assert sorted((r.partition, r.offset, r.key, r.value, r.headers) for r in seen) == sorted(
+            (r.partition, r.offset, r.key, r.value, r.headers) for r in same
+        )
     finally:
         owner.close()
-    assert TransactionalPublisher(
-        client,
-        client=client,
-        transactions=Transactions(
-            client, client=client, prefix=progress_prefix, transaction_timeout_ms=30_000, timeout=10
-        ),
-    ).take([2]) == {2: done}
+    taking_over = service.transactions(config, kafka, relay)
+    try:
+        assert TransactionalPublisher(config, client=client, transactions=taking_over).take(
+            [2]
+        ) == {2: done}
+    finally:
+        taking_over.close()
