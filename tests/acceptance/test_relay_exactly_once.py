@@ -21,11 +21,11 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from oncely.devstack._process import free_port
 from tests.helpers import (
     count_published,
-    http_get,
     insert_rows,
     oncely_process,
     outbox_rows,
     start_oncely,
+    wait_ready,
     wait_until,
 )
 from tests.helpers.kafka import Record, read_committed
@@ -58,17 +58,6 @@ def _relay(
         without=["ONCELY_RELAY_"],
     )
     return process, port
-
-
-def _ready(process: subprocess.Popen[str], port: int) -> None:
-    def ready() -> bool:
-        assert process.poll() is None, process.stderr.read() if process.stderr else ""
-        try:
-            return http_get(port, "/readyz")[0] == 200
-        except OSError:
-            return False
-
-    wait_until(ready, timeout=30)
 
 
 def _stop(process: subprocess.Popen[str]) -> str:
@@ -116,7 +105,7 @@ def test_a_relay_killed_mid_drain_then_replaced_puts_no_duplicate_on_the_wire(
         database_url, kafka_bootstrap, progress_prefix, "victim", exactly_once=exactly_once
     )
     try:
-        _ready(victim, port)
+        wait_ready(port, victim)
         wait_until(lambda: count_published(engine) >= ROWS // 5, timeout=60, interval=0.02)
         victim.send_signal(signal.SIGKILL)
         victim.communicate(timeout=10)
@@ -127,7 +116,7 @@ def test_a_relay_killed_mid_drain_then_replaced_puts_no_duplicate_on_the_wire(
         database_url, kafka_bootstrap, progress_prefix, "survivor", exactly_once=exactly_once
     )
     try:
-        _ready(survivor, port)
+        wait_ready(port, survivor)
         wait_until(lambda: count_published(engine) == ROWS, timeout=120)
     finally:
         _stop(survivor)
@@ -161,7 +150,7 @@ def test_a_relay_killed_after_a_kafka_commit_before_recording_it_is_followed_fro
         database_url, kafka_bootstrap, progress_prefix, "survivor", exactly_once=True
     )
     try:
-        _ready(survivor, port)
+        wait_ready(port, survivor)
         wait_until(lambda: count_published(engine) == len(rows), timeout=60)
     finally:
         stderr = _stop(survivor)
@@ -198,7 +187,7 @@ def test_a_paused_relay_whose_shards_were_taken_is_fenced_and_publishes_nothing(
             database_url, kafka_bootstrap, progress_prefix, "taker", exactly_once=True
         )
         try:
-            _ready(taker, port)
+            wait_ready(port, taker)
             # Resumed once the taker has published every row (its read-back of the progress
             # done): only the fencing keeps the zombie's paused commit from making copies.
             wait_until(lambda: count_published(engine) == len(rows), timeout=60, interval=0.05)

@@ -29,6 +29,7 @@ from tests.helpers import (
     running_relay,
     scalar,
     start_oncely,
+    wait_ready,
     wait_until,
 )
 
@@ -50,17 +51,6 @@ def _start_relay(
         env={**quick, **(env or {})},
         without=["ONCELY_RELAY_"],
     )
-
-
-def _wait_ready(port: int, proc: subprocess.Popen[str]) -> None:
-    def ready() -> bool:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        try:
-            return http_get(port, "/readyz")[0] == 200
-        except OSError:
-            return False
-
-    wait_until(ready, timeout=30)
 
 
 def _stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
@@ -97,7 +87,7 @@ def test_metrics_and_health_are_served_and_counters_move(
     insert_rows(engine, outbox_rows(10, topics=[topic], keys=5))  # a backlog before it starts
     proc = _start_relay(database_url, kafka_bootstrap, "--metrics-port", str(port))
     try:
-        _wait_ready(port, proc)
+        wait_ready(port, proc)
         assert http_get(port, "/healthz")[0] == 200
         wait_until(lambda: metric(port, "oncely_relay_published_total") == 10, timeout=30)
         insert_rows(engine, outbox_rows(50, topics=[topic], keys=5))
@@ -171,8 +161,8 @@ def test_another_relay_takes_over_within_10_s_of_a_sigkill_with_default_settings
         defaults=True,
     )
     try:
-        _wait_ready(ports[0], victim)
-        _wait_ready(ports[1], survivor)
+        wait_ready(ports[0], victim)
+        wait_ready(ports[1], survivor)
         wait_until(lambda: _shards(engine) == {"victim": 16, "survivor": 16}, timeout=30)
         insert_rows(engine, outbox_rows(500, topics=[topic], keys=100))
         wait_until(lambda: count_published(engine) == 500, timeout=30)
@@ -211,7 +201,7 @@ def test_a_paused_relay_cannot_record_progress_on_shards_another_relay_took_over
         env={"ONCELY_FAILPOINTS": "relay.after_produce_before_ack=sleep:8"},
     )
     try:
-        _wait_ready(port, zombie)
+        wait_ready(port, zombie)
         wait_until(lambda: _shards(engine) == {"zombie": 32}, timeout=10)
         epochs = scalar(engine, "SELECT sum(epoch) FROM oncely_relay_shards")
         insert_rows(engine, outbox_rows(20, topics=[topic], keys=20))

@@ -49,7 +49,7 @@ from tests.helpers.outbox import (
     uuid7_at,
 )
 from tests.helpers.partitions import partitioned_by_minute
-from tests.helpers.probes import http_get, metric, wait_until
+from tests.helpers.probes import http_get, metric, wait_ready, wait_until
 from tests.helpers.processes import (
     oncely_process,
     process_environment,
@@ -104,5 +104,6 @@ __all__ = [
     "start_oncely",
     "uuid7_at",
     "wait_listed",
+    "wait_ready",
     "wait_until",
 ]

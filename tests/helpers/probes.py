@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -36,3 +37,17 @@ def metric(port: int, name: str) -> float:
         if line.startswith(name) and not line.startswith("#")
     ]
     return sum(values)
+
+
+def wait_ready(port: int, process: subprocess.Popen[str], *, timeout: float = 30) -> None:
+    """Return once ``process`` answers 200 on ``/readyz`` at ``port``; fail with its stderr
+    when it exits first, or after ``timeout``."""
+
+    def ready() -> bool:
+        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        try:
+            return http_get(port, "/readyz")[0] == 200
+        except OSError:
+            return False
+
+    wait_until(ready, timeout=timeout)
