@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from oncely.settings import KafkaSettings, RelaySettings
 from oncely.storage.stores.outbox.relay import Progress, ShardProgress
 from oncely.storage.stores.outbox.rows import OutboxRow
 from oncely.storage.stores.outbox.snapshots import Snapshot
-from oncely.wire import ProgressRecord
+from oncely.wire import ProgressRecord, progress_topic
 from tests.helpers.kafka import read_committed
 
 
@@ -103,6 +104,23 @@ def test_a_committed_page_is_read_committed_and_its_progress_reads_back(
 
     taking_over = transactions()
     assert taking_over.take([3, 4]) == {3: position(3, 1, 42)}
+
+
+def test_the_read_back_waits_past_another_shards_open_transaction_for_a_later_commit(
+    transactions: Callable[[], Transactions], progress_prefix: str
+) -> None:
+    committing, stalled = transactions(), transactions()
+    committing.take([9])
+    stalled.take([8])
+    open_one = stalled.producer(8)  # a transaction left open on the progress topic, first
+    open_one.produce(progress_topic(progress_prefix), position(8, 1, 1).value(), b"8")
+    assert open_one.flush(10) == 0
+    reports = Reports()
+    committing.commit(9, position(9, 1, 5), reports.commit)  # committed behind it
+    assert reports.wait(committing) is True
+
+    threading.Timer(1.0, open_one.abort_transaction, args=(10,)).start()
+    assert transactions().take([9]) == {9: position(9, 1, 5)}
 
 
 def test_taking_a_shard_fences_its_paused_owner_whose_open_transaction_never_shows(

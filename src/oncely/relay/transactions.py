@@ -21,6 +21,7 @@ where it ended.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -59,7 +60,7 @@ class Transactions:
         prefix: str,
         transaction_timeout_ms: int,
         timeout: float,
-        workers: int = 8,
+        workers: int = 32,
     ) -> None:
         """``config``: the producers' settings (the publisher's fixed ones among them,
         :data:`oncely.relay.publisher.REQUIRED`); ``client``: those every client shares (the
@@ -83,6 +84,9 @@ class Transactions:
         #: Commits submitted whose report has not run yet.
         self.committing = 0
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="oncely-commit")
+        self._instances = itertools.count()
+        #: The instance number of each shard's newest producer (its error callback's mark).
+        self._instance: dict[int, int] = {}
 
     def transactional_id(self, shard: int) -> str:
         """The transactional id of ``shard``'s producer."""
@@ -181,7 +185,9 @@ class Transactions:
             self._last[shard] = progress
         except KafkaException as exc:
             error = exc.args[0]
-            if error is not None and error.txn_requires_abort():
+            if self._producers.get(shard) is not producer:
+                pass  # replaced since (the shard was lost and taken again): the page failed
+            elif error is not None and error.txn_requires_abort():
                 self._abort(shard, producer)
             else:
                 self._lose(shard, error)
@@ -197,6 +203,7 @@ class Transactions:
         shard over and published meanwhile), the shard is lost."""
         try:
             producer.abort_transaction(self._timeout)
+            producer.poll(0)  # the reports of the records it purged, before the page's own
             self._producers[shard] = self._start(shard)
             last = self._read_back({shard}).get(shard)
         except KafkaException as exc:
@@ -213,18 +220,22 @@ class Transactions:
 
     def _start(self, shard: int) -> Producer:
         """A new producer of ``shard``'s transactional id, its transactions initialised."""
+        instance = next(self._instances)
+        self._instance[shard] = instance
         producer = Producer(
             {
                 **self._config,
                 "transactional.id": self.transactional_id(shard),
-                "error_cb": partial(self._on_error, shard),
+                "error_cb": partial(self._on_error, shard, instance),
             }
         )
         producer.init_transactions(self._timeout)
         return producer
 
-    def _on_error(self, shard: int, error: KafkaError) -> None:
-        if error.fatal():
+    def _on_error(self, shard: int, instance: int, error: KafkaError) -> None:
+        # A producer replaced by a newer one of its shard (an abort starts one) is fenced by it:
+        # that says nothing of the shard.
+        if error.fatal() and self._instance.get(shard) == instance:
             self._lose(shard, error)
 
     def held(self) -> list[int]:
@@ -279,6 +290,7 @@ class Transactions:
         """Stop producing for ``shard``: its open transaction is left to the broker's timeout
         or to the next owner's ``init_transactions``."""
         producer = self._producers.pop(shard, None)
+        self._instance.pop(shard, None)
         self._open.discard(shard)
         self._last.pop(shard, None)
         if producer is not None:
@@ -291,36 +303,41 @@ class Transactions:
             self.drop(shard)
 
     def _read_back(self, shards: set[int]) -> dict[int, ProgressRecord]:
-        """The last committed progress record of each of ``shards`` (read to the partition's
-        end with ``read_committed``)."""
+        """The last committed progress record of each of ``shards``: read with
+        ``read_committed`` up to the partition's high watermark when the read starts.
+
+        Not only to its end as ``read_committed`` sees it (the last stable offset): the shards'
+        transactions share the partition, and one left open by another producer (a crashed
+        owner's, until the broker aborts it) would end that read early, before a later commit
+        of ``shards``. Their own producers were started before the read, so every commit of
+        theirs is below that watermark."""
         found: dict[int, ProgressRecord] = {}
         if not shards:
             return found
-        consumer = Consumer(
-            {
-                **self._client,
-                "group.id": f"{self.prefix}-read-back",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-            }
-        )
+        deadline = time.monotonic() + self._timeout
+        partition = TopicPartition(self.topic, 0, OFFSET_BEGINNING)
+        high = self._high_watermark(partition)
+        consumer = self._consumer("read_committed")
         try:
-            consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
-            while True:
-                message = consumer.poll(self._timeout)
-                if message is None:
+            consumer.assign([partition])
+            at = 0
+            while at < high:
+                message = consumer.poll(max(0.0, deadline - time.monotonic()))
+                if message is None or time.monotonic() > deadline:
                     raise KafkaException(
                         KafkaError(
                             KafkaError._TIMED_OUT,
-                            f"no answer reading {self.topic} within {self._timeout} s",
+                            f"{self.topic} read to offset {at} of {high} in {self._timeout} s: "
+                            "a transaction on it stays open",
                         )
                     )
                 error = message.error()
+                at = message.offset() or at
                 if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        return found
-                    raise KafkaException(error)
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        raise KafkaException(error)
+                    continue
+                at += 1
                 value = message.value()
                 if value is None:
                     continue
@@ -333,3 +350,25 @@ class Transactions:
                     found[record.shard] = record
         finally:
             consumer.close()
+        return found
+
+    def _high_watermark(self, partition: TopicPartition) -> int:
+        """The partition's high watermark (a ``read_committed`` client asks for the last stable
+        offset instead)."""
+        consumer = self._consumer("read_uncommitted")
+        try:
+            _, high = consumer.get_watermark_offsets(partition, self._timeout, cached=False)
+        finally:
+            consumer.close()
+        return int(high)
+
+    def _consumer(self, isolation: str) -> Consumer:
+        return Consumer(
+            {
+                **self._client,
+                "group.id": f"{self.prefix}-read-back",
+                "enable.auto.commit": False,
+                "isolation.level": isolation,
+                "enable.partition.eof": True,
+            }
+        )

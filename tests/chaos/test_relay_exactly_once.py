@@ -2,12 +2,17 @@
 killed mid-drain, killed after a Kafka commit and before its progress is recorded, or paused
 past its lease while another takes its shards and then resumed, puts no duplicate record before
 a ``read_committed`` consumer reading from the beginning; nothing is lost and each key's records
-keep their order. The SIGKILL scenario runs at least once too, for the count to compare."""
+keep their order. The SIGKILL scenario runs at least once too, for the count to compare.
+
+Under load (``make chaos``): the broker killed and restarted mid-transaction, and two relays
+rebalancing the shards while rows are written."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import tempfile
+import threading
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -16,9 +21,11 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from oncely.devstack._process import free_port
+from oncely.devstack.kafka import KafkaNode
+from oncely.wire import progress_topic
 from tests.helpers import (
     count_published,
     insert_rows,
@@ -29,8 +36,6 @@ from tests.helpers import (
     wait_until,
 )
 from tests.helpers.kafka import Record, read_committed
-
-pytestmark = pytest.mark.acceptance
 
 ROWS = 20_000
 
@@ -46,30 +51,43 @@ def _relay(
     **env: str,
 ) -> tuple[subprocess.Popen[str], int]:
     port = free_port()
-    process = start_oncely(
-        *("relay", "run", "--database-url", database_url, "--bootstrap-servers", bootstrap),
-        *("--relay-id", name, "--metrics-port", str(port), "--lease-seconds", str(lease)),
-        *(["--exactly-once"] if exactly_once else []),
-        env={
-            "ONCELY_RELAY_POLL_INTERVAL_SECONDS": "0.2",
-            "ONCELY_RELAY_TRANSACTIONAL_ID_PREFIX": prefix,
-            **env,
-        },
-        without=["ONCELY_RELAY_"],
-    )
+    with tempfile.NamedTemporaryFile("w", prefix=f"relay-{name}-", delete=False) as log:
+        process = start_oncely(
+            *("relay", "run", "--database-url", database_url, "--bootstrap-servers", bootstrap),
+            *("--relay-id", name, "--metrics-port", str(port), "--lease-seconds", str(lease)),
+            *(["--exactly-once"] if exactly_once else []),
+            env={
+                "ONCELY_RELAY_POLL_INTERVAL_SECONDS": "0.2",
+                "ONCELY_RELAY_TRANSACTIONAL_ID_PREFIX": prefix,
+                **env,
+            },
+            without=["ONCELY_RELAY_"],
+            # A file, not a pipe: a relay meeting a broker outage logs more than a pipe holds
+            # before the test reads it, and would block on writing.
+            stderr=log,
+        )
+    _LOGS[process.pid] = Path(log.name)
     return process, port
 
 
+#: Each relay's log file, by process id.
+_LOGS: dict[int, Path] = {}
+
+
 def _stop(process: subprocess.Popen[str]) -> str:
+    """Stop the relay (resumed first if paused); its log."""
     if process.poll() is None:
         process.send_signal(signal.SIGCONT)
         process.send_signal(signal.SIGTERM)
     try:
-        _, stderr = process.communicate(timeout=60)
+        process.wait(timeout=60)
     except subprocess.TimeoutExpired:
         process.kill()
-        _, stderr = process.communicate()
-    return stderr
+        process.wait()
+    log = _LOGS.pop(process.pid)
+    text = log.read_text(errors="replace")
+    log.unlink()
+    return text
 
 
 def _check(records: list[Record], rows: list[dict[str, object]]) -> int:
@@ -108,7 +126,7 @@ def test_a_relay_killed_mid_drain_then_replaced_puts_no_duplicate_on_the_wire(
         wait_ready(port, victim)
         wait_until(lambda: count_published(engine) >= ROWS // 5, timeout=60, interval=0.02)
         victim.send_signal(signal.SIGKILL)
-        victim.communicate(timeout=10)
+        victim.wait(timeout=10)
     finally:
         _stop(victim)
     assert count_published(engine) < ROWS, "drained before the kill: nothing tested"
@@ -144,7 +162,8 @@ def test_a_relay_killed_after_a_kafka_commit_before_recording_it_is_followed_fro
         exactly_once=True,
         ONCELY_FAILPOINTS="relay.after_ack_before_record=exit",
     )
-    victim.communicate(timeout=60)
+    victim.wait(timeout=60)
+    _stop(victim)
     assert victim.returncode == 137
     survivor, port = _relay(
         database_url, kafka_bootstrap, progress_prefix, "survivor", exactly_once=True
@@ -242,3 +261,90 @@ def test_topics_ensure_creates_the_compacted_progress_topic_the_relay_needs(
     configs = kafka_admin.describe_configs([resource])[resource].result(30)
     assert configs["cleanup.policy"].value == "compact"
     kafka_admin.delete_topics([f"{prefix}.progress"])[f"{prefix}.progress"].result(30)
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(400)
+def test_a_broker_killed_mid_transaction_and_restarted_costs_no_duplicate(
+    engine: sa.Engine, database_url: str, tmp_path: Path
+) -> None:
+    broker = KafkaNode(data_dir=tmp_path / "kafka")
+    broker.start()
+    try:
+        prefix = f"test-{uuid.uuid4().hex}"
+        topic = f"{prefix}.events"
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+        specs = [
+            NewTopic(topic, num_partitions=3),
+            NewTopic(
+                progress_topic(prefix), num_partitions=1, config={"cleanup.policy": "compact"}
+            ),
+        ]
+        for future in admin.create_topics(specs).values():
+            future.result(30)
+        rows = outbox_rows(ROWS, topics=[topic], keys=200)
+        insert_rows(engine, rows)
+        relay, port = _relay(
+            database_url, broker.bootstrap_servers, prefix, "relay", exactly_once=True
+        )
+        try:
+            wait_ready(port, relay)
+            wait_until(lambda: count_published(engine) >= ROWS // 5, timeout=60, interval=0.02)
+            broker.kill()  # transactions open, commits under way
+            time.sleep(3)
+            broker.start()
+            wait_until(lambda: count_published(engine) == ROWS, timeout=120)
+            assert relay.poll() is None, "the relay gave up"
+        finally:
+            stderr = _stop(relay)
+        assert "cannot go on" in stderr or "failed" in stderr  # the outage was met
+        assert _check(read_committed(broker.bootstrap_servers, [topic]), rows) == 0
+    finally:
+        broker.stop()
+
+
+@pytest.mark.chaos
+def test_two_relays_rebalancing_shards_under_load_put_no_duplicate_on_the_wire(
+    engine: sa.Engine,
+    database_url: str,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    progress_prefix: str,
+) -> None:
+    topic = new_topic(partitions=3)
+    rows = outbox_rows(ROWS, topics=[topic], keys=200)
+    chunks = [rows[start : start + 500] for start in range(0, ROWS, 500)]
+
+    def write() -> None:
+        for chunk in chunks:
+            insert_rows(engine, chunk)
+            time.sleep(0.25)
+
+    writer = threading.Thread(target=write)
+    relays: dict[str, subprocess.Popen[str]] = {}
+
+    def start(name: str) -> None:
+        relays[name], port = _relay(
+            database_url, kafka_bootstrap, progress_prefix, name, exactly_once=True
+        )
+        wait_ready(port, relays[name])
+
+    writer.start()
+    try:
+        start("a")
+        time.sleep(2)
+        start("b")  # a hands half its shards to b
+        wait_until(lambda: _owners(engine) == {"a", "b"}, timeout=30)
+        _stop(relays.pop("a"))  # b takes them all
+        wait_until(lambda: _owners(engine) == {"b"}, timeout=30)
+        start("c")  # b hands half to c
+        wait_until(lambda: _owners(engine) == {"b", "c"}, timeout=30)
+        relays["b"].send_signal(signal.SIGKILL)  # c takes b's once their leases end
+        _stop(relays.pop("b"))
+        writer.join()
+        wait_until(lambda: count_published(engine) == ROWS, timeout=120)
+    finally:
+        writer.join()
+        for process in relays.values():
+            _stop(process)
+    assert _check(read_committed(kafka_bootstrap, [topic]), rows) == 0
