@@ -16,11 +16,14 @@ from collections.abc import Callable, Iterator
 import pytest
 import sqlalchemy as sa
 from confluent_kafka import KafkaError, Message
+from prometheus_client import CollectorRegistry
 
 from oncely.relay import service
+from oncely.relay.meters import Meters
 from oncely.relay.publisher import Publisher, TransactionalPublisher
 from oncely.relay.service import producer_config
 from oncely.relay.transactions import Transactions
+from oncely.runtime.metrics import RelayMetrics
 from oncely.settings import KafkaSettings, RelaySettings
 from oncely.storage.stores.outbox.relay import Progress, ShardProgress
 from oncely.storage.stores.outbox.rows import OutboxRow
@@ -179,6 +182,38 @@ def test_a_transaction_with_a_record_the_broker_refuses_is_aborted_whole(
     assert again.wait(owner) is True
     assert [r.value for r in read_committed(kafka_bootstrap, [topic])] == [b"first", b"fits"]
     assert transactions().take([7]) == {7: position(7, 1, 2)}
+
+
+def test_the_meters_count_a_commit_and_a_fenced_producer_and_time_each_transaction(
+    transactions: Callable[[], Transactions], new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic()
+    registry = CollectorRegistry()
+    meters = Meters(RelayMetrics(registry), None, exactly_once=True)
+
+    def count(outcome: str) -> float | None:
+        return registry.get_sample_value("oncely_relay_transactions_total", {"outcome": outcome})
+
+    paused, taking_over = transactions(), transactions()
+    paused.take([6])
+    committed = Reports()
+    send(paused, 6, topic, [b"a", b"b"], committed)
+    paused.commit(6, position(6, 1, 2), committed.commit)
+    assert committed.wait(paused) is True
+    meters.transactions(paused.ended())
+    assert count("committed") == 1
+    assert registry.get_sample_value("oncely_relay_transaction_seconds_count") == 1
+
+    stale = Reports()
+    send(paused, 6, topic, [b"stale"], stale)
+    assert paused.producer(6).flush(10) == 0
+    taking_over.take([6])  # fences the paused producer
+    paused.commit(6, position(6, 1, 3), stale.commit)
+    assert isinstance(stale.wait(paused), KafkaError)
+    meters.transactions(paused.ended())
+    assert (count("committed"), count("fenced"), count("aborted"), count("failed")) == (1, 1, 0, 0)
+    assert registry.get_sample_value("oncely_relay_transaction_seconds_count") == 2
+    assert paused.ended() == []  # each is reported once
 
 
 def test_snapshots_order_as_postgresql_took_them(engine: sa.Engine) -> None:

@@ -24,6 +24,7 @@ from oncely.devstack._process import free_port
 from oncely.ops.status import DUPLICATES_NOTE, KAFKA_SECONDS, collect_status
 from oncely.schemas.codec import Codec
 from oncely.storage import outbox, receipts, tasks
+from oncely.storage.stores.outbox.relay import RelayStore
 from oncely.storage.tables import shard_of
 from tests.apps.ledger import App, build
 from tests.helpers import (
@@ -433,6 +434,38 @@ def test_status_watch_refreshes_until_ctrl_c(database_url: str) -> None:
     both = oncely_cli("status", "--database-url", database_url, "--watch", "1", "--json")
     assert both.exit_code == 2
     assert both.stderr.startswith("error: Invalid value for --watch: --watch shows a live table")
+
+
+def test_each_relay_listed_shows_the_mode_its_heartbeat_wrote(
+    engine: sa.Engine, database_url: str
+) -> None:
+    relays = [
+        RelayStore(engine, owner="relay-eos", exactly_once=True),
+        RelayStore(engine, owner="relay-alo"),
+    ]
+    for relay in relays:
+        relay.heartbeat(ttl_seconds=60, asleep=False)
+        assert len(relay.acquire(wanted=2, lease_seconds=60)) == 2
+        relay.close()
+    with engine.begin() as conn:  # a lease whose relay's heartbeats are gone
+        conn.execute(
+            sa.text(
+                "UPDATE oncely_relay_shards SET owner = 'relay-gone', "
+                "lease_until = now() + interval '1 hour' WHERE shard = 10"
+            )
+        )
+
+    report = collect_status(engine, effects=None, kafka_config=None)
+    assert report.modes == {"relay-eos": True, "relay-alo": False, "relay-gone": None}
+    assert {s["owner"]: s["exactly_once"] for s in report.to_json()["shards"] if s["leased"]} == (
+        report.modes
+    )
+    shown = _cli("--database-url", database_url)
+    assert shown.exit_code == 0, shown.stderr
+    rows = {
+        line.split()[1]: line.split()[3] for line in shown.stdout.splitlines() if "relay-" in line
+    }
+    assert rows == {"relay-alo": "at-least-once", "relay-eos": "exactly-once", "relay-gone": "?"}
 
 
 def test_a_bad_app_exits_2(database_url: str) -> None:

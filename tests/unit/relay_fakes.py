@@ -23,6 +23,7 @@ from oncely.relay.ports import FAILED, Failed, OnDelivery
 from oncely.relay.relay import Relay
 from oncely.relay.signals import Signals
 from oncely.relay.topics import TopicState
+from oncely.relay.transactions import Ended
 from oncely.runtime.metrics import RelayMetrics
 from oncely.settings import RelaySettings
 from oncely.storage.stores.outbox.relay import (
@@ -267,6 +268,8 @@ class FakePublisher:
         self.sent: list[OutboxRow] = []
         self.failing: dict[str, int] = {}
         self.missing_topics: set[str] = set()
+        #: Transactions to report as ended at the next :meth:`ended`.
+        self.ending: list[Ended] = []
         self._pending: list[tuple[OutboxRow, OnDelivery]] = []
 
     def produce(self, row: OutboxRow, report: OnDelivery) -> KafkaError | None:
@@ -305,6 +308,10 @@ class FakePublisher:
 
     def lost(self) -> set[int]:
         return set()
+
+    def ended(self) -> Sequence[Ended]:
+        ended, self.ending = self.ending, []
+        return ended
 
     def drop(self, shard: int) -> None:
         pass

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from confluent_kafka import KafkaError
 
 from oncely.relay.signals import Signal
+from oncely.relay.transactions import Ended, Outcome
 from tests.unit.relay_fakes import Loop, loop
 
 
@@ -195,3 +196,19 @@ def test_drain_waits_for_reports_records_and_gives_every_shard_back() -> None:
     assert all(lease.owner is None for lease in store.leases.values())
     assert all(_recorded(relay_loop, shard) for shard in range(3))
     assert relay_loop.relay.shards == frozenset()
+
+
+def test_the_transactions_the_publisher_reports_ended_are_counted() -> None:
+    relay_loop = loop(shards=2, exactly_once=True)
+    publisher, registry = relay_loop.publisher, relay_loop.metrics.registry
+
+    def fenced() -> None:
+        publisher.ending.append(Ended(1, Outcome.FENCED, 0.25))
+
+    relay_loop.run(
+        (lambda: bool(relay_loop.signals.events(Signal.TOOK)), fenced),
+        (lambda: not publisher.ending, None),
+    )
+    counted = registry.get_sample_value("oncely_relay_transactions_total", {"outcome": "fenced"})
+    assert counted == 1
+    assert registry.get_sample_value("oncely_relay_transaction_seconds_sum") == 0.25

@@ -66,7 +66,8 @@ def status(
 
     Unpublished: committed rows the relay's recorded progress has not passed, with the oldest
     one's age. Dead and delayed rows park their keys; later rows of those keys are held (see
-    `oncely dead list`). Read-only: one READ ONLY database transaction, Kafka metadata,
+    `oncely dead list`). Each relay holding shards is shown with its mode, exactly-once or
+    at-least-once. Read-only: one READ ONLY database transaction, Kafka metadata,
     watermarks and committed group offsets. Duplicates suppressed are only in each consumer's
     /metrics, never in the database.
 
@@ -182,14 +183,19 @@ def _outbox(report: Status) -> list[RenderableType]:
     return parts
 
 
+#: A relay's output mode as the status shows it (``None``: its heartbeats are gone).
+_MODES = {True: "exactly-once", False: "at-least-once", None: "?"}
+
+
 def _relays(report: Status) -> Table:
-    relays = _table("shard leases", ["relay"], ["shards", "epochs"])
+    relays = _table("shard leases", ["relay", "mode"], ["shards", "epochs"])
+    modes = report.modes
     for owner, held in sorted(report.relays.items()):
         epochs = sorted({s.epoch for s in report.shards if s.shard in held and s.owner == owner})
-        relays.add_row(escape(owner), _ranges(held), _ranges(epochs))
+        relays.add_row(escape(owner), _MODES[modes.get(owner)], _ranges(held), _ranges(epochs))
     free = [s.shard for s in report.shards if not s.leased]
     if free:
-        relays.add_row("[dim](not leased)[/]", _ranges(free), "-")
+        relays.add_row("[dim](not leased)[/]", "-", _ranges(free), "-")
     return relays
 
 

@@ -87,7 +87,10 @@ class TopicStatus:
 @dataclass(frozen=True, slots=True)
 class ShardStatus:
     """One shard's lease and progress. ``leased``: a relay (``owner``) holds it now; ``epoch``
-    counts takeovers. ``progress_age_seconds``: since its progress was last recorded."""
+    counts takeovers. ``progress_age_seconds``: since its progress was last recorded.
+    ``exactly_once``: whether its owner runs in exactly-once mode (``False``: at least once),
+    as the owner's last heartbeat said; ``None`` when it has no owner or its heartbeats are
+    gone."""
 
     shard: int
     owner: str | None
@@ -96,6 +99,7 @@ class ShardStatus:
     progress_age_seconds: float
     unpublished: int
     oldest_unpublished_seconds: float | None
+    exactly_once: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +146,16 @@ class Status:
             if shard.leased and shard.owner is not None:
                 held.setdefault(shard.owner, []).append(shard.shard)
         return held
+
+    @property
+    def modes(self) -> dict[str, bool | None]:
+        """Each relay holding shards now -> whether it runs in exactly-once mode (``None``:
+        unknown, its heartbeats are gone)."""
+        return {
+            shard.owner: shard.exactly_once
+            for shard in self.shards
+            if shard.leased and shard.owner is not None
+        }
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON-ready data; each effect carries ``duplicates_suppressed: null``."""
@@ -236,6 +250,7 @@ def _shards(rows: Sequence[ShardState], backlog: Sequence[ShardBacklog]) -> list
                 (b.oldest_unpublished_seconds for b in backlog if b.shard == row.shard),
                 default=None,
             ),
+            exactly_once=row.exactly_once,
         )
         for row in rows
     ]

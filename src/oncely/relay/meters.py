@@ -3,21 +3,25 @@ and, when a test listens, its :mod:`~oncely.relay.signals`.
 
 Confirmations are counted in the delivery reports' pages and moved into the counters once per
 settle (:meth:`Meters.flush`); the backlog and blocked-rows gauges are read from the database
-every few seconds, and not at all while nothing changes.
+every few seconds, and not at all while nothing changes. In exactly-once mode the transactions
+that ended are counted as the publisher reports them (:meth:`Meters.transactions`), and the
+progress-lag gauge says how long PostgreSQL's recorded progress has trailed Kafka's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections import Counter
-from collections.abc import Collection, Iterable
+from collections import Counter, deque
+from collections.abc import Callable, Collection, Iterable
 
 from oncely.relay.ports import FAILED, Guard, RelayStore
+from oncely.relay.publisher import position
 from oncely.relay.shards import Page
 from oncely.relay.signals import Signal, Signals
+from oncely.relay.transactions import Ended, Outcome
 from oncely.runtime.metrics import RelayMetrics
-from oncely.storage.stores.outbox.relay import ShardBacklog, ShardProgress
+from oncely.storage.stores.outbox.relay import Progress, ShardBacklog, ShardProgress
 from oncely.storage.stores.outbox.rows import OutboxRow
 
 #: The backlog and blocked-rows gauges are read this often (seconds).
@@ -27,9 +31,26 @@ GAUGE_INTERVAL = 5.0
 class Meters:
     """The relay's metrics, the confirmations not yet counted, and the gauges' cadence."""
 
-    def __init__(self, metrics: RelayMetrics, signals: Signals | None) -> None:
+    def __init__(
+        self,
+        metrics: RelayMetrics,
+        signals: Signals | None,
+        *,
+        exactly_once: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``exactly_once``: the relay's mode (the transactions' series exist only then);
+        ``clock``: the monotonic clock the progress lag is measured with."""
         self.metrics = metrics
         self.signals = signals
+        self._exactly_once = exactly_once
+        self._clock = clock
+        #: Per shard, the positions committed to Kafka that PostgreSQL has not recorded yet,
+        #: oldest first, each with when its commit was reported.
+        self._unrecorded: dict[int, deque[tuple[Progress, float]]] = {}
+        if exactly_once:
+            for outcome in Outcome:  # every outcome's series from 0, so increase() sees the first
+                metrics.transactions.labels(outcome.value)
         self._confirmed: dict[tuple[str, int], int] = {}
         self._latencies: list[float] = []
         self._blocked_gauged: set[str] = set()
@@ -86,9 +107,25 @@ class Meters:
         """Progress writes refused: the shards were taken over."""
         self.metrics.progress_refused.inc(len(shards))
 
+    def transactions(self, ended: Iterable[Ended]) -> None:
+        """Transactions that ended (exactly-once mode): counted by outcome and their time
+        observed; a commit's position waits for PostgreSQL's record (:meth:`recorded`)."""
+        for end in ended:
+            self.metrics.transactions.labels(end.outcome.value).inc()
+            self.metrics.transaction_seconds.observe(end.seconds)
+            if end.progress is not None:
+                waiting = self._unrecorded.setdefault(end.shard, deque())
+                waiting.append((position(end.progress), self._clock()))
+
     def recorded(self, progress: Collection[ShardProgress]) -> None:
+        """PostgreSQL recorded ``progress``: the commits it reaches are recorded."""
         if progress:
             self._signal(Signal.RECORDED, [p.shard for p in progress])
+        if self._unrecorded:
+            for item in progress:
+                waiting = self._unrecorded.get(item.shard)
+                while waiting and not waiting[0][0].beyond(item.progress):
+                    waiting.popleft()
 
     def published_alone(self, rows: Iterable[OutboxRow]) -> None:
         """Rows of a released key were published (each confirmed on its own)."""
@@ -119,7 +156,8 @@ class Meters:
 
     def forget(self, shard: int) -> None:
         """The shard is no longer held: its gauges go."""
-        for gauge in (self.metrics.lease_epoch, self.metrics.held_keys):
+        self._unrecorded.pop(shard, None)
+        for gauge in (self.metrics.lease_epoch, self.metrics.held_keys, self.metrics.progress_lag):
             with contextlib.suppress(KeyError):
                 gauge.remove(str(shard))
 
@@ -138,7 +176,10 @@ class Meters:
         self, store: RelayStore, shards: frozenset[int], *, any_blocked: bool, db: Guard
     ) -> None:
         """Read the backlog gauges of ``shards`` and the rows held per blocked topic, each only
-        while it may have changed (through the loop's database guard)."""
+        while it may have changed (through the loop's database guard); in exactly-once mode, set
+        the progress-lag gauges (:meth:`progress_lag`) first."""
+        if self._exactly_once:
+            self.progress_lag(shards)
         if shards and self.wants_backlog():
             backlog = db("backlog", store.backlog)
             if backlog is not FAILED:
@@ -147,6 +188,16 @@ class Meters:
             blocked = db("blocked topics", store.blocked_rows)
             if blocked is not FAILED:
                 self.blocked(blocked)
+
+    def progress_lag(self, shards: frozenset[int]) -> None:
+        """Per shard of ``shards`` (those held): seconds since the oldest commit whose position
+        PostgreSQL has not recorded was reported, 0 when none is."""
+        now = self._clock()
+        for gone in self._unrecorded.keys() - shards:  # reported after the shard was lost
+            del self._unrecorded[gone]
+        for shard in shards:
+            waiting = self._unrecorded.get(shard)
+            self.metrics.progress_lag.labels(str(shard)).set(now - waiting[0][1] if waiting else 0)
 
     def wants_backlog(self) -> bool:
         """Whether to read the backlog: rows were read since, or the last answer had some."""

@@ -104,6 +104,8 @@ class Outcomes:
             state = topic_error_state(error)
             if state is not None:
                 self._topics.block(row.topic, state)
+        if self._settings.exactly_once:  # before the lost shards are forgotten
+            self._meters.transactions(io.publisher.ended())
         for number in io.publisher.lost():
             self.lose(io, number)
         if io.publisher.fatal is not None:

@@ -16,6 +16,7 @@ from uuid import UUID
 from confluent_kafka import KafkaError, Message
 
 from oncely.relay.topics import TopicState, TopicWatch
+from oncely.relay.transactions import Ended
 from oncely.settings import RelaySettings
 from oncely.storage.stores.outbox.relay import (
     Heartbeat,
@@ -110,8 +111,9 @@ class RelayStore(Protocol):
 class Publisher(Protocol):
     """The relay's producer: a record's result comes to its report from :meth:`poll`. In
     exactly-once mode a page is a transaction: :meth:`take` starts a shard's (and says where
-    Kafka has it), :meth:`commit` ends a page's, and :meth:`lost` names the shards whose
-    producer cannot go on; at least once, they do nothing."""
+    Kafka has it), :meth:`commit` ends a page's, :meth:`lost` names the shards whose
+    producer cannot go on and :meth:`ended` the transactions that ended (each reported once);
+    at least once, they do nothing."""
 
     fatal: KafkaError | None
     auth_failed: KafkaError | None
@@ -138,6 +140,8 @@ class Publisher(Protocol):
     def commit(self, progress: ShardProgress, report: OnDelivery, *, abort: bool = ...) -> bool: ...
 
     def lost(self) -> set[int]: ...
+
+    def ended(self) -> Sequence[Ended]: ...
 
     def drop(self, shard: int) -> None: ...
 

@@ -20,14 +20,14 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from oncely.relay.topics import TopicState, topic_error_state
-from oncely.relay.transactions import Transactions
+from oncely.relay.transactions import Ended, Transactions
 from oncely.runtime.tracing import Tracing
 from oncely.security import KafkaAuthenticationError, is_authentication_failure
 from oncely.storage.stores.outbox.relay import Progress, ShardProgress
@@ -40,6 +40,16 @@ log = logging.getLogger(__name__)
 OnDelivery = Callable[[KafkaError | None, Message | None], None]
 
 _LIMITS_TTL = 60.0
+
+
+def position(record: ProgressRecord) -> Progress:
+    """The position a progress record of :func:`~oncely.wire.progress_topic` holds."""
+    return Progress(
+        Snapshot.parse(record.done),
+        Snapshot.parse(record.reading) if record.reading is not None else None,
+        record.after_seq,
+    )
+
 
 #: Settings the relay's guarantees depend on; configuration cannot override them.
 REQUIRED = {
@@ -259,6 +269,10 @@ class Publisher:
         """The shards this publisher can no longer publish for (none here)."""
         return set()
 
+    def ended(self) -> Sequence[Ended]:
+        """The transactions that ended since the last call (none here)."""
+        return ()
+
     def drop(self, shard: int) -> None:
         """The shard is no longer held."""
 
@@ -299,12 +313,7 @@ class TransactionalPublisher(Publisher):
         read (nothing is taken).
         """
         return {
-            shard: Progress(
-                Snapshot.parse(record.done),
-                Snapshot.parse(record.reading) if record.reading is not None else None,
-                record.after_seq,
-            )
-            for shard, record in self._transactions.take(shards).items()
+            shard: position(record) for shard, record in self._transactions.take(shards).items()
         }
 
     def commit(self, progress: ShardProgress, report: OnDelivery, *, abort: bool = False) -> bool:
@@ -321,6 +330,9 @@ class TransactionalPublisher(Publisher):
 
     def lost(self) -> set[int]:
         return self._transactions.lost()
+
+    def ended(self) -> Sequence[Ended]:
+        return self._transactions.ended()
 
     def drop(self, shard: int) -> None:
         self._transactions.drop(shard)

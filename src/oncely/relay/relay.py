@@ -120,7 +120,7 @@ class Relay:
             clock=clock,
         )
         self._sources = Sources(store, publisher, topics, settings)
-        self._meters = Meters(metrics, signals)
+        self._meters = Meters(metrics, signals, exactly_once=settings.exactly_once, clock=clock)
         self._pace = Pace(
             listen_below=LISTEN_BELOW,
             poll_above=POLL_ABOVE,

@@ -129,7 +129,7 @@ def build_relay(
             )
         return made
 
-    store = RelayStore(engine, owner=owner)
+    store = RelayStore(engine, owner=owner, exactly_once=settings.exactly_once)
     metrics = metrics or RelayMetrics()
     return Relay(
         store=store,

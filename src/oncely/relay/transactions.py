@@ -9,7 +9,8 @@ back from :func:`~oncely.wire.progress_topic` with ``read_committed``. A page's 
 its shard's open transaction (:meth:`Transactions.producer`); :meth:`Transactions.commit` adds
 the page's progress record and commits on a worker thread, so the commits of several shards
 overlap. Every report (each record's delivery report, and the commit's, whose message is
-``None``) runs on the caller's thread, in :meth:`Transactions.poll`.
+``None``) runs on the caller's thread, in :meth:`Transactions.poll`, and so does the
+:class:`Ended` of each transaction, which :meth:`Transactions.ended` hands over.
 
 A commit that fails with an error that needs an abort is aborted: none of its records is ever
 visible to a ``read_committed`` consumer, and the page's report gets the error. A fenced or
@@ -21,6 +22,7 @@ where it ended.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 import queue
@@ -28,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -47,6 +50,41 @@ from oncely.wire import ProgressRecord, progress_topic, read_progress_record
 log = logging.getLogger(__name__)
 
 OnDelivery = Callable[[KafkaError | None, Message | None], None]
+
+#: Errors of a producer fenced by another with its transactional id.
+_FENCED = frozenset(
+    (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+)
+
+
+class Outcome(enum.Enum):
+    """How a transaction ended."""
+
+    COMMITTED = "committed"
+    #: Aborted: a record of it failed, or its commit failed with an error that needs an abort.
+    ABORTED = "aborted"
+    #: Its producer was fenced: another one started with its transactional id (its shard is
+    #: lost).
+    FENCED = "fenced"
+    #: Any other fatal error, or a commit or abort that did not end in time (its shard is lost).
+    FAILED = "failed"
+
+    @classmethod
+    def of(cls, error: KafkaError | None) -> Outcome:
+        """The outcome of a transaction whose shard was lost with ``error``."""
+        return cls.FENCED if error is not None and error.code() in _FENCED else cls.FAILED
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A transaction that ended: its shard, how, the seconds from ``begin_transaction`` to the
+    end of its commit or abort, and the progress record committed with it (only when
+    :attr:`Outcome.COMMITTED`)."""
+
+    shard: int
+    outcome: Outcome
+    seconds: float
+    progress: ProgressRecord | None = None
 
 
 class Transactions:
@@ -77,7 +115,9 @@ class Transactions:
         self._producers: dict[int, Producer] = {}
         #: Each shard's last committed progress record (``None``: none yet), as this owner knows.
         self._last: dict[int, ProgressRecord | None] = {}
-        self._open: set[int] = set()
+        #: The shards whose transaction is open, and when each began (monotonic).
+        self._open: dict[int, float] = {}
+        self._ended: list[Ended] = []
         self._reports: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._lost: set[int] = set()
         self._lost_lock = threading.Lock()
@@ -130,7 +170,7 @@ class Transactions:
             except KafkaException as exc:
                 self._lose(shard, exc.args[0])
                 raise
-            self._open.add(shard)
+            self._open[shard] = time.monotonic()
         return producer
 
     def report(self, report: OnDelivery) -> OnDelivery:
@@ -147,68 +187,90 @@ class Transactions:
         (``report(None, None)`` once aborted)."""
         producer = self._producers[shard]
         self.committing += 1
-        done = partial(self._committed, report)
-        opened = shard in self._open
-        self._open.discard(shard)
+        begun = self._open.pop(shard, None)
         if abort:
-            if opened:
-                self._pool.submit(self._abort_page, shard, producer, done)
+            if begun is not None:
+                self._pool.submit(self._abort_page, shard, producer, begun, report)
             else:  # nothing was sent
-                self._reports.put(partial(done, None, None))
+                self._reports.put(partial(self._committed, report, None, None))
             return
         try:
-            if not opened:
+            if begun is None:
                 producer.begin_transaction()
+                begun = time.monotonic()
             producer.produce(self.topic, progress.value(), progress.key())
         except KafkaException as exc:
             self._lose(shard, exc.args[0])
-            self._reports.put(partial(done, exc.args[0], None))
+            ended = (
+                Ended(shard, Outcome.of(exc.args[0]), time.monotonic() - begun)
+                if begun is not None
+                else None  # no transaction began
+            )
+            self._reports.put(partial(self._committed, report, ended, exc.args[0]))
             return
-        self._pool.submit(self._commit, shard, producer, progress, done)
+        self._pool.submit(self._commit, shard, producer, progress, begun, report)
 
-    def _abort_page(self, shard: int, producer: Producer, report: OnDelivery) -> None:
-        error = self._abort(shard, producer)
-        self._reports.put(partial(report, error, None))
+    def _abort_page(self, shard: int, producer: Producer, begun: float, report: OnDelivery) -> None:
+        ended, error = self._abort(shard, producer, begun)
+        self._reports.put(partial(self._committed, report, ended, error))
 
-    def _committed(self, report: OnDelivery, error: KafkaError | None, message: None) -> None:
+    def _committed(self, report: OnDelivery, ended: Ended | None, error: KafkaError | None) -> None:
         self.committing -= 1
-        report(error, message)
+        if ended is not None:
+            self._ended.append(ended)
+        report(error, None)
 
     def _commit(
-        self, shard: int, producer: Producer, progress: ProgressRecord, report: OnDelivery
+        self,
+        shard: int,
+        producer: Producer,
+        progress: ProgressRecord,
+        begun: float,
+        report: OnDelivery,
     ) -> None:
         error: KafkaError | None = None
         try:
             producer.flush(self._timeout)  # the records on the broker, then the commit
             failpoint("relay.before_commit")
             producer.commit_transaction(self._timeout)
+            ended = Ended(shard, Outcome.COMMITTED, time.monotonic() - begun, progress)
             self._last[shard] = progress
         except KafkaException as exc:
             error = exc.args[0]
             if self._producers.get(shard) is not producer:
-                pass  # replaced since (the shard was lost and taken again): the page failed
+                # Replaced since (the shard was lost and taken again): only the page failed.
+                ended = Ended(shard, Outcome.of(error), time.monotonic() - begun)
             elif error is not None and error.txn_requires_abort():
-                self._abort(shard, producer)
+                ended, _ = self._abort(shard, producer, begun)
             else:
                 self._lose(shard, error)
-        self._reports.put(partial(report, error, None))
+                ended = Ended(shard, Outcome.of(error), time.monotonic() - begun)
+        self._reports.put(partial(self._committed, report, ended, error))
 
-    def _abort(self, shard: int, producer: Producer) -> KafkaError | None:
-        """Abort the shard's transaction and start its producer again (after a record the
-        broker refused, the old one's next transaction fails: ``OUT_OF_ORDER_SEQUENCE_NUMBER``,
-        the refused batch left a gap in its sequence numbers); the error when it could not.
+    def _abort(
+        self, shard: int, producer: Producer, begun: float
+    ) -> tuple[Ended, KafkaError | None]:
+        """Abort the shard's transaction (open since ``begun``) and start its producer again
+        (after a record the broker refused, the old one's next transaction fails:
+        ``OUT_OF_ORDER_SEQUENCE_NUMBER``, the refused batch left a gap in its sequence numbers);
+        how the transaction ended, and the error when the producer could not go on.
 
         Starting a producer fences whoever else has its id, so the shard's progress is read
         back right after: when the last commit is not this relay's own (another relay took the
         shard over and published meanwhile), the shard is lost."""
         try:
             producer.abort_transaction(self._timeout)
-            producer.poll(0)  # the reports of the records it purged, before the page's own
+        except KafkaException as exc:
+            self._lose(shard, exc.args[0])
+            return Ended(shard, Outcome.of(exc.args[0]), time.monotonic() - begun), exc.args[0]
+        producer.poll(0)  # the reports of the records it purged, before the page's own
+        aborted = Ended(shard, Outcome.ABORTED, time.monotonic() - begun)
+        try:
             self._producers[shard] = self._start(shard)
             last = self._read_back({shard}).get(shard)
         except KafkaException as exc:
             self._lose(shard, exc.args[0])
-            return exc.args[0]  # type: ignore[no-any-return]
+            return aborted, exc.args[0]
         if last != self._last.get(shard):
             log.warning(
                 "shard %d was published by another relay since this one's last commit: "
@@ -216,7 +278,7 @@ class Transactions:
                 shard,
             )
             self.lose(shard)
-        return None
+        return aborted, None
 
     def _start(self, shard: int) -> Producer:
         """A new producer of ``shard``'s transactional id, its transactions initialised."""
@@ -263,6 +325,11 @@ class Transactions:
             lost, self._lost = self._lost, set()
         return lost
 
+    def ended(self) -> list[Ended]:
+        """The transactions whose reports ran (in :meth:`poll`) since the last call, in order."""
+        ended, self._ended = self._ended, []
+        return ended
+
     def poll(self, timeout: float) -> None:
         """Run the reports that arrived, waiting up to ``timeout`` seconds for a first one (the
         producers of open transactions are served first: their reports arrive)."""
@@ -291,7 +358,7 @@ class Transactions:
         or to the next owner's ``init_transactions``."""
         producer = self._producers.pop(shard, None)
         self._instance.pop(shard, None)
-        self._open.discard(shard)
+        self._open.pop(shard, None)
         self._last.pop(shard, None)
         if producer is not None:
             producer.purge()

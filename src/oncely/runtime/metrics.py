@@ -115,6 +115,32 @@ class RelayMetrics:
             ["reason"],
             registry=r,
         )
+        self.transactions = Counter(
+            "oncely_relay_transactions",
+            "Exactly-once mode (none at least once): Kafka transactions ended, by outcome: "
+            "committed; aborted (a record failed or the commit needed an abort: the page "
+            "replays); fenced (another producer started with the shard's transactional id); "
+            "failed (any other fatal error, or a commit or abort that did not end in time). A "
+            "fenced or failed transaction's shard is given up.",
+            ["outcome"],
+            registry=r,
+        )
+        self.transaction_seconds = Histogram(
+            "oncely_relay_transaction_seconds",
+            "Exactly-once mode (no samples at least once): each Kafka transaction's time from "
+            "begin_transaction to the end of its commit or abort, whatever its outcome.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.progress_lag = Gauge(
+            "oncely_relay_progress_lag_seconds",
+            "Exactly-once mode (none at least once), per shard held: how far PostgreSQL's "
+            "recorded progress trails the progress committed to Kafka with the pages "
+            "(<prefix>.progress): seconds since the oldest commit whose position PostgreSQL has "
+            "not recorded yet was reported, 0 when it has recorded every commit. Set every 5 s.",
+            ["shard"],
+            registry=r,
+        )
         self.retention = RetentionMetrics(r)
 
 

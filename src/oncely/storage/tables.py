@@ -271,6 +271,7 @@ def build_metadata(schema: str | None = None) -> sa.MetaData:
         sa.Column("relay_id", sa.Text, nullable=False),
         sa.Column("heartbeat_until", sa.DateTime(timezone=True), nullable=False),
         sa.Column("asleep", sa.Boolean, nullable=False, server_default=sa.text("false")),
+        sa.Column("exactly_once", sa.Boolean, nullable=False, server_default=sa.text("false")),
         sa.PrimaryKeyConstraint("relay_id", name="oncely_relay_members_pkey"),
     )
     sa.Table(

@@ -125,15 +125,17 @@ SET reason = 'dead', error = :error, until = NULL, request = NULL
 WHERE topic = :topic AND aggregateid = :aggregateid
 
 -- name: relay_heartbeat
--- This relay is alive (asleep: it waits for a NOTIFY, so staging sends one) and extends the
--- leases it still holds (a shard missing from ``kept`` was taken over); relays silent for a
--- minute are forgotten. Returns how many relays are alive, which decides each one's fair share
--- of the shards. One statement: an idle relay sends one every third of its lease.
+-- This relay is alive (asleep: it waits for a NOTIFY, so staging sends one; exactly_once: its
+-- output mode, for status) and extends the leases it still holds (a shard missing from ``kept``
+-- was taken over); relays silent for a minute are forgotten. Returns how many relays are alive,
+-- which decides each one's fair share of the shards. One statement: an idle relay sends one
+-- every third of its lease.
 WITH beat AS (
-    INSERT INTO oncely_relay_members (relay_id, heartbeat_until, asleep)
-    VALUES (:relay_id, now() + make_interval(secs => :ttl_seconds), :asleep)
+    INSERT INTO oncely_relay_members (relay_id, heartbeat_until, asleep, exactly_once)
+    VALUES (:relay_id, now() + make_interval(secs => :ttl_seconds), :asleep, :exactly_once)
     ON CONFLICT (relay_id) DO UPDATE
-    SET heartbeat_until = EXCLUDED.heartbeat_until, asleep = EXCLUDED.asleep
+    SET heartbeat_until = EXCLUDED.heartbeat_until, asleep = EXCLUDED.asleep,
+        exactly_once = EXCLUDED.exactly_once
 ), gone AS (
     DELETE FROM oncely_relay_members
     WHERE heartbeat_until < now() - interval '1 minute' AND relay_id <> :relay_id
@@ -194,11 +196,13 @@ GROUP BY s.shard, o.topic
 ORDER BY s.shard, o.topic
 
 -- name: relay_shards
--- Every shard's progress and lease, for status and metrics.
-SELECT shard, owner, epoch, lease_until > now() AS leased, lease_until, updated_at,
-       EXTRACT(EPOCH FROM now() - updated_at) AS progress_age_seconds
-FROM oncely_relay_shards
-ORDER BY shard
+-- Every shard's progress and lease, for status and metrics, with its owner's output mode
+-- (NULL: the owner's heartbeats are gone).
+SELECT s.shard, s.owner, s.epoch, s.lease_until > now() AS leased, s.lease_until, s.updated_at,
+       EXTRACT(EPOCH FROM now() - s.updated_at) AS progress_age_seconds, m.exactly_once
+FROM oncely_relay_shards AS s
+LEFT JOIN oncely_relay_members AS m ON m.relay_id = s.owner
+ORDER BY s.shard
 
 -- name: relay_purge
 -- Delete one batch of rows older than the horizon that their shard's progress has passed

@@ -106,13 +106,16 @@ class ShardBacklog:
 
 @dataclass(frozen=True, slots=True)
 class ShardState:
-    """A shard's lease (``owner`` ``None``: never leased) and how old its progress is."""
+    """A shard's lease (``owner`` ``None``: never leased) and how old its progress is;
+    ``exactly_once``: the owner's output mode as its last heartbeat said (``None``: no owner, or
+    its heartbeats are gone)."""
 
     shard: int
     owner: str | None
     epoch: int
     leased: bool
     progress_age_seconds: float
+    exactly_once: bool | None = None
 
 
 def _progress(done: str, reading: str | None, after_seq: int) -> Progress:
@@ -137,9 +140,12 @@ class _Cursor:
 class RelayStore:
     """The relay ``owner``'s statements over a SQLAlchemy ``Engine``."""
 
-    def __init__(self, engine: sa.Engine, *, owner: str) -> None:
+    def __init__(self, engine: sa.Engine, *, owner: str, exactly_once: bool = False) -> None:
+        """``exactly_once``: the relay's output mode, written with each :meth:`heartbeat` (for
+        ``oncely status``)."""
         self.engine = engine
         self.owner = owner
+        self.exactly_once = exactly_once
         self._reader: sa.Connection | None = None
         self._statements: dict[str, str] = {}
         self._cursors: dict[tuple[int, ...], _Cursor] = {}
@@ -407,7 +413,7 @@ class RelayStore:
     def heartbeat(
         self, *, ttl_seconds: float, asleep: bool, leases: Sequence[tuple[int, int]] = ()
     ) -> Heartbeat:
-        """Mark this relay alive for ``ttl_seconds`` (and asleep or not) and extend its
+        """Mark this relay alive for ``ttl_seconds`` (asleep or not, in its mode) and extend its
         ``(shard, epoch)`` leases as long; :attr:`Heartbeat.kept`: the shards still held.
         One statement on the read connection (autocommit: no BEGIN and COMMIT around it)."""
         ((alive, shards, kept),) = self._fetch(
@@ -416,6 +422,7 @@ class RelayStore:
                 "relay_id": self.owner,
                 "ttl_seconds": ttl_seconds,
                 "asleep": asleep,
+                "exactly_once": self.exactly_once,
                 "shards": [s for s, _ in leases],
                 "epochs": [e for _, e in leases],
             },
@@ -499,6 +506,13 @@ def backlog(conn: sa.Connection) -> list[ShardBacklog]:
 def shards(conn: sa.Connection) -> list[ShardState]:
     """:meth:`RelayStore.shards` on the caller's connection."""
     return [
-        ShardState(r.shard, r.owner, r.epoch, bool(r.leased), float(r.progress_age_seconds))
+        ShardState(
+            r.shard,
+            r.owner,
+            r.epoch,
+            bool(r.leased),
+            float(r.progress_age_seconds),
+            r.exactly_once,
+        )
         for r in conn.execute(query("relay_shards"))
     ]
