@@ -13,6 +13,11 @@ cores):
 - S-CPU, S-MANY: ``stage()``'s client CPU per event against a raw psycopg INSERT of the same
   row, and ``stage_many()`` of 100 events against one raw 100-row INSERT;
 - R-QUIET: commit → Kafka p50/p99 at 200 events/s, relay vs a raw producer after each commit;
+- R-EOS, R-EOS-QUIET, R-EOS-RECOVER, R-EOS-OPEN: the relay exactly once vs at least once,
+  every time to the record visible to a ``read_committed`` consumer: drain rate (R1's rows),
+  commit → visible p50/p99 at 200 events/s, SIGKILL mid-drain → a new relay process's first
+  record (seconds; bounded below by the lease), and a plain producer's append → visible p50/p99
+  on the same partitions while the relay drains (what open transactions cost it);
 - R-QUIET-CPU: CPU per event at 200 events/s above each side's idle, relay + PostgreSQL vs
   Debezium's Kafka Connect worker + PostgreSQL;
 - R-IDLE: an idle relay's CPU (relay + PostgreSQL cores) and queries per second
@@ -59,6 +64,7 @@ import sqlalchemy as sa
 from bench import cells, consumer_cells, stage
 from bench.cluster_cells import cluster_cells
 from bench.debezium_cells import debezium_cells
+from bench.eos_cells import eos_cells
 from bench.fixtures import Bench
 from bench.harness import Target, environment, scaled
 from bench.idle_cells import PG_SETTINGS, consumer_idle_cell, idle_cells
@@ -74,6 +80,7 @@ RELAY_CELLS = ["R1", "R2", "R2-xmin", "R-HOT", "R7"]
 DBZ_CELLS = ["R-DBZ", "R-DBZ-HOT", "R-DBZ-p99"]
 CONSUMER_CELLS = ["R3", "R3-fair", "R3-dup"]
 LATENCY_CELLS = ["R4", "R4-quiet"]
+EOS_CELLS = ["R-EOS", "R-EOS-QUIET", "R-EOS-RECOVER", "R-EOS-OPEN"]
 ALL = [
     *DBZ_CELLS,
     *RELAY_CELLS,
@@ -81,6 +88,7 @@ ALL = [
     "S-CPU",
     "S-MANY",
     "R-QUIET",
+    *EOS_CELLS,
     "R-QUIET-CPU",
     "R-IDLE",
     "R-CIDLE",
@@ -365,6 +373,13 @@ def main() -> None:
             made, runs = quiet_cells(bench, repetitions=args.repetitions, seconds=quiet_seconds)
             results += [c.to_json() for c in made]
             extra["R-QUIET runs"] = runs
+        eos_wanted = [c for c in EOS_CELLS if c in args.cells]
+        if eos_wanted:
+            made, details = eos_cells(
+                bench, repetitions=args.repetitions, cells=eos_wanted, seconds=quiet_seconds
+            )
+            results += [c.to_json() for c in made]
+            extra.update(details)
         if "R-QUIET-CPU" in args.cells:
             made, runs, versions = quiet_cpu_cells(
                 bench,

@@ -363,6 +363,73 @@ class Topics:
                     future.result(30)
 
 
+@dataclass
+class Seen:
+    """What a ``read_committed`` reader of one topic saw: for each record (by its ``id``
+    header, the first copy) the wall-clock time it was first returned, its broker append time
+    (epoch seconds); and how many records it returned in all (copies too)."""
+
+    at: dict[str, tuple[float, float]] = field(default_factory=dict)
+    records: int = 0
+
+    def wait(self, count: int, *, timeout: float) -> bool:
+        """Wait until ``count`` distinct records were seen; whether they were within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while len(self.at) < count:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def appended(self) -> dict[str, float]:
+        """Every record's broker append time (epoch ms) by its ``id``, as
+        :meth:`Topics.append_times` gives it."""
+        return {event_id: stamp * 1000 for event_id, (_, stamp) in self.at.items()}
+
+
+@contextmanager
+def read_committed(bench: Bench, topic: str) -> Iterator[Seen]:
+    """A ``read_committed`` consumer of ``topic`` (a :class:`Topics` topic) on a thread of its
+    own for the block, from the beginning: a record of an open transaction is returned once the
+    transaction commits (never, if it aborts), so what it saw is what any ``read_committed``
+    consumer could see, and when. It fetches with ``fetch.wait.max.ms=10``; the watermarks of
+    :meth:`Topics.count` cannot stand in for it (they count transaction markers and aborted
+    records)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bench.bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 10,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(bench.partitions)])
+    seen, stop = Seen(), threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            messages = consumer.consume(1000, 0.05)
+            now = time.time()
+            for message in messages:
+                if message.error() is not None:
+                    continue
+                seen.records += 1
+                event_id = dict(message.headers() or []).get("id")
+                if isinstance(event_id, bytes) and event_id.decode() not in seen.at:
+                    stamp = message.timestamp()[1] / 1000
+                    seen.at[event_id.decode()] = (now, stamp)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join(30)
+        consumer.close()
+
+
 def sentinel(bench: Bench, topics: Topics, topic: str) -> None:
     """One row through the running side, so it is reading (or streaming) before any timing."""
     [row] = staged_rows(1, topic=topic, keys=1)
@@ -372,13 +439,28 @@ def sentinel(bench: Bench, topics: Topics, topic: str) -> None:
         raise TimeoutError(f"the sentinel row never reached {topic}")
 
 
-def drain_rate(bench: Bench, topics: Topics, side: Side, rows: list[dict[str, object]]) -> float:
+def drain_rate(
+    bench: Bench,
+    topics: Topics,
+    side: Side,
+    rows: list[dict[str, object]],
+    *,
+    visible: bool = False,
+) -> float:
     """Rows/s from the commit of ``rows`` (one transaction) to the append of the last of them,
-    with ``side`` already running (steady state, not start-up)."""
+    with ``side`` already running (steady state, not start-up); with ``visible``, to the moment
+    a ``read_committed`` consumer (:func:`read_committed`) has seen every one of them."""
     topic = topics.new()
     restage(bench, [])
     with side():
         sentinel(bench, topics, topic)
+        if visible:
+            with read_committed(bench, topic) as seen:
+                committed = commit_at_once(bench, rows, topic)
+                with cpu_window():
+                    if not seen.wait(len(rows) + 1, timeout=600):
+                        raise TimeoutError(f"only {len(seen.at) - 1} of {len(rows)} rows visible")
+            return len(rows) / (max(at for at, _ in seen.at.values()) - committed)
         committed = commit_at_once(bench, rows, topic)
         with cpu_window():  # from the commit to the last record: the drain alone
             if not topics.wait(topic, len(rows) + 1, timeout=600):
@@ -569,6 +651,7 @@ def commit_latency(
     produce: Callable[[str], Callable[[dict[str, Any]], None]] | None = None,
     writer_processes: int = 0,
     idle_seconds: float = 0.0,
+    visible: bool = False,
 ) -> dict[str, Any]:
     """commit → Kafka (and schedule → Kafka) percentiles of open-loop single-row transactions
     at ``rate`` for ``seconds``, with ``side`` running.
@@ -579,6 +662,9 @@ def commit_latency(
     are in each of that many processes of their own (:func:`process_writers`; not with
     ``produce``). With ``idle_seconds``, a CPU window of that long with nothing written is
     measured once the side runs, just before the writes (``cpu["idle"]``).
+
+    With ``visible``, a :func:`read_committed` consumer reads the topic during the writes, and
+    ``commit_to_visible_ms`` is added: from each commit to the moment it returned the record.
 
     ``cpu`` holds cores by process class over the writes (``load``, from the first write to the
     last record), over the idle window (``idle``), the writers' PostgreSQL backends' share of
@@ -597,19 +683,24 @@ def commit_latency(
     else:
         writing = outbox_writers(bench.database_url, rows, count=writers, after_commit=after)
     idle = Window()
-    with writing as writes, side():
+    total = len(rows) + (1 if send is None else 0)
+    with writing as writes, side(), contextlib.ExitStack() as reading:
         if send is None:
             sentinel(bench, topics, topic)
+        seen = reading.enter_context(read_committed(bench, topic)) if visible else None
         if idle_seconds:
             with cpu_window() as idle:
                 time.sleep(idle_seconds)
         with cpu_window() as load:
             writes.run(rate, seconds)
-            topics.wait(topic, len(rows) + (1 if send is None else 0), timeout=120)
+            if seen is None:
+                topics.wait(topic, total, timeout=120)
+            else:
+                seen.wait(total, timeout=120)
     due, committed = writes.due, writes.committed
-    appended = topics.append_times(topic)
+    appended = topics.append_times(topic) if seen is None else seen.appended()
     measured_from = due[0] + warmup_seconds
-    commit_ms, schedule_ms, lag_ms, missing = [], [], [], 0
+    commit_ms, schedule_ms, lag_ms, visible_ms, missing = [], [], [], [], 0
     for row, due_at, committed_at in zip(rows, due, committed, strict=True):
         if due_at < measured_from:
             continue
@@ -620,7 +711,10 @@ def commit_latency(
         commit_ms.append(stamp - committed_at * 1000)
         schedule_ms.append(stamp - due_at * 1000)
         lag_ms.append((committed_at - due_at) * 1000)
+        if seen is not None:
+            visible_ms.append((seen.at[str(row["id"])][0] - committed_at) * 1000)
     return {
+        **({"commit_to_visible_ms": percentiles(visible_ms)} if seen is not None else {}),
         "commit_to_kafka_ms": percentiles(commit_ms),
         "schedule_to_kafka_ms": percentiles(schedule_ms),
         "writer_lag_ms": percentiles(lag_ms),
