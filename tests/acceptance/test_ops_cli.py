@@ -71,6 +71,7 @@ def test_status_json_of_a_small_deployment(
             "leased": False,
             "unpublished": int(n == shard),
             "oldest_unpublished_seconds": oldest if n == shard else None,
+            "exactly_once": None,  # no relay: no mode
         }
         for n in range(32)
     ]

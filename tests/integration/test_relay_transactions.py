@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import sqlalchemy as sa
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 from prometheus_client import CollectorRegistry
 
 from oncely.relay import service
@@ -124,6 +124,30 @@ def test_the_read_back_waits_past_another_shards_open_transaction_for_a_later_co
 
     threading.Timer(1.0, open_one.abort_transaction, args=(10,)).start()
     assert transactions().take([9]) == {9: position(9, 1, 5)}
+
+
+def test_a_read_back_held_past_its_timeout_names_the_shard_whose_transaction_stays_open(
+    transactions: Callable[[], Transactions], kafka_bootstrap: str, progress_prefix: str
+) -> None:
+    stalled = transactions()
+    stalled.take([8])
+    open_one = stalled.producer(8)
+    open_one.produce(progress_topic(progress_prefix), position(8, 1, 1).value(), b"8")
+    assert open_one.flush(10) == 0
+    impatient = Transactions(
+        {"bootstrap.servers": kafka_bootstrap},
+        client={"bootstrap.servers": kafka_bootstrap},
+        prefix=progress_prefix,
+        transaction_timeout_ms=30_000,
+        timeout=2,
+    )
+    try:
+        with pytest.raises(KafkaException, match="stays open \\(shard 8's, from offset 0\\)"):
+            impatient.take([9])
+        assert impatient.held() == []  # given back
+    finally:
+        impatient.close()
+        open_one.abort_transaction(10)
 
 
 def test_taking_a_shard_fences_its_paused_owner_whose_open_transaction_never_shows(

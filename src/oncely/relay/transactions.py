@@ -395,7 +395,7 @@ class Transactions:
                         KafkaError(
                             KafkaError._TIMED_OUT,
                             f"{self.topic} read to offset {at} of {high} in {self._timeout} s: "
-                            "a transaction on it stays open",
+                            f"a transaction on it stays open ({self._opened_at(at)})",
                         )
                     )
                 error = message.error()
@@ -428,6 +428,21 @@ class Transactions:
         finally:
             consumer.close()
         return int(high)
+
+    def _opened_at(self, offset: int) -> str:
+        """Whose is the record at ``offset`` (the first of a transaction left open), for the
+        error that names it."""
+        consumer = self._consumer("read_uncommitted")
+        try:
+            consumer.assign([TopicPartition(self.topic, 0, offset)])
+            message = consumer.poll(2.0)
+        finally:
+            consumer.close()
+        key = None if message is None or message.error() is not None else message.key()
+        if key is None:
+            return "its first record unread"
+        shard = key.decode(errors="replace") if isinstance(key, bytes) else key
+        return f"shard {shard}'s, from offset {offset}"
 
     def _consumer(self, isolation: str) -> Consumer:
         return Consumer(
