@@ -119,7 +119,10 @@ def _page(
     read, whether ``reading`` is read to its end and the rows refused, or ``None`` when the
     database failed."""
     settings, topics = sources.settings, sources.topics
-    grown = min(s.page_size or settings.batch_size for s in members)
+    # Exactly once, a shard's page is its own transaction: a read's rows spread over its shards,
+    # so it reads a page for each shard (up to the room left) rather than one for them all.
+    first = settings.batch_size * (len(members) if settings.exactly_once else 1)
+    grown = min(s.page_size or first for s in members)
     page_size = min(room, grown)
     rows = db(
         "read",
@@ -148,7 +151,9 @@ def _page(
     )
     if read is None:
         return 0, False, []
-    cap = max(settings.batch_size, settings.max_in_flight // 2)
+    # At least once, two reads fill the records in flight; exactly once, a shard has one page
+    # in flight and a read's every shard waits for its commit: one read fills them.
+    cap = max(settings.batch_size, settings.max_in_flight // (1 if settings.exactly_once else 2))
     for shard in read.members:
         shard.page_size = min(cap, grown * 2) if len(read.rows) == page_size else 0
     pages: dict[int, Page] = {}
