@@ -276,8 +276,8 @@ def open_cells(
                             if time.monotonic() > deadline:
                                 raise TimeoutError(f"the drain into {topic} never ended")
                             time.sleep(0.02)
-                    drained = max(
-                        at for i, (at, _) in seen.at.items() if not i.startswith("plain-")
+                    drained = max(  # a copy: the reader thread goes on adding
+                        at for i, (at, _) in list(seen.at.items()) if not i.startswith("plain-")
                     )
                 finally:
                     stop.set()
