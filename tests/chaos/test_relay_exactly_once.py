@@ -107,6 +107,15 @@ def _check(records: list[Record], rows: list[dict[str, object]]) -> int:
     return sum(seen.values()) - len(seen)
 
 
+@pytest.fixture
+def staged(engine: sa.Engine, new_topic: Callable[..., str]) -> tuple[str, list[dict[str, object]]]:
+    """A topic of three partitions, and 3,000 rows over 100 keys staged for it."""
+    topic = new_topic(partitions=3)
+    rows = outbox_rows(3000, topics=[topic], keys=100)
+    insert_rows(engine, rows)
+    return topic, rows
+
+
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
 def test_a_relay_killed_mid_drain_then_replaced_puts_no_duplicate_on_the_wire(
     exactly_once: bool,
@@ -148,12 +157,10 @@ def test_a_relay_killed_after_a_kafka_commit_before_recording_it_is_followed_fro
     engine: sa.Engine,
     database_url: str,
     kafka_bootstrap: str,
-    new_topic: Callable[..., str],
+    staged: tuple[str, list[dict[str, object]]],
     progress_prefix: str,
 ) -> None:
-    topic = new_topic(partitions=3)
-    rows = outbox_rows(3000, topics=[topic], keys=100)
-    insert_rows(engine, rows)
+    topic, rows = staged
     victim, _ = _relay(
         database_url,
         kafka_bootstrap,
@@ -181,12 +188,10 @@ def test_a_paused_relay_whose_shards_were_taken_is_fenced_and_publishes_nothing(
     engine: sa.Engine,
     database_url: str,
     kafka_bootstrap: str,
-    new_topic: Callable[..., str],
+    staged: tuple[str, list[dict[str, object]]],
     progress_prefix: str,
 ) -> None:
-    topic = new_topic(partitions=3)
-    rows = outbox_rows(3000, topics=[topic], keys=100)
-    insert_rows(engine, rows)
+    topic, rows = staged
     zombie, _ = _relay(
         database_url,
         kafka_bootstrap,
