@@ -198,3 +198,14 @@ def progress_prefix(kafka_admin: AdminClient) -> Iterator[str]:
     kafka_admin.create_topics([spec])[topic].result(30)
     yield name
     kafka_admin.delete_topics([topic])[topic].result(30)
+
+
+@pytest.fixture(params=["at-least-once", "exactly-once"])
+def relay_mode(request: pytest.FixtureRequest) -> dict[str, object]:
+    """The relay settings of each mode, for a test that must hold in both: none at least once;
+    exactly once, a transactional id prefix of the test's own with its progress topic
+    (:func:`progress_prefix`). Such a test reads its topics with ``read_committed``."""
+    if request.param == "at-least-once":
+        return {}
+    prefix: str = request.getfixturevalue("progress_prefix")
+    return {"exactly_once": True, "transactional_id_prefix": prefix}

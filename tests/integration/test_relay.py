@@ -30,6 +30,7 @@ from tests.helpers import (
     publish_all,
     query_all,
     query_one,
+    read_committed,
     read_topics,
     running_relay,
     scalar,
@@ -60,15 +61,22 @@ def _first_occurrences_in_seq_order(records: list, seqs: dict[str, int]) -> None
 
 
 def test_ten_thousand_events_are_published_once_in_per_key_order(
-    engine: sa.Engine, kafka_bootstrap: str, new_topic: Callable[..., str]
+    engine: sa.Engine,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    relay_mode: dict[str, object],
 ) -> None:
     topics = [new_topic(partitions=3) for _ in range(3)]
     insert_rows(engine, outbox_rows(10_000, topics=topics, keys=100))
-    relay = publish_all(engine, kafka_bootstrap, 10_000, fast_settings(batch_size=500), timeout=120)
+    relay = publish_all(
+        engine, kafka_bootstrap, 10_000, fast_settings(**relay_mode, batch_size=500), timeout=120
+    )
     assert _sample(relay, "oncely_relay_progress_refused_total") == 0
     assert sum(_sample(relay, "oncely_relay_published_total", topic=t) for t in topics) == 10_000
+    in_transactions = _sample(relay, "oncely_relay_transactions_total", outcome="committed") > 0
+    assert in_transactions == bool(relay_mode), "transactions exactly once, and only then"
 
-    records = read_topics(kafka_bootstrap, topics)
+    records = read_committed(kafka_bootstrap, topics)
     by_id = Counter(record.headers["id"].decode() for record in records)
     assert len(records) == 10_000
     assert set(by_id.values()) == {1}, "a record was published twice"
@@ -194,10 +202,13 @@ def test_pages_after_a_full_one_come_from_its_cursor_and_a_replay_reads_again(
 
 
 def test_two_relays_share_the_shards_and_publish_every_row_once(
-    engine: sa.Engine, kafka_bootstrap: str, new_topic: Callable[..., str]
+    engine: sa.Engine,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    relay_mode: dict[str, object],
 ) -> None:
     topics = [new_topic(partitions=3)]
-    settings = fast_settings(batch_size=100, lease_seconds=3.0)
+    settings = fast_settings(**relay_mode, batch_size=100, lease_seconds=3.0)
     with running_relay(engine, kafka_bootstrap, settings) as first:
         wait_until(lambda: len(first.shards) == 32, timeout=20)
         with running_relay(engine, kafka_bootstrap, settings) as second:
@@ -210,7 +221,7 @@ def test_two_relays_share_the_shards_and_publish_every_row_once(
         wait_until(lambda: len(first.shards) == 32, timeout=30)  # the second handed back
         insert_rows(engine, outbox_rows(300, topics=topics, keys=50))
         wait_until(lambda: count_published(engine) == 3300, timeout=60)
-    records = read_topics(kafka_bootstrap, topics)
+    records = read_committed(kafka_bootstrap, topics)
     assert len({record.headers["id"] for record in records}) == 3300
     assert len(records) == 3300, "a graceful hand-off publishes nothing twice"
     for relay in (first, second):
@@ -318,13 +329,18 @@ def _request(engine: sa.Engine, request: str) -> None:
 
 
 def test_a_record_the_client_refuses_parks_its_key_and_skip_releases_it(
-    engine: sa.Engine, kafka_bootstrap: str, new_topic: Callable[..., str]
+    engine: sa.Engine,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    relay_mode: dict[str, object],
 ) -> None:
     topic = new_topic()
     rows = outbox_rows(12, topics=[topic], keys=4)  # key-0 .. key-3, three rows each
     rows[0]["payload"] = b"x" * 1_100_000  # over message.max.bytes: the first of key-0
     insert_rows(engine, rows)
-    settings = fast_settings(max_attempts=2, initial_backoff_seconds=0.1, max_backoff_seconds=0.2)
+    settings = fast_settings(
+        **relay_mode, max_attempts=2, initial_backoff_seconds=0.1, max_backoff_seconds=0.2
+    )
     with running_relay(engine, kafka_bootstrap, settings) as relay:
         wait_until(lambda: count_published(engine) == 9, timeout=60)
         wait_until(lambda: len(_held(engine)) == 2, timeout=30)
@@ -338,25 +354,28 @@ def test_a_record_the_client_refuses_parks_its_key_and_skip_releases_it(
         signals_of(relay).wait_for(Signal.RELEASED, after=mark, timeout=30)
         assert _parked(engine) == []
         assert _held(engine) == []
-    records = read_topics(kafka_bootstrap, [topic])
+    records = read_committed(kafka_bootstrap, [topic])
     key0 = [r.headers["id"].decode() for r in records if r.key == "key-0"]
     assert key0 == [str(rows[4]["id"]), str(rows[8]["id"])]
     assert len(records) == 11
 
 
 def test_a_record_the_broker_refuses_parks_its_key_and_requeue_publishes_in_order(
-    engine: sa.Engine, kafka_bootstrap: str, new_topic: Callable[..., str]
+    engine: sa.Engine,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    relay_mode: dict[str, object],
 ) -> None:
     topic = new_topic(partitions=1, config={"max.message.bytes": "10000"})
     rows = outbox_rows(30, topics=[topic], keys=3)  # key-0 .. key-2 share the one partition
     rows[3]["payload"] = os.urandom(50_000)  # key-0's second: under the client's limit only
     insert_rows(engine, rows)
-    settings = fast_settings(max_attempts=1)
+    settings = fast_settings(**relay_mode, max_attempts=1)
     with running_relay(engine, kafka_bootstrap, settings):
         wait_until(lambda: count_published(engine) == 21, timeout=60)
         wait_until(lambda: len(_held(engine)) == 8, timeout=30)
         assert [(k, r) for k, r, _ in _parked(engine)] == [("key-0", "dead")]
-        on_broker = read_topics(kafka_bootstrap, [topic])
+        on_broker = read_committed(kafka_bootstrap, [topic])
         assert {r.key for r in on_broker} == {"key-0", "key-1", "key-2"}
         assert [r.headers["id"].decode() for r in on_broker if r.key == "key-0"] == [
             str(rows[0]["id"])
@@ -365,14 +384,17 @@ def test_a_record_the_broker_refuses_parks_its_key_and_requeue_publishes_in_orde
         set_topic_config(kafka_bootstrap, topic, "max.message.bytes", "200000")
         _request(engine, "requeue")
         wait_until(lambda: count_published(engine) == 30, timeout=60)
-    records = read_topics(kafka_bootstrap, [topic])
+    records = read_committed(kafka_bootstrap, [topic])
     key0 = [r.headers["id"].decode() for r in records if r.key == "key-0"]
     assert key0 == [str(row["id"]) for row in rows if row["aggregateid"] == "key-0"]
     assert len(records) == 30
 
 
 def test_a_delayed_row_holds_its_key_until_due_and_other_keys_flow(
-    engine: sa.Engine, kafka_bootstrap: str, new_topic: Callable[..., str]
+    engine: sa.Engine,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    relay_mode: dict[str, object],
 ) -> None:
     topic = new_topic()
     rows = outbox_rows(6, topics=[topic], keys=2)
@@ -380,13 +402,13 @@ def test_a_delayed_row_holds_its_key_until_due_and_other_keys_flow(
     rows[0]["available_at"] = due
     insert_rows(engine, rows[:1])
     insert_rows(engine, rows[1:])
-    with running_relay(engine, kafka_bootstrap, fast_settings(lease_seconds=1.5)):
+    with running_relay(engine, kafka_bootstrap, fast_settings(**relay_mode, lease_seconds=1.5)):
         wait_until(lambda: count_published(engine) == 3, timeout=30)
         assert [(k, r) for k, r, _ in _parked(engine)] == [("key-0", "delayed")]
         assert datetime.now(UTC) < due
         wait_until(lambda: count_published(engine) == 6, timeout=30)
     assert datetime.now(UTC) >= due
-    records = read_topics(kafka_bootstrap, [topic])
+    records = read_committed(kafka_bootstrap, [topic])
     key0 = [r.headers["id"].decode() for r in records if r.key == "key-0"]
     assert key0 == [str(row["id"]) for row in rows if row["aggregateid"] == "key-0"]
 

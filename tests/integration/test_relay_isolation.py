@@ -39,6 +39,7 @@ from tests.helpers import (
     insert_rows,
     outbox_rows,
     query_all,
+    read_committed,
     read_topics,
     running_relay,
     signals_of,
@@ -112,6 +113,7 @@ def test_a_missing_topic_holds_only_its_rows_and_resumes_once_created(
     new_topic: Callable[..., str],
     missing_topic: str,
     caplog: pytest.LogCaptureFixture,
+    relay_mode: dict[str, object],
 ) -> None:
     flowing = new_topic(partitions=2)
     held = outbox_rows(60, topics=[missing_topic], keys=6)
@@ -119,10 +121,10 @@ def test_a_missing_topic_holds_only_its_rows_and_resumes_once_created(
     missing_shards = {shard_of(missing_topic, f"key-{k}", DEFAULT_SHARDS) for k in range(6)}
     insert_rows(engine, held[:30] + other[:150])
     caplog.set_level(logging.WARNING, logger="oncely.relay")
-    with running_relay(engine, kafka_bootstrap, fast_settings()) as relay:
+    with running_relay(engine, kafka_bootstrap, fast_settings(**relay_mode)) as relay:
         wait_until(lambda: _blocked_rows(relay).get(missing_topic) == 30, timeout=60)
         insert_rows(engine, held[30:] + other[150:])
-        wait_until(lambda: len(read_topics(kafka_bootstrap, [flowing])) >= 300, timeout=60)
+        wait_until(lambda: len(read_committed(kafka_bootstrap, [flowing])) >= 300, timeout=60)
         wait_until(lambda: _blocked_rows(relay).get(missing_topic) == 60, timeout=60)
         assert {t for t, _, reason in _parked(engine) if reason == "blocked"} == {missing_topic}
         assert len(_parked(engine)) == 6, "one parked row per key, the later ones held"
@@ -151,7 +153,7 @@ def test_a_missing_topic_holds_only_its_rows_and_resumes_once_created(
         assert _recreations(relay) == 0
         replayed = {int(s) for s, n in _replays(relay).items() if n}
         assert replayed <= missing_shards, "only shards holding the missing topic's rows"
-    records = read_topics(kafka_bootstrap, [flowing, missing_topic])
+    records = read_committed(kafka_bootstrap, [flowing, missing_topic])
     assert sorted(_ids(records, flowing)) == sorted(str(r["id"]) for r in other), (
         "every row of the other topic once: no duplicate"
     )
@@ -164,7 +166,10 @@ def test_a_missing_topic_holds_only_its_rows_and_resumes_once_created(
 
 
 def test_a_record_refused_for_size_replays_only_its_own_shard(
-    engine: sa.Engine, kafka_bootstrap: str, new_topic: Callable[..., str]
+    engine: sa.Engine,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    relay_mode: dict[str, object],
 ) -> None:
     small = new_topic(partitions=1, config={"max.message.bytes": "10000"})
     flowing = new_topic(partitions=2)
@@ -178,14 +183,18 @@ def test_a_record_refused_for_size_replays_only_its_own_shard(
     ]
     insert_rows(engine, refused[:1] + other[: len(other) // 2] + refused[1:])
     insert_rows(engine, other[len(other) // 2 :])
-    settings = fast_settings(max_attempts=2, backoff_base_seconds=0.2, backoff_max_seconds=0.5)
+    settings = fast_settings(
+        max_attempts=2, backoff_base_seconds=0.2, backoff_max_seconds=0.5, **relay_mode
+    )
     with running_relay(engine, kafka_bootstrap, settings) as relay:
         wait_until(lambda: [r for _, _, r in _parked(engine)] == ["dead"], timeout=60)
-        wait_until(lambda: len(read_topics(kafka_bootstrap, [flowing])) >= len(other), timeout=60)
+        wait_until(
+            lambda: len(read_committed(kafka_bootstrap, [flowing])) >= len(other), timeout=60
+        )
         replays = _replays(relay)
         assert {int(s) for s, n in replays.items() if n} <= {own}, "only the refused row's shard"
         assert _recreations(relay) == 0
-    records = read_topics(kafka_bootstrap, [flowing, small])
+    records = read_committed(kafka_bootstrap, [flowing, small])
     assert sorted(_ids(records, flowing)) == sorted(str(r["id"]) for r in other), "no duplicate"
     assert _ids(records, small) == [], "the refused key waits behind its dead row"
 

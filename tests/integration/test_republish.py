@@ -26,6 +26,7 @@ from tests.helpers import (
     insert_rows,
     oncely_cli,
     outbox_rows,
+    read_committed,
     read_topics,
     running_relay,
     scalar,
@@ -44,28 +45,39 @@ def _ids(records: list[Record]) -> list[str]:
     return [r.headers["id"].decode() for r in records]
 
 
-def _published(engine: sa.Engine, kafka_bootstrap: str, rows: list[dict[str, object]]) -> None:
+def _published(
+    engine: sa.Engine,
+    kafka_bootstrap: str,
+    rows: list[dict[str, object]],
+    relay_mode: dict[str, object] | None = None,
+) -> None:
     insert_rows(engine, rows)
-    with running_relay(engine, kafka_bootstrap, fast_settings()):
+    with running_relay(engine, kafka_bootstrap, fast_settings(**(relay_mode or {}))):
         wait_until(lambda: count_published(engine) == len(rows), timeout=60)
 
 
 def test_the_window_is_republished_with_the_same_records_in_seq_order(
-    engine: sa.Engine, database_url: str, kafka_bootstrap: str, new_topic: Callable[..., str]
+    engine: sa.Engine,
+    database_url: str,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    relay_mode: dict[str, object],
 ) -> None:
+    """Whichever mode published the rows: the copies are produced outside any transaction, and
+    a ``read_committed`` consumer reads them after the originals."""
     topic = new_topic(partitions=3)
     rows = outbox_rows(60, topics=[topic], keys=4)
     for n, row in enumerate(rows):
         row["type"] = "test.kept" if n % 3 else "test.other"
     since = datetime.now(UTC) - timedelta(seconds=5)
-    _published(engine, kafka_bootstrap, rows)
-    first = read_topics(kafka_bootstrap, [topic])
+    _published(engine, kafka_bootstrap, rows, relay_mode)
+    first = read_committed(kafka_bootstrap, [topic])
     url = ("--database-url", database_url, "--bootstrap-servers", kafka_bootstrap)
 
     dry = _cli("--from-outbox", "--since", since.isoformat(), "--type", "test.kept", *url)
     assert dry.exit_code == 0, dry.output
     assert f"dry run: 40 row(s) would be republished ({topic}: 40)" in dry.stdout
-    assert len(read_topics(kafka_bootstrap, [topic])) == 60, "a dry run sends nothing"
+    assert len(read_committed(kafka_bootstrap, [topic])) == 60, "a dry run sends nothing"
 
     done = _cli(
         *("--from-outbox", "--since", since.isoformat(), "--type", "test.kept", "--execute"),
@@ -74,7 +86,7 @@ def test_the_window_is_republished_with_the_same_records_in_seq_order(
     assert done.exit_code == 0, done.output
     assert f"republished 40 row(s) with their original event ids ({topic}: 40)" in done.stdout
 
-    records = read_topics(kafka_bootstrap, [topic])
+    records = read_committed(kafka_bootstrap, [topic])
     copies = [r for r in records if (r.topic, r.partition, r.offset) not in _positions(first)]
     kept = [row for row in rows if row["type"] == "test.kept"]
     assert sorted(_ids(copies)) == sorted(str(row["id"]) for row in kept)

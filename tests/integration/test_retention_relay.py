@@ -20,6 +20,7 @@ from tests.helpers import (
     fast_settings,
     insert_rows,
     outbox_row,
+    read_committed,
     running_relay,
     scalar,
     uuid7_at,
@@ -58,14 +59,17 @@ def test_the_relay_drops_an_outbox_partition_once_it_has_published_its_rows(
     new_topic: Callable[..., str],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    relay_mode: dict[str, object],
 ) -> None:
     caplog.set_level(logging.INFO, logger="oncely.relay.housekeeping")  # as `oncely relay run`
-    name, start = _old_partition_with_rows(engine, new_topic())
+    topic = new_topic()
+    name, start = _old_partition_with_rows(engine, topic)
     monkeypatch.setenv("ONCELY_RETENTION_RECEIPTS_HORIZON_SECONDS", "60")
-    settings = fast_settings(retention_seconds=60, purge_interval_seconds=0.3)
+    settings = fast_settings(retention_seconds=60, purge_interval_seconds=0.3, **relay_mode)
     with running_relay(engine, kafka_bootstrap, settings) as relay:
         wait_until(lambda: not _exists(engine, name), timeout=60)
         assert scalar(engine, "SELECT count(*) FROM oncely_outbox") == 0  # gone with it
+        assert len(read_committed(kafka_bootstrap, [topic])) == 3, "dropped once published"
         wait_until(
             lambda: (_sample(relay, "oncely_retention_partitions", table="oncely_outbox") or 0) > 0,
             timeout=10,
@@ -107,12 +111,17 @@ def test_a_relay_that_only_plans_keeps_the_partition_and_exports_the_gauges(
 
 
 def test_on_unpartitioned_tables_the_relay_still_purges_by_batched_delete(
-    engine: sa.Engine, kafka_bootstrap: str, new_topic: Callable[..., str]
+    engine: sa.Engine,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    relay_mode: dict[str, object],
 ) -> None:
-    insert_rows(engine, [outbox_row(new_topic(), f"k{i}") for i in range(3)])
-    settings = fast_settings(retention_seconds=0, purge_interval_seconds=0.3)
+    topic = new_topic()
+    insert_rows(engine, [outbox_row(topic, f"k{i}") for i in range(3)])
+    settings = fast_settings(retention_seconds=0, purge_interval_seconds=0.3, **relay_mode)
     with running_relay(engine, kafka_bootstrap, settings) as relay:
         wait_until(lambda: scalar(engine, "SELECT count(*) FROM oncely_outbox") == 0, timeout=60)
+        assert len(read_committed(kafka_bootstrap, [topic])) == 3, "purged once published"
     assert _sample(relay, "oncely_retention_partitions", table="oncely_outbox") is None
 
 

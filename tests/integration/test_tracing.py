@@ -29,7 +29,15 @@ from oncely.events import Registry
 from oncely.producer.staging import stage
 from oncely.runtime.tracing import Tracing
 from oncely.tasks import Task, Tasks, TaskWorker
-from tests.helpers import publish_all, read_topics, running_consumers, scalar, wait_until
+from tests.helpers import (
+    fast_settings,
+    publish_all,
+    read_committed,
+    read_topics,
+    running_consumers,
+    scalar,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -137,6 +145,7 @@ def test_one_trace_from_stage_to_the_effects_and_their_tasks(
     kafka_bootstrap: str,
     pipeline: Pipeline,
     spans: Spans,
+    relay_mode: dict[str, object],
 ) -> None:
     tracing = spans.tracing
     with (
@@ -145,7 +154,9 @@ def test_one_trace_from_stage_to_the_effects_and_their_tasks(
         session.begin(),
     ):
         staged = stage(session, OrderPlaced(order_id="o-1", email="a@example.com"))
-    publish_all(engine, kafka_bootstrap, 1, tracing=tracing, timeout=30)
+    publish_all(
+        engine, kafka_bootstrap, 1, fast_settings(**relay_mode), tracing=tracing, timeout=30
+    )
     receipts = "SELECT count(*) FROM oncely_receipts"
     with running_consumers(
         pipeline.effects, ["notify", "notify-async"], engine, kafka_bootstrap, tracing=tracing
@@ -166,7 +177,7 @@ def test_one_trace_from_stage_to_the_effects_and_their_tasks(
     assert send.attributes["messaging.message.id"] == str(staged.id)
     assert send.status.is_ok and "messaging.kafka.offset" in send.attributes
 
-    [record] = read_topics(kafka_bootstrap, [pipeline.topic])
+    [record] = read_committed(kafka_bootstrap, [pipeline.topic])
     traceparent = _traceparent(send)
     assert record.headers["traceparent"].decode() == traceparent, "the relay's span goes on"
 
