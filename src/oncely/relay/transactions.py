@@ -117,6 +117,8 @@ class Transactions:
         self._last: dict[int, ProgressRecord | None] = {}
         #: The shards whose transaction is open, and when each began (monotonic).
         self._open: dict[int, float] = {}
+        #: The shards whose transaction a worker is committing or aborting.
+        self._ending: set[int] = set()
         self._ended: list[Ended] = []
         self._reports: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._lost: set[int] = set()
@@ -190,6 +192,7 @@ class Transactions:
         begun = self._open.pop(shard, None)
         if abort:
             if begun is not None:
+                self._ending.add(shard)
                 self._pool.submit(self._abort_page, shard, producer, begun, report)
             else:  # nothing was sent
                 self._reports.put(partial(self._committed, report, None, None))
@@ -208,10 +211,12 @@ class Transactions:
             )
             self._reports.put(partial(self._committed, report, ended, exc.args[0]))
             return
+        self._ending.add(shard)
         self._pool.submit(self._commit, shard, producer, progress, begun, report)
 
     def _abort_page(self, shard: int, producer: Producer, begun: float, report: OnDelivery) -> None:
         ended, error = self._abort(shard, producer, begun)
+        self._ending.discard(shard)
         self._reports.put(partial(self._committed, report, ended, error))
 
     def _committed(self, report: OnDelivery, ended: Ended | None, error: KafkaError | None) -> None:
@@ -245,6 +250,7 @@ class Transactions:
             else:
                 self._lose(shard, error)
                 ended = Ended(shard, Outcome.of(error), time.monotonic() - begun)
+        self._ending.discard(shard)
         self._reports.put(partial(self._committed, report, ended, error))
 
     def _abort(
@@ -431,7 +437,9 @@ class Transactions:
 
     def _opened_at(self, offset: int) -> str:
         """Whose is the record at ``offset`` (the first of a transaction left open), for the
-        error that names it."""
+        error that names it. When it is a shard whose producer is this relay's, with no
+        transaction open or ending, the broker left that transaction hanging: a healthy broker
+        ends a transaction once its producer commits, aborts or is fenced."""
         consumer = self._consumer("read_uncommitted")
         try:
             consumer.assign([TopicPartition(self.topic, 0, offset)])
@@ -442,7 +450,15 @@ class Transactions:
         if key is None:
             return "its first record unread"
         shard = key.decode(errors="replace") if isinstance(key, bytes) else key
-        return f"shard {shard}'s, from offset {offset}"
+        whose = f"shard {shard}'s, from offset {offset}"
+        number = int(shard) if shard.isdigit() else None
+        ending = number in self._open or number in self._ending
+        if number in self._producers and not ending:
+            return (
+                f"{whose}, though this relay's producer of the shard has no transaction open: "
+                "the broker left it hanging, see docs/how-to/deploy.md#a-hanging-transaction"
+            )
+        return whose
 
     def _consumer(self, isolation: str) -> Consumer:
         return Consumer(
