@@ -14,7 +14,9 @@ nothing produced), ``relay.mid_page`` (half of the page produced),
 ``relay.after_ack_before_record`` (every record acknowledged, progress not written) and
 ``relay.after_record_before_commit`` (progress written, its transaction not committed); in
 exactly-once mode also ``relay.before_commit`` (a page's records on the broker, its Kafka
-transaction not committed; on the thread that commits it). Of the
+transaction not committed; on the thread that commits it). A release of parked keys meets
+``relay.after_release_before_unpark`` (their rows acknowledged, in exactly-once mode
+committed; the keys not unparked). Of the
 consumer: ``consumer.after_poll``,
 ``consumer.after_effect_before_db_commit``, ``consumer.after_db_commit_before_offset_commit``.
 """

@@ -268,13 +268,16 @@ def progress_topic(prefix: str) -> str:
 class ProgressRecord:
     """A shard's position, committed with the records that reached it: every row visible in
     the snapshot ``done`` and, of ``reading`` (when set), every row up to ``after_seq``
-    (snapshots in ``pg_snapshot`` text form); ``epoch`` is the lease it was written under."""
+    (snapshots in ``pg_snapshot`` text form); ``epoch`` is the lease it was written under.
+    ``released``: the event ids of the shard's parked rows whose keys' rows a transaction
+    published and whose unparking PostgreSQL may not have recorded yet."""
 
     shard: int
     epoch: int
     done: str
     reading: str | None = None
     after_seq: int = 0
+    released: tuple[str, ...] = ()
 
     def key(self) -> bytes:
         """The record's key: the shard number in decimal (compaction keeps each shard's last)."""

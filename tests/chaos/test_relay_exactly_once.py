@@ -18,6 +18,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from tests.helpers import (
     insert_rows,
     oncely_process,
     outbox_rows,
+    scalar,
     start_oncely,
     wait_ready,
     wait_until,
@@ -184,6 +186,52 @@ def test_a_relay_killed_after_a_kafka_commit_before_recording_it_is_followed_fro
         stderr = _stop(survivor)
     assert "from where Kafka has them" in stderr  # a commit ahead of the recorded progress
     assert _check(read_committed(kafka_bootstrap, [topic]), rows) == 0
+
+
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
+def test_a_relay_killed_after_releasing_a_key_before_unparking_it_publishes_its_rows_once(
+    exactly_once: bool,
+    engine: sa.Engine,
+    database_url: str,
+    kafka_bootstrap: str,
+    new_topic: Callable[..., str],
+    progress_prefix: str,
+) -> None:
+    """A delayed row parks its key and holds the key's 29 later rows; once it is due, the relay
+    publishes the 30 (exactly once, in one transaction) and exits before PostgreSQL records the
+    key unparked. Exactly once, the next relay unparks the key from the release its progress
+    record names and publishes none of them again; at least once, it publishes them again."""
+    topic = new_topic(partitions=3)
+    rows = outbox_rows(300, topics=[topic], keys=10)
+    rows[0]["available_at"] = datetime.now(UTC) + timedelta(seconds=4)
+    insert_rows(engine, rows[:1])
+    insert_rows(engine, rows[1:])
+    victim, _ = _relay(
+        database_url,
+        kafka_bootstrap,
+        progress_prefix,
+        "victim",
+        exactly_once=exactly_once,
+        ONCELY_FAILPOINTS="relay.after_release_before_unpark=exit",
+    )
+    victim.wait(timeout=60)
+    _stop(victim)
+    assert victim.returncode == 137
+    survivor, port = _relay(
+        database_url, kafka_bootstrap, progress_prefix, "survivor", exactly_once=exactly_once
+    )
+    parked = "SELECT count(*) FROM oncely_relay_parked"
+    try:
+        wait_ready(port, survivor)
+        wait_until(lambda: scalar(engine, parked) == 0, timeout=60)
+        wait_until(lambda: count_published(engine) == len(rows), timeout=60)
+    finally:
+        _stop(survivor)
+    duplicates = _check(read_committed(kafka_bootstrap, [topic]), rows)
+    if exactly_once:
+        assert duplicates == 0
+    else:
+        assert duplicates >= 30, "the key's rows published again: the count to compare"
 
 
 def test_a_paused_relay_whose_shards_were_taken_is_fenced_and_publishes_nothing(

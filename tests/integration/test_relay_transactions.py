@@ -333,3 +333,53 @@ def test_the_transactional_publisher_sends_a_page_as_the_publisher_does_visible_
         ) == {2: done}
     finally:
         taking_over.close()
+
+
+def test_a_release_stays_in_its_shards_progress_records_until_it_is_unparked(
+    progress_prefix: str, kafka_bootstrap: str
+) -> None:
+    """A committed release's parked row is in every later progress record of its shard, so a
+    next owner reads it back, until PostgreSQL recorded the key unparked; an aborted one never
+    is."""
+    kafka = KafkaSettings(bootstrap_servers=kafka_bootstrap)
+    relay = RelaySettings(exactly_once=True, transactional_id_prefix=progress_prefix)
+    config, client = producer_config(kafka, relay), kafka.client_config()
+    parked, aborted = uuid.uuid4(), uuid.uuid4()
+    at = ShardProgress(4, 1, Progress(Snapshot.parse("10:10:")))
+
+    def next_owner() -> frozenset[uuid.UUID]:
+        owner = service.transactions(config, kafka, relay)
+        try:
+            publisher = TransactionalPublisher(config, client=client, transactions=owner)
+            publisher.take([4])
+            return publisher.released(4)
+        finally:
+            owner.close()
+
+    def commit(publisher: TransactionalPublisher, **kwargs: object) -> None:
+        reports = Reports()
+        assert publisher.commit(at, reports.commit, **kwargs)  # type: ignore[arg-type]
+        assert publisher.flush(20) == 0
+        assert reports.committed is True
+
+    owner = service.transactions(config, kafka, relay)
+    publisher = TransactionalPublisher(config, client=client, transactions=owner)
+    try:
+        publisher.take([4])
+        commit(publisher, releasing=[parked])
+        commit(publisher, abort=True, releasing=[aborted])
+        assert publisher.released(4) == {parked}
+        commit(publisher)  # a later page
+    finally:
+        owner.close()
+    assert next_owner() == {parked}
+
+    owner = service.transactions(config, kafka, relay)
+    publisher = TransactionalPublisher(config, client=client, transactions=owner)
+    try:
+        publisher.take([4])
+        publisher.unparked(4, parked)
+        commit(publisher)
+    finally:
+        owner.close()
+    assert next_owner() == frozenset()

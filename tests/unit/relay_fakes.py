@@ -270,6 +270,8 @@ class FakePublisher:
         self.missing_topics: set[str] = set()
         #: Transactions to report as ended at the next :meth:`ended`.
         self.ending: list[Ended] = []
+        #: Per shard, the parked rows a committed transaction released (exactly once).
+        self.releases: dict[int, set[UUID]] = {}
         self._pending: list[tuple[OutboxRow, OnDelivery]] = []
 
     def produce(self, row: OutboxRow, report: OnDelivery) -> KafkaError | None:
@@ -303,8 +305,21 @@ class FakePublisher:
     def take(self, shards: Iterable[int]) -> dict[int, Progress]:
         return {}
 
-    def commit(self, progress: ShardProgress, report: OnDelivery, *, abort: bool = False) -> bool:
+    def commit(
+        self,
+        progress: ShardProgress,
+        report: OnDelivery,
+        *,
+        abort: bool = False,
+        releasing: Iterable[UUID] = (),
+    ) -> bool:
         return False
+
+    def released(self, shard: int) -> frozenset[UUID]:
+        return frozenset(self.releases.get(shard, ()))
+
+    def unparked(self, shard: int, parked: UUID) -> None:
+        self.releases.get(shard, set()).discard(parked)
 
     def lost(self) -> set[int]:
         return set()

@@ -70,3 +70,20 @@ def test_parking_again_blocks_a_missing_topic_and_deads_only_the_keys_own_row() 
     assert park_again(dead, held, invalid) == ParkAgain(dead)
     assert park_again(dead, own, KafkaError(KafkaError._MSG_TIMED_OUT)) == ParkAgain(dead)
     assert park_again(dead, own, invalid).dead is not None
+
+
+def test_a_key_a_committed_transaction_released_is_unparked_without_publishing_again() -> None:
+    """Exactly once, a relay that died between a release's Kafka commit and its unparking in
+    PostgreSQL left the parking's event id in the shard's progress record: the next owner
+    unparks the key and publishes none of its rows again, and the other keys as usual."""
+    clock = Clock()
+    store, publisher = FakeStore(shards=1), FakePublisher(clock)
+    done, _ = _parked(store, "a", held=2)
+    parking, ids = _parked(store, "b", held=1)
+    publisher.releases[0] = {done.event_id}
+    outcome = release(
+        store, publisher, [done, parking], position=POSITION, timeout=1.0, clock=clock
+    )
+    assert [r.event_id for r in publisher.sent] == ids, "only the key not released before"
+    assert outcome.unpark == [Unpark(done, [], 2), Unpark(parking, outcome.unpark[1].rows, 3)]
+    assert not outcome.failed

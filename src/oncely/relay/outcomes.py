@@ -276,6 +276,7 @@ class Outcomes:
                     return
                 self._parked.dead(again.parking, again.dead)
         for unpark in outcome.unpark:
+            failpoint("relay.after_release_before_unpark")
             self._meters.published_alone(unpark.rows)
             released = self._db(
                 "release",
@@ -288,6 +289,7 @@ class Outcomes:
             )
             if released is FAILED:
                 return
+            io.publisher.unparked(shard.shard, unpark.parking.event_id)
             if released:
                 self._parked.released(unpark.parking)
                 self._meters.released(shard.shard)

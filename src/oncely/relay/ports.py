@@ -112,8 +112,9 @@ class Publisher(Protocol):
     """The relay's producer: a record's result comes to its report from :meth:`poll`. In
     exactly-once mode a page is a transaction: :meth:`take` starts a shard's (and says where
     Kafka has it), :meth:`commit` ends a page's, :meth:`lost` names the shards whose
-    producer cannot go on and :meth:`ended` the transactions that ended (each reported once);
-    at least once, they do nothing."""
+    producer cannot go on and :meth:`ended` the transactions that ended (each reported once),
+    and :meth:`released` the parked keys a committed transaction released until
+    :meth:`unparked` says PostgreSQL recorded it; at least once, they do nothing."""
 
     fatal: KafkaError | None
     auth_failed: KafkaError | None
@@ -137,7 +138,18 @@ class Publisher(Protocol):
 
     def take(self, shards: Iterable[int]) -> dict[int, Progress]: ...
 
-    def commit(self, progress: ShardProgress, report: OnDelivery, *, abort: bool = ...) -> bool: ...
+    def commit(
+        self,
+        progress: ShardProgress,
+        report: OnDelivery,
+        *,
+        abort: bool = ...,
+        releasing: Iterable[UUID] = ...,
+    ) -> bool: ...
+
+    def released(self, shard: int) -> frozenset[UUID]: ...
+
+    def unparked(self, shard: int, parked: UUID) -> None: ...
 
     def lost(self) -> set[int]: ...
 

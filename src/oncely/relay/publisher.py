@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+from uuid import UUID
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
@@ -259,11 +260,28 @@ class Publisher:
         shard that has one (none here: progress lives in the database only)."""
         return {}
 
-    def commit(self, progress: ShardProgress, report: OnDelivery, *, abort: bool = False) -> bool:
+    def commit(
+        self,
+        progress: ShardProgress,
+        report: OnDelivery,
+        *,
+        abort: bool = False,
+        releasing: Iterable[UUID] = (),
+    ) -> bool:
         """End the page of ``progress.shard`` that reaches ``progress`` (``abort``: a row of it
-        failed, none may show); whether it had to be committed, then ``report`` gets the
-        result. Here each record's delivery report is the page's whole result: ``False``."""
+        failed, none may show; ``releasing``: the parked rows whose keys' rows it holds); whether
+        it had to be committed, then ``report`` gets the result. Here each record's delivery
+        report is the page's whole result: ``False``."""
         return False
+
+    def released(self, shard: int) -> frozenset[UUID]:
+        """The parked rows of ``shard`` whose keys' rows a committed transaction published and
+        whose unparking is not recorded yet (:meth:`unparked`): none here, where a release is
+        published again until it is recorded."""
+        return frozenset()
+
+    def unparked(self, shard: int, parked: UUID) -> None:
+        """PostgreSQL recorded the unparking of ``parked``'s key (or no longer has it)."""
 
     def lost(self) -> set[int]:
         """The shards this publisher can no longer publish for (none here)."""
@@ -301,6 +319,8 @@ class TransactionalPublisher(Publisher):
             config, client=client, cloudevents_source=cloudevents_source, tracing=tracing
         )
         self._transactions = transactions
+        #: Per shard, what :meth:`released` answers.
+        self._released: dict[int, set[UUID]] = {}
 
     def _sender(self, row: OutboxRow, report: OnDelivery) -> tuple[Producer, OnDelivery]:
         return self._transactions.producer(row.shard), self._transactions.report(report)
@@ -312,21 +332,49 @@ class TransactionalPublisher(Publisher):
         Raises ``KafkaException`` when the producers cannot start or the positions cannot be
         read (nothing is taken).
         """
-        return {
-            shard: position(record) for shard, record in self._transactions.take(shards).items()
-        }
+        numbers = list(shards)
+        records = self._transactions.take(numbers)
+        for shard in numbers:
+            record = records.get(shard)
+            self._released[shard] = {UUID(i) for i in record.released} if record else set()
+        return {shard: position(record) for shard, record in records.items()}
 
-    def commit(self, progress: ShardProgress, report: OnDelivery, *, abort: bool = False) -> bool:
+    def commit(
+        self,
+        progress: ShardProgress,
+        report: OnDelivery,
+        *,
+        abort: bool = False,
+        releasing: Iterable[UUID] = (),
+    ) -> bool:
+        """As :meth:`Publisher.commit`; the progress record carries ``releasing`` and every
+        release of the shard committed and not yet :meth:`unparked`."""
         position = progress.progress
+        shard = progress.shard
+        adding = set(releasing)
+        carried = self._released.setdefault(shard, set())
         record = ProgressRecord(
-            progress.shard,
+            shard,
             progress.epoch,
             str(position.done),
             str(position.reading) if position.reading is not None else None,
             position.after_seq,
+            tuple(sorted(str(i) for i in carried | adding)),
         )
-        self._transactions.commit(progress.shard, record, report, abort=abort)
+
+        def ended(error: KafkaError | None, message: Message | None) -> None:
+            if error is None and not abort:
+                carried.update(adding)
+            report(error, message)
+
+        self._transactions.commit(shard, record, ended if adding else report, abort=abort)
         return True
+
+    def released(self, shard: int) -> frozenset[UUID]:
+        return frozenset(self._released.get(shard, ()))
+
+    def unparked(self, shard: int, parked: UUID) -> None:
+        self._released.get(shard, set()).discard(parked)
 
     def lost(self) -> set[int]:
         return self._transactions.lost()
@@ -335,6 +383,7 @@ class TransactionalPublisher(Publisher):
         return self._transactions.ended()
 
     def drop(self, shard: int) -> None:
+        self._released.pop(shard, None)
         self._transactions.drop(shard)
 
     def poll(self, timeout: float) -> None:

@@ -23,7 +23,9 @@ Results = list[tuple[OutboxRow, KafkaError | None]]
 
 @dataclass(frozen=True, slots=True)
 class Unpark:
-    """A key whose rows all went out: unpark it and drop its held rows up to ``published_to``."""
+    """A key whose rows all went out: unpark it and drop its held rows up to ``published_to``
+    (``rows``: those this release published; none when a committed transaction had already
+    published them, :meth:`~oncely.relay.ports.Publisher.released`)."""
 
     parking: Parking
     rows: list[OutboxRow]
@@ -60,13 +62,20 @@ def release(
 ) -> ReleaseOutcome:
     """Publish the rows of ``parkings`` (of the shard at ``position``) and wait at most
     ``timeout`` seconds for their reports; in exactly-once mode they are one transaction,
-    committed with ``position`` when every row went out, else aborted.
+    committed with ``position`` and the parkings released when every row went out, else
+    aborted. A parking a committed transaction released already is unparked, not published
+    again.
 
     Raises ``sqlalchemy.exc.DBAPIError`` when the rows cannot be read (nothing is published).
     """
     batch: list[tuple[Parking, list[tuple[int, UUID]], list[OutboxRow]]] = []
+    settled: list[Unpark] = []
+    already = publisher.released(position.shard)
     for parking in parkings:
         held = store.held_of(parking.key)
+        if parking.event_id in already:
+            settled.append(Unpark(parking, [], held[-1][0] if held else None))
+            continue
         # A row is held twice when the page that held it aborted and was read again (its
         # held rows are written before the commit, in exactly-once mode): it goes out once.
         ids = list(dict.fromkeys(event_id for _, event_id in held))
@@ -89,17 +98,29 @@ def release(
         if failures:
             again.append(park_again(parking, *failures[0]))
     failed = not complete or bool(errors)
-    if not _ended(publisher, position, failed=failed, timeout=timeout):
-        return ReleaseOutcome([], again, failed=True)
-    return ReleaseOutcome(unpark, again, failed=failed)
+    releasing = [u.parking.event_id for u in unpark]
+    if not _ended(publisher, position, releasing, failed=failed, timeout=timeout):
+        return ReleaseOutcome(settled, again, failed=True)
+    return ReleaseOutcome(settled + unpark, again, failed=failed)
 
 
-def _ended(publisher: Publisher, position: ShardProgress, *, failed: bool, timeout: float) -> bool:
-    """End the release's transaction (exactly-once mode): committed when nothing ``failed``,
-    else aborted; whether its rows are published. At least once there is none: they are, as
-    their reports said."""
+def _ended(
+    publisher: Publisher,
+    position: ShardProgress,
+    releasing: list[UUID],
+    *,
+    failed: bool,
+    timeout: float,
+) -> bool:
+    """End the release's transaction (exactly-once mode), which releases ``releasing``:
+    committed when nothing ``failed``, else aborted; whether its rows are published. At least
+    once there is none: they are, as their reports said."""
     ended: list[KafkaError | None] = []
-    if not publisher.commit(position, lambda error, _: ended.append(error), abort=failed):
+
+    def report(error: KafkaError | None, message: Message | None) -> None:
+        ended.append(error)
+
+    if not publisher.commit(position, report, abort=failed, releasing=releasing):
         return True
     publisher.flush(timeout)
     return not failed and ended == [None]
