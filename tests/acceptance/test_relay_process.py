@@ -269,3 +269,43 @@ def test_a_relay_facing_a_dead_broker_writes_only_json_lines(
     assert {record["level"] for record in librdkafka} <= {"ERROR", "WARNING", "INFO"}
     relay = [r for r in records if r["logger"].startswith("oncely.relay")]
     assert any(r["level"] == "WARNING" for r in relay), "the relay's delivery timeouts are logged"
+
+
+def test_a_relay_on_a_database_without_oncely_tables_says_so_once_and_goes_on_once_they_exist(
+    new_database: Callable[..., str], kafka_bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    """Not ready, one line naming the fix (not a warning per call, every second), then, once
+    `oncely db upgrade` made the tables, ready and publishing."""
+    url = new_database(empty=True)
+    port = free_port()
+    proc = _start_relay(
+        url,
+        kafka_bootstrap,
+        "--metrics-port",
+        str(port),
+        env={"ONCELY_RELAY_PURGE_INTERVAL_SECONDS": "0.5"},
+    )
+    try:
+        time.sleep(5)  # a few leases, listens and purges
+        assert proc.poll() is None
+        assert http_get(port, "/healthz")[0] == 200
+        assert http_get(port, "/readyz")[0] == 503
+        upgrade = oncely_process("db", "upgrade", "--database-url", url)
+        assert upgrade.returncode == 0, upgrade.stderr
+        wait_ready(port, proc)
+        engine = sa.create_engine(url)
+        try:
+            insert_rows(engine, outbox_rows(5, topics=[new_topic()], keys=5))
+            wait_until(lambda: count_published(engine) == 5, timeout=30)
+        finally:
+            engine.dispose()
+    finally:
+        code, stderr = _stop(proc)
+    assert code == 0, stderr
+    messages = [json.loads(line)["message"] for line in stderr.splitlines()]
+    said = [m for m in messages if "no oncely tables" in m]
+    assert said == [
+        "the database has no oncely tables: run `oncely db upgrade`; not ready until then"
+    ], messages
+    assert not [m for m in messages if "does not exist" in m], "no warning per call"
+    assert "oncely's tables exist now: going on" in messages

@@ -32,6 +32,7 @@ from oncely.runtime.metrics import RetentionMetrics
 from oncely.runtime.retry import Backoff
 from oncely.settings import ClientConfig, RelaySettings, RetentionSettings
 from oncely.storage import partitions
+from oncely.storage.errors import missing_tables
 from oncely.storage.stores.outbox.relay import RelayStore
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,8 @@ class Housekeeping:
             if self._step is not None:
                 self.metrics.errors.inc()
             cause = exc.orig if isinstance(exc, sa.exc.DBAPIError) else exc
-            log.warning("purge failed, retried at the next interval: %s", cause)
+            if not missing_tables(exc):  # the loop says that once
+                log.warning("purge failed, retried at the next interval: %s", cause)
         finally:
             self.runs += 1
 

@@ -57,6 +57,7 @@ from oncely.runtime.retry import Backoff
 from oncely.runtime.wakeup import Wakeup
 from oncely.security import KafkaAuthenticationError
 from oncely.settings import RelaySettings
+from oncely.storage.errors import MISSING_TABLES, missing_tables
 from oncely.storage.stores.outbox.relay import Parking, ShardProgress
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,8 @@ class _Health:
 
     heartbeat: float
     database_retry_at: float | None = None
+    #: The last database call found none of oncely's tables (said once, until they appear).
+    tables_missing: bool = False
 
 
 class Relay:
@@ -248,9 +251,16 @@ class Relay:
         except (sa.exc.DBAPIError, psycopg.Error) as exc:
             retry_in = min(1.0, self.settings.poll_interval_seconds)
             self._health.database_retry_at = self._clock() + retry_in
-            log.warning("database %s failed, retrying: %s", what, getattr(exc, "orig", exc))
+            if not missing_tables(exc):
+                log.warning("database %s failed, retrying: %s", what, getattr(exc, "orig", exc))
+            elif not self._health.tables_missing:
+                self._health.tables_missing = True
+                log.error("%s; not ready until then", MISSING_TABLES)
             return FAILED
         self._health.database_retry_at = None
+        if self._health.tables_missing:
+            self._health.tables_missing = False
+            log.warning("oncely's tables exist now: going on")
         return result
 
     def _database_waits(self, now: float) -> bool:

@@ -157,23 +157,28 @@ def run_relay(*, database_url: str, kafka: KafkaSettings, settings: RelaySetting
     # No pre-ping: every database error is handled by the loop, and a broken connection is
     # replaced on the next call.
     options = {"options": session_options(database_url, settings)}
+    metrics = RelayMetrics()
+    built: list[Relay] = []  # the port is bound first: a taken one is the only error
     with (
         stop_on_signals() as stop,
         database(database_url, pool_size=2, connect_args=options) as engine,
-    ):
-        relay = build_relay(engine=engine, kafka=kafka, settings=settings, stop=stop)
-        with serving(
+        serving(
             settings.metrics_port,
-            registry=relay.metrics.registry,
-            healthy=relay.healthy,
-            ready=relay.ready,
-        ) as server:
-            log.info(
-                "relay started",
-                extra={
-                    "relay_id": relay.store.owner,
-                    "bootstrap_servers": kafka.bootstrap_servers,
-                    "metrics_port": server.port if server else None,
-                },
-            )
-            relay.run(stop)
+            registry=metrics.registry,
+            healthy=lambda: all(relay.healthy() for relay in built),
+            ready=lambda: bool(built) and built[0].ready(),
+        ) as server,
+    ):
+        relay = build_relay(
+            engine=engine, kafka=kafka, settings=settings, stop=stop, metrics=metrics
+        )
+        built.append(relay)
+        log.info(
+            "relay started",
+            extra={
+                "relay_id": relay.store.owner,
+                "bootstrap_servers": kafka.bootstrap_servers,
+                "metrics_port": server.port if server else None,
+            },
+        )
+        relay.run(stop)

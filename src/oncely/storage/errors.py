@@ -1,4 +1,5 @@
-"""Database errors translated into oncely's hierarchy, by constraint name, at the driver boundary.
+"""Database errors translated into oncely's hierarchy, by constraint name, at the driver boundary;
+and the one error that means oncely's tables are missing (:func:`missing_tables`).
 
 :func:`translate_errors_of` installs a SQLAlchemy ``handle_error`` hook on the engine of the
 session or connection oncely writes through (``stage()``, ``enqueue_task()`` call it; no other
@@ -52,6 +53,17 @@ def translate(error: BaseException) -> OncelyError | None:
     cls, what = known
     detail = error.diag.message_detail or ""
     return cls(f"{what}: {detail}".rstrip(": "))
+
+
+#: What a process says, once, when the database it runs on has none of oncely's tables.
+MISSING_TABLES = "the database has no oncely tables: run `oncely db upgrade`"
+
+
+def missing_tables(error: BaseException) -> bool:
+    """Whether ``error`` (the driver's, or SQLAlchemy's around it) says a table the statement
+    reads does not exist: oncely's tables are not in the database, or not on its search path."""
+    cause = error.orig if isinstance(error, sa.exc.DBAPIError) else error
+    return isinstance(cause, psycopg.errors.UndefinedTable)
 
 
 def _translate_unique_violations(context: ExceptionContext) -> BaseException | None:
