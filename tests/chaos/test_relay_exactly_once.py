@@ -94,6 +94,25 @@ def _stop(process: subprocess.Popen[str]) -> str:
     return text
 
 
+def _killed_at(
+    point: str, database_url: str, bootstrap: str, prefix: str, *, exactly_once: bool = True
+) -> tuple[subprocess.Popen[str], int]:
+    """A relay run until it exits at the failpoint ``point`` (as abruptly as SIGKILL), then
+    the relay that follows it (started, not yet ready) and its metrics port."""
+    victim, _ = _relay(
+        database_url,
+        bootstrap,
+        prefix,
+        "victim",
+        exactly_once=exactly_once,
+        ONCELY_FAILPOINTS=f"{point}=exit",
+    )
+    victim.wait(timeout=60)
+    _stop(victim)
+    assert victim.returncode == 137
+    return _relay(database_url, bootstrap, prefix, "survivor", exactly_once=exactly_once)
+
+
 def _check(records: list[Record], rows: list[dict[str, object]]) -> int:
     """Nothing lost and each key's records in staged order (after their first copy); the
     number of duplicates."""
@@ -165,19 +184,8 @@ def test_a_relay_killed_after_a_kafka_commit_before_recording_it_is_followed_fro
     progress_prefix: str,
 ) -> None:
     topic, rows = staged
-    victim, _ = _relay(
-        database_url,
-        kafka_bootstrap,
-        progress_prefix,
-        "victim",
-        exactly_once=True,
-        ONCELY_FAILPOINTS="relay.after_ack_before_record=exit",
-    )
-    victim.wait(timeout=60)
-    _stop(victim)
-    assert victim.returncode == 137
-    survivor, port = _relay(
-        database_url, kafka_bootstrap, progress_prefix, "survivor", exactly_once=True
+    survivor, port = _killed_at(
+        "relay.after_ack_before_record", database_url, kafka_bootstrap, progress_prefix
     )
     try:
         wait_ready(port, survivor)
@@ -206,19 +214,12 @@ def test_a_relay_killed_after_releasing_a_key_before_unparking_it_publishes_its_
     rows[0]["available_at"] = datetime.now(UTC) + timedelta(seconds=4)
     insert_rows(engine, rows[:1])
     insert_rows(engine, rows[1:])
-    victim, _ = _relay(
+    survivor, port = _killed_at(
+        "relay.after_release_before_unpark",
         database_url,
         kafka_bootstrap,
         progress_prefix,
-        "victim",
         exactly_once=exactly_once,
-        ONCELY_FAILPOINTS="relay.after_release_before_unpark=exit",
-    )
-    victim.wait(timeout=60)
-    _stop(victim)
-    assert victim.returncode == 137
-    survivor, port = _relay(
-        database_url, kafka_bootstrap, progress_prefix, "survivor", exactly_once=exactly_once
     )
     parked = "SELECT count(*) FROM oncely_relay_parked"
     try:
