@@ -618,6 +618,35 @@ class ConsumerSettings(BaseSettings):
         return self
 
 
+class WebSettings(BaseSettings):
+    """The operator's console, ``oncely web`` (``ONCELY_WEB_*``).
+
+    Without ``user`` and ``password`` the console refuses to start, unless it is bound to
+    localhost and started with ``--no-auth``.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="ONCELY_WEB_", extra="ignore")
+
+    user: str | None = Field(default=None, description="Basic auth user name.")
+    password: SecretStr | None = Field(default=None, description="Basic auth password.")
+    read_only: bool = Field(
+        default=False,
+        description=(
+            "Serve no write route at all (requeue, skip, reclaim, republish): the pages only;"
+            " works with the least-privilege `console` role."
+        ),
+    )
+    hide_payloads: bool = Field(
+        default=False, description="Never show an event's payload (decoded or raw)."
+    )
+    payload_bytes: int = Field(
+        default=4096, ge=64, description="Longest payload shown, in bytes of its text."
+    )
+    refresh_seconds: float = Field(
+        default=5.0, gt=0, description="How often the live figures refresh themselves."
+    )
+
+
 class TaskSettings(RenamableSettings):
     """How the task worker leases, retries and purges tasks (``ONCELY_TASKS_*``)."""
 

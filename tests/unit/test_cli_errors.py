@@ -109,6 +109,7 @@ def test_dev_connect_checks_its_url_before_anything_else(
 ANY_ID = "0190c3f0-0000-7000-8000-000000000000"
 #: Every one-shot command that reaches PostgreSQL, as it can be run on its own.
 ONE_SHOT_DATABASE = {
+    ("audit",): [],
     ("db", "upgrade"): [],
     ("dead", "list"): [],
     ("dead", "requeue"): ["--all"],
@@ -127,7 +128,7 @@ KAFKA_FIRST = {("receipts", "purge"), ("retention", "plan"), ("retention", "run"
 #: It writes the connector's configuration from the URL, without connecting.
 NO_CONNECTION = {("debezium", "config")}
 #: They ride out a database outage (their own tests show it), or start services.
-LONG_RUNNING = {("consume",), ("relay", "run"), ("tasks", "run"), ("dev", "connect")}
+LONG_RUNNING = {("consume",), ("relay", "run"), ("tasks", "run"), ("dev", "connect"), ("web",)}
 
 
 def test_every_database_command_is_checked_for_an_unreachable_database() -> None:
@@ -150,6 +151,29 @@ def test_an_unreachable_database_is_one_line_and_status_1(
         "check --database-url (ONCELY_DATABASE_URL) and that PostgreSQL "
         "runs and accepts the connection"
     )
+
+
+def test_the_console_refuses_to_start_without_auth_unless_on_localhost_with_no_auth(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ONCELY_WEB_USER", raising=False)
+    monkeypatch.delenv("ONCELY_WEB_PASSWORD", raising=False)
+    web = ["web", "--database-url", UNREACHABLE_DATABASE]
+    status, lines = _run(web, capsys)
+    assert (status, lines) == (
+        2,
+        [
+            "error: the console needs ONCELY_WEB_USER and ONCELY_WEB_PASSWORD (Basic auth); on "
+            "a loopback --host, --no-auth serves it without them"
+        ],
+    )
+    status, lines = _run([*web, "--host", "0.0.0.0", "--no-auth"], capsys)
+    assert status == 2
+    assert lines == [
+        "error: Invalid value for --no-auth: --no-auth serves the console to anyone who reaches "
+        "0.0.0.0: bind a loopback address (--host 127.0.0.1) or set ONCELY_WEB_USER and "
+        "ONCELY_WEB_PASSWORD; see oncely web --help"
+    ]
 
 
 def test_a_missing_application_module_is_one_line_and_status_2(

@@ -26,7 +26,13 @@ from oncely.settings import (
     redact_config,
 )
 from oncely.storage.queries import query_names
-from oncely.storage.roles import COMPONENTS, grant_statements, privileges_of, validate_role_name
+from oncely.storage.roles import (
+    COMPONENTS,
+    component_privileges,
+    grant_statements,
+    privileges_of,
+    validate_role_name,
+)
 from oncely.storage.tables import build_metadata, validate_schema_name
 from tests.helpers import oncely_cli
 
@@ -289,7 +295,9 @@ STORES = [
     "storage/stores/outbox/reports.py",
     "storage/stores/outbox/debezium.py",
     "storage/stores/outbox/kept.py",
+    "storage/stores/outbox/lookup.py",
     "storage/stores/receipts.py",
+    "storage/stores/audit.py",
     "storage/stores/marks.py",
     "tasks/store.py",
     "producer/idempotency.py",
@@ -319,7 +327,7 @@ def test_each_component_lists_exactly_the_statements_its_code_runs() -> None:
         [SRC / "storage/stores/receipts.py"], only={"insert_receipts", "insert_receipt"}
     )
     assert set(COMPONENTS["consumer"].statements) == consumer
-    operator_only = {"task_reclaim", "task_get", "task_list", "ops_tasks_by_status"}
+    operator_only = {"task_reclaim", "task_get", "task_list", "ops_tasks_by_status", "lookup_tasks"}
     assert set(COMPONENTS["task_worker"].statements) == (
         _statements_named_in([SRC / "tasks/store.py"]) - operator_only
     )
@@ -327,6 +335,8 @@ def test_each_component_lists_exactly_the_statements_its_code_runs() -> None:
         "storage/stores/outbox/dead.py",
         "storage/stores/outbox/reports.py",
         "storage/stores/outbox/debezium.py",
+        "storage/stores/outbox/lookup.py",
+        "storage/stores/audit.py",
         "debezium/slots.py",
     ]
     assert set(COMPONENTS["operator"].statements) == (
@@ -336,6 +346,11 @@ def test_each_component_lists_exactly_the_statements_its_code_runs() -> None:
         # `oncely status` and `oncely relay purge` through the relay's store
         | {"relay_backlog", "relay_shards", "relay_purge", "relay_purge_preview"}
     )
+    # The read-only console: what the operator reads, nothing it writes.
+    console = set(COMPONENTS["console"].statements)
+    assert console < set(COMPONENTS["operator"].statements)
+    granted = component_privileges(COMPONENTS["console"]).values()
+    assert {p.split(":")[0] for privileges in granted for p in privileges} == {"SELECT"}
 
 
 def test_roles_match_the_documented_least_privilege() -> None:

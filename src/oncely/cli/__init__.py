@@ -70,11 +70,23 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Run durable tasks (emails, webhooks, API calls) and manage stale and dead ones.",
     ),
     "topics": ("topics", "Provision Kafka topics for the registered event types."),
+    "web": (
+        "web",
+        "Serve the console: the pipeline's state, any event end to end, and the operator's "
+        "actions (requeue, skip, reclaim, republish), each shown as a dry run first and audited.",
+    ),
+    "audit": (
+        "audit",
+        "List the operators' audit log, newest first: who requeued, skipped, reclaimed or "
+        "republished what (from the CLI or the console), when, how many rows it changed, and why.",
+    ),
 }
 
 
 #: The commands that are one command, not a group of subcommands.
-SINGLE = frozenset({"asyncapi", "demo", "consume", "healthcheck", "replay", "status", "verify"})
+SINGLE = frozenset(
+    {"asyncapi", "audit", "demo", "consume", "healthcheck", "replay", "status", "verify", "web"}
+)
 
 
 def load_command(name: str) -> Any:

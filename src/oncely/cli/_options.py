@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
+from oncely.runtime import durations
 from oncely.runtime.logs import LogFormat, LogLevel
 
 
@@ -103,16 +103,13 @@ LogLevelOption = Annotated[
     ),
 ]
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
 
 def parse_duration(text: str) -> timedelta:
     """``90s``, ``15m``, ``12h`` or ``7d`` as a ``timedelta``; ``typer.BadParameter`` otherwise."""
-    match = _DURATION.fullmatch(text.strip())
-    if match is None:
-        raise typer.BadParameter(f"{text!r} is not a duration such as 90s, 15m, 12h or 7d")
-    return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+    try:
+        return durations.parse_duration(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def parse_moment(text: str) -> datetime:
@@ -121,15 +118,9 @@ def parse_moment(text: str) -> datetime:
     Raises ``typer.BadParameter`` for anything else.
     """
     try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        if _DURATION.fullmatch(text.strip()) is None:
-            raise typer.BadParameter(
-                f"{text!r} is neither an ISO-8601 time (2026-11-29T09:00:00Z) nor a duration "
-                "ago (15m, 12h)"
-            ) from None
-        return datetime.now(UTC) - parse_duration(text)
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        return durations.parse_moment(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 OlderThan = Annotated[

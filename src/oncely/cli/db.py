@@ -138,7 +138,14 @@ def sql(
         str | None,
         typer.Option(
             help="Also print the operator's GRANTs (status, verify, dead, replay --from-outbox, "
-            "purges, tasks reclaim), for this role (with --roles)."
+            "purges, tasks reclaim, the console with its actions), for this role (with --roles)."
+        ),
+    ] = None,
+    console: Annotated[
+        str | None,
+        typer.Option(
+            help="Also print the read-only console's GRANTs (`oncely web` with "
+            "ONCELY_WEB_READ_ONLY=true: SELECT only), for this role (with --roles)."
         ),
     ] = None,
     schema: Annotated[
@@ -167,5 +174,7 @@ def sql(
         names["task_worker"] = task_worker
     if operator is not None:
         names["operator"] = operator
+    if console is not None:
+        names["console"] = console
     text = grant_statements(names, schema=schema)
     typer.echo(text, nl=False)

@@ -21,6 +21,7 @@ from rich.markup import escape
 from oncely.cli._options import DatabaseUrl, Execute, ExecuteNamed
 from oncely.cli._output import JsonFlag, out, print_dry_run, print_json
 from oncely.errors import ConfigurationError
+from oncely.ops import actions
 from oncely.storage.stores.outbox import dead
 from oncely.storage.stores.outbox.dead import ChangedRow, DeadRow
 
@@ -29,6 +30,9 @@ app = typer.Typer(
     "its key; a running relay carries out requeue and skip)."
 )
 T = TypeVar("T")
+Reason = Annotated[
+    str, typer.Option(help="Why: written with the operation in the audit log (`oncely audit`).")
+]
 
 
 def _with_engine(database_url: str, work: Callable[[sa.Engine], T]) -> T:
@@ -126,6 +130,7 @@ def requeue(
     yes: Annotated[
         bool, typer.Option("--yes", help="Requeue the row ids named (as --execute does).")
     ] = False,
+    reason: Reason = "",
     as_json: JsonFlag = False,
 ) -> None:
     """Publish dead rows again, then the rows held behind their keys, in order.
@@ -144,13 +149,18 @@ def requeue(
         )
     if not (execute or yes):
         plan = _with_engine(
-            database_url, lambda e: dead.matching_dead(e, ids=ids or None, topic=topic)
+            database_url, lambda e: actions.plan_requeue(e, ids=ids or None, topic=topic)
         )
         _print_plan("requeue", plan, ids, as_json=as_json)
         if not as_json:
             print_dry_run("--yes" if ids else "--execute")
         return
-    rows = _with_engine(database_url, lambda e: dead.requeue(e, ids=ids or None, topic=topic))
+    rows = _with_engine(
+        database_url,
+        lambda e: actions.requeue(
+            e, operator=actions.Operator.of_cli(), reason=reason, ids=ids or None, topic=topic
+        ),
+    )
     _print_changed("requeue", rows, as_json=as_json)
 
 
@@ -159,6 +169,7 @@ def skip(
     database_url: DatabaseUrl,
     ids: Annotated[list[UUID], typer.Argument(help="Row ids (dead, or delayed: never published).")],
     execute: ExecuteNamed = False,
+    reason: Reason = "",
     as_json: JsonFlag = False,
 ) -> None:
     """Give up on dead rows: the rows held behind their keys are published without them.
@@ -169,10 +180,13 @@ def skip(
     lists the rows it would skip, and changes nothing.
     """
     if not execute:
-        plan = _with_engine(database_url, lambda e: dead.matching_dead(e, ids=ids))
+        plan = _with_engine(database_url, lambda e: actions.plan_skip(e, ids=ids))
         _print_plan("skip", plan, ids, as_json=as_json)
         if not as_json:
             print_dry_run("--yes")
         return
-    rows = _with_engine(database_url, lambda e: dead.skip(e, ids=ids))
+    rows = _with_engine(
+        database_url,
+        lambda e: actions.skip(e, operator=actions.Operator.of_cli(), ids=ids, reason=reason),
+    )
     _print_changed("skip", rows, as_json=as_json)

@@ -27,7 +27,7 @@ from oncely.consumers.replay import (
     members_note,
     plan_reset,
 )
-from oncely.ops.republish import RepublishPlan, plan_republish, republish
+from oncely.ops.republish import RepublishPlan, plan_republish
 from oncely.settings import RelaySettings
 
 
@@ -67,6 +67,12 @@ def replay(
         str | None, typer.Option("--type", help="--from-outbox: only this event type.")
     ] = None,
     execute: Annotated[bool, typer.Option(help="Apply the plan (default: dry run).")] = False,
+    reason: Annotated[
+        str,
+        typer.Option(
+            help="--from-outbox: why; written with the republish in the audit log (`oncely audit`)."
+        ),
+    ] = "",
     allow_skip: Annotated[
         bool, typer.Option(help="Allow moving a group forward past records it has not read.")
     ] = False,
@@ -98,6 +104,7 @@ def replay(
             until,
             event_type,
             execute=execute,
+            reason=reason,
             as_json=as_json,
         )
     else:
@@ -210,10 +217,12 @@ def _from_outbox(
     event_type: str | None,
     *,
     execute: bool,
+    reason: str,
     as_json: bool,
 ) -> None:
     import sqlalchemy as sa
 
+    from oncely.ops.actions import Operator, republish_window
     from oncely.relay.publisher import Publisher
     from oncely.relay.service import producer_config
 
@@ -242,8 +251,10 @@ def _from_outbox(
             cloudevents_source=relay.cloudevents_source,
         )
         with progress_bar("republishing") as progress:
-            plan = republish(
+            plan = republish_window(
                 engine,
+                operator=Operator.of_cli(),
+                reason=reason,
                 publisher=publisher,
                 since=start,
                 until=end,

@@ -161,6 +161,10 @@ def reclaim(
     task_id: Annotated[str, typer.Argument(help="The task's id (see `list`).", show_default=False)],
     database_url: DatabaseUrl,
     execute: ExecuteNamed = False,
+    reason: Annotated[
+        str,
+        typer.Option(help="Why: written with the operation in the audit log (`oncely audit`)."),
+    ] = "",
     as_json: JsonFlag = False,
 ) -> None:
     """Queue a stale (or dead, or failed) task again: an operator's decision.
@@ -169,15 +173,18 @@ def reclaim(
     nothing. For an irreversible task, first check with the provider (by the task's
     idempotency key, its id) that the effect did not happen.
     """
-    from oncely.tasks import TaskStore
+    from oncely.ops import actions
 
     try:
         parsed = uuid.UUID(task_id)
     except ValueError:
         raise ConfigurationError(f"{task_id!r} is not a task id (a UUID)") from None
     with _database(database_url) as engine:
-        store = TaskStore(engine=engine)
-        record = store.reclaim(parsed) if execute else store.reclaimable(parsed)
+        record = (
+            actions.reclaim(engine, parsed, operator=actions.Operator.of_cli(), reason=reason)
+            if execute
+            else actions.plan_reclaim(engine, parsed)
+        )
     if as_json:
         print_json({"executed": execute, "task": record})
         return

@@ -77,6 +77,24 @@ class Component:
 _OUTBOX_PROVIDED = ("id", "aggregatetype", "aggregateid", "type", "topic", "payload", "headers")
 _TASK_PROVIDED = ("id", "task_key", "name", "payload", "policy", "max_attempts")
 
+#: What the console's pages read: the status, parked rows, tasks, an event end to end, the
+#: audit log.
+_CONSOLE_READS = (
+    "relay_backlog",
+    "relay_shards",
+    "ops_parked_by_topic",
+    "ops_receipts_by_effect",
+    "ops_tasks_by_status",
+    "dead_list",
+    "task_list",
+    "lookup_event",
+    "lookup_key",
+    "lookup_caused",
+    "lookup_receipts",
+    "lookup_tasks",
+    "audit_list",
+)
+
 COMPONENTS: dict[str, Component] = {
     "writer": Component(
         "writer",
@@ -190,7 +208,18 @@ COMPONENTS: dict[str, Component] = {
             "task_list",
             "task_get",
             "task_reclaim",
+            # the audit log of dead, tasks reclaim, replay --from-outbox and the console
+            "audit_insert",
+            "audit_list",
+            # the console (oncely web) with its actions
+            *_CONSOLE_READS,
         ),
+        {},
+    ),
+    "console": Component(
+        "console",
+        "a read-only `oncely web` (ONCELY_WEB_READ_ONLY=true): its pages, no action",
+        _CONSOLE_READS,
         {},
     ),
 }

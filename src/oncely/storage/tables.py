@@ -34,6 +34,8 @@ TASK_STATUSES = ("queued", "leased", "completed", "dead", "failed", "stale", "ex
 TASK_TERMINAL_STATUSES = ("completed", "dead", "failed", "expired")
 TASK_POLICIES = ("retry_safe", "irreversible")
 IDEMPOTENCY_STATUSES = ("processing", "accepted", "rejected")
+#: Where an audited operation was asked: the command line or the console.
+AUDIT_VIA = ("cli", "web")
 IDEMPOTENCY_KEY_MAX = 200
 
 #: The channel a statement-level trigger notifies after an insert into the outbox while a relay
@@ -423,6 +425,22 @@ def build_metadata(schema: str | None = None) -> sa.MetaData:
             f"char_length(key) <= {IDEMPOTENCY_KEY_MAX}",
             name="oncely_idempotency_keys_key_check",
         ),
+    )
+    # Migration 0011: the operators' audit log (oncely.storage.stores.audit).
+    sa.Table(
+        "oncely_audit",
+        md,
+        sa.Column("id", sa.BigInteger, sa.Identity(always=True), nullable=False),
+        sa.Column("at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        sa.Column("actor", sa.Text, nullable=False),
+        sa.Column("via", sa.Text, nullable=False),
+        sa.Column("action", sa.Text, nullable=False),
+        sa.Column("target", sa.Text, nullable=False),
+        sa.Column("rows", sa.Integer, nullable=False),
+        sa.Column("reason", sa.Text, nullable=False, server_default=sa.text("''::text")),
+        sa.PrimaryKeyConstraint("id", name="oncely_audit_pkey"),
+        sa.CheckConstraint(_in("via", AUDIT_VIA), name="oncely_audit_via_check"),
+        sa.Index("oncely_audit_at_idx", "at"),
     )
     return md
 

@@ -348,6 +348,12 @@ class TaskStore:
         rows = drive(self.engine, _rows("task_list", {"status": status, "limit": limit}))
         return [_record(row) for row in rows]
 
+    def of_event(self, event_id: UUID, *, limit: int = 50) -> list[TaskRecord]:
+        """The tasks effects queued for ``event_id`` under their default key
+        (``<effect>:<event id>:<name>``), oldest first."""
+        rows = drive(self.engine, _rows("lookup_tasks", {"id": str(event_id), "limit": limit}))
+        return [_record(row) for row in rows]
+
     def waiting_names(self) -> list[str]:
         """Names of queued or leased tasks: each needs a handler before a worker starts."""
         return [row.name for row in drive(self.engine, _rows("task_names_waiting", {}))]

@@ -19,7 +19,9 @@ DROP TABLE IF EXISTS
     oncely_partitioning,
     oncely_outbox_keys,
     -- 0008: retention's marks of Kafka's high watermarks.
-    oncely_retention_marks;
+    oncely_retention_marks,
+    -- 0011: the operators' audit log.
+    oncely_audit;
 
 DROP FUNCTION IF EXISTS oncely_outbox_wake();
 DROP FUNCTION IF EXISTS oncely_tasks_notify();

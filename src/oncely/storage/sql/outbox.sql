@@ -484,3 +484,40 @@ WHERE id IN (
       AND age(xmin) > age(xid(CAST(:mark_xmin AS xid8)))
     LIMIT :batch_size
 )
+
+-- The console's event lookup (oncely.ops.lookup). None of them writes.
+
+-- fragment: lookup_columns
+-- An outbox row with where the relay stands with it: its shard's progress passed it or not, the
+-- reason its key is parked when it is the parked row, and whether it is held behind one.
+SELECT o.id, o.seq, o.shard, o.topic, o.aggregatetype, o.aggregateid, o.type, o.payload,
+       CAST(o.headers AS text) AS headers, o.created_at, o.available_at,
+       o.tracingspancontext AS trace_context,
+       oncely_passed(o.txid, o.seq, s.done, s.reading, s.after_seq) AS passed,
+       p.reason AS parked, p.error AS error,
+       EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id) AS held
+FROM oncely_outbox AS o
+JOIN oncely_relay_shards AS s ON s.shard = o.shard
+LEFT JOIN oncely_relay_parked AS p ON p.event_id = o.id
+
+-- name: lookup_event
+-- One outbox row by its id (one probe of the primary key).
+{lookup_columns}
+WHERE o.id = :id
+
+-- name: lookup_key
+-- The newest :limit rows of an aggregate key among the rows whose ids lie in [:low, :high) (a
+-- range of the primary key: UUIDv7 ids begin with their moment), newest first.
+{lookup_columns}
+WHERE o.id >= :low AND o.id < :high AND o.aggregateid = :key
+ORDER BY o.seq DESC
+LIMIT :limit
+
+-- name: lookup_caused
+-- The rows staged by the effects of event :id (their :header, causationId, names it), among
+-- the rows whose ids lie in [:low, :high), oldest first.
+SELECT o.id, o.type, o.topic, o.aggregateid, o.created_at
+FROM oncely_outbox AS o
+WHERE o.id >= :low AND o.id < :high AND o.headers ->> :header = :id
+ORDER BY o.seq
+LIMIT :limit

@@ -107,3 +107,10 @@ FROM applied
 WHERE applied_at < previous_applied_at
 ORDER BY seq
 LIMIT GREATEST(:limit, 1)
+
+-- name: lookup_receipts
+-- The receipts of one event, one per effect that applied it (the console's event lookup).
+SELECT effect, topic, partition, "offset", applied_at, outcome
+FROM oncely_receipts
+WHERE event_id = :id
+ORDER BY effect

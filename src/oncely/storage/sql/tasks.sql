@@ -165,3 +165,12 @@ LIMIT :limit
 SELECT status, count(*) AS tasks
 FROM oncely_tasks
 GROUP BY status
+
+-- name: lookup_tasks
+-- The tasks effects queued for one event: their default key is <effect>:<event id>:<name>
+-- (the console's event lookup; the tasks table is scanned: it keeps finished tasks only for
+-- the worker's retention period).
+SELECT * FROM oncely_tasks
+WHERE task_key LIKE '%:' || :id || ':%'
+ORDER BY created_at
+LIMIT :limit

@@ -18,7 +18,7 @@ from uuid import UUID
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from oncely.storage.queries import driver_query, purge_in_batches, query, run_on_driver
+from oncely.storage.queries import driver_query, purge_in_batches, query, run_on_driver, typed_row
 
 
 def insert_receipts(
@@ -147,3 +147,22 @@ def purge(engine: sa.Engine, *, effect: str, older_than_seconds: float, batch_si
     transaction; return how many."""
     params = {"effect": effect, "older_than": older_than_seconds}
     return purge_in_batches(engine, "receipts_purge", params, batch_size=batch_size)
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """An effect's receipt of one event: where it read the record (``topic``, ``partition``,
+    ``offset``; ``None`` for receipts written without them) and when it applied it."""
+
+    effect: str
+    topic: str | None
+    partition: int | None
+    offset: int | None
+    applied_at: datetime
+    outcome: str
+
+
+def receipts_of(conn: sa.Connection, event_id: UUID) -> list[Receipt]:
+    """The receipts of ``event_id``, one per effect that applied it, by effect name."""
+    rows = conn.execute(query("lookup_receipts"), {"id": event_id})
+    return [typed_row(Receipt, row._mapping) for row in rows]

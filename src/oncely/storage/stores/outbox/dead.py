@@ -13,7 +13,8 @@ retention dropped a parked row's partition, its columns come from its kept copy
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
@@ -27,7 +28,7 @@ from oncely.storage.queries import query
 class DeadRow:
     """A parked row: ``reason`` ``dead`` (with ``error``) or ``delayed`` (due at ``until``);
     ``held``: the rows held behind its key; ``request``: requeue or skip, not carried out yet;
-    ``seq`` and ``type`` ``None`` once the row is purged."""
+    ``seq`` and ``type`` ``None`` once the row is purged; ``created_at``: when it was staged."""
 
     id: UUID
     seq: int | None
@@ -40,6 +41,7 @@ class DeadRow:
     request: str | None
     reason: str = "dead"
     until: datetime | None = None
+    created_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ def list_dead(
             r.request,
             r.reason,
             r.until,
+            r.created_at,
         )
         for r in rows
     ]
@@ -89,10 +92,24 @@ def matching_dead(
     return [row for row in list_dead(engine, topic=topic, delayed=True) if row.id in named]
 
 
+Bind = sa.Engine | sa.Connection
+"""An engine (the function runs its own transaction) or a connection in the caller's open
+transaction (it runs there, and the caller commits)."""
+
+
+@contextmanager
+def _transaction(bind: Bind) -> Iterator[sa.Connection]:
+    if isinstance(bind, sa.Connection):
+        yield bind
+        return
+    with bind.begin() as conn:
+        yield conn
+
+
 def _request(
-    engine: sa.Engine, request: str, *, ids: Sequence[UUID] | None, topic: str | None
+    bind: Bind, request: str, *, ids: Sequence[UUID] | None, topic: str | None
 ) -> list[ChangedRow]:
-    with engine.begin() as conn:
+    with _transaction(bind) as conn:
         rows = conn.execute(
             query("dead_request"),
             {"request": request, "ids": list(ids) if ids is not None else None, "topic": topic},
@@ -101,15 +118,15 @@ def _request(
 
 
 def requeue(
-    engine: sa.Engine, *, ids: Sequence[UUID] | None = None, topic: str | None = None
+    bind: Bind, *, ids: Sequence[UUID] | None = None, topic: str | None = None
 ) -> list[ChangedRow]:
     """Ask for the dead or delayed rows named by ``ids``, or the dead rows of ``topic``, or
     (neither) all dead rows, to be published now, then the rows held behind their keys; a
     running relay carries it out."""
-    return _request(engine, "requeue", ids=ids, topic=topic)
+    return _request(bind, "requeue", ids=ids, topic=topic)
 
 
-def skip(engine: sa.Engine, *, ids: Sequence[UUID]) -> list[ChangedRow]:
+def skip(bind: Bind, *, ids: Sequence[UUID]) -> list[ChangedRow]:
     """Ask for the named dead or delayed rows to be given up (never published): their held rows
     are published without them."""
-    return _request(engine, "skip", ids=ids, topic=None)
+    return _request(bind, "skip", ids=ids, topic=None)
