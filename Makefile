@@ -53,7 +53,9 @@ format: install
 	$(BIN)/ruff check --fix src tests examples bench tools
 
 # What the tests run that PyPI does not serve: promtool and a Prometheus server, from Debian's
-# prometheus package (RUNLEVEL=1: the package installs without starting its service).
+# prometheus package (RUNLEVEL=1: the package installs without starting its service), and the
+# headless Chromium the console's browser tests drive (Debian's chromium; Playwright never
+# downloads a browser of its own).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT  := $(SUDO) env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get
 test-tools:
@@ -61,6 +63,10 @@ test-tools:
 	  echo "installing Debian's prometheus package (promtool and a server, for the rules' tests)"; \
 	  $(APT) install -y -qq --no-install-recommends prometheus >/dev/null || \
 	  { $(APT) update -qq && $(APT) install -y -qq --no-install-recommends prometheus >/dev/null; }; }
+	@command -v chromium >/dev/null || { \
+	  echo "installing Debian's chromium package (the console's browser tests)"; \
+	  $(APT) install -y -qq --no-install-recommends chromium >/dev/null || \
+	  { $(APT) update -qq && $(APT) install -y -qq --no-install-recommends chromium >/dev/null; }; }
 
 # kubectl, whose `kubectl kustomize` renders deploy/kubernetes for make lint and the unit tests:
 # the one on PATH, else Debian's kubernetes-client package. make lint validates the rendered
@@ -102,6 +108,8 @@ test: install kubernetes-tools test-tools
 #   test_storage          a duplicate key, raised by the key guard, under the constraint's name
 #   test_least_privilege  the writer's grants on the partitions, the sequence and the keys table
 #   test_republish, test_verify, test_status  their reads of the outbox and the receipts
+#   test_console          the console's lookups: an event by id, a key's rows and the rows an
+#                         event caused by ranges of ids
 #   test_debezium_parity, test_debezium_maintenance  publication via the partition root; purges
 #                         that delete across partitions; the first snapshot
 # Left out: the modules of the unpartitioned schema itself (migrations, Alembic, the conversion
@@ -119,6 +127,7 @@ test: install kubernetes-tools test-tools
 # a broker that never answers, and --watch (the same reads as the module's other tests).
 PARTITIONED_TESTS := $(addprefix tests/integration/,test_relay.py test_stage.py \
   test_storage.py test_least_privilege.py test_republish.py test_verify.py test_status.py \
+  test_console.py \
   test_debezium_parity.py test_debezium_maintenance.py)
 PARTITIONED_KAFKA_SIDE := \
   test_relay.py::test_the_relay_rides_out_a_broker_outage \

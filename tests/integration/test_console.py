@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import sqlalchemy as sa
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from sqlalchemy.orm import Session
@@ -26,6 +27,7 @@ from tests.helpers import (
     outbox_row,
     park,
     query_one,
+    read_topics,
     running_consumers,
     running_relay,
     scalar,
@@ -346,6 +348,51 @@ def test_an_event_is_followed_from_its_row_to_its_record_and_each_receipt(
     assert missing.status_code == 404 and "never staged, or retention purged it" in missing.text
     jump = client.get(f"/events?q={good.id}", headers=_auth(), follow_redirects=False)
     assert jump.status_code == 303
+
+    # Republish the window: its dry run counts the rows, then they go to Kafka again.
+    plan = client.get("/actions/republish?since=1h", headers=_auth())
+    assert "Would republish 2 row(s)" in plan.text and f"{app.topic}: 2 row(s)" in plan.text
+    assert len(read_topics(kafka_bootstrap, [app.topic])) == 2, "the dry run sends nothing"
+    _execute(client, "/actions/republish?since=1h", "republish", "rebuild the search index")
+    assert len(read_topics(kafka_bootstrap, [app.topic])) == 4
+    entry = query_one(engine, "SELECT action, rows, reason FROM oncely_audit")
+    assert tuple(entry) == ("republish", 2, "rebuild the search index")
+
+
+def test_a_service_mounts_the_console_under_its_path_behind_its_own_auth(
+    engine: sa.Engine,
+) -> None:
+    def current_user(request: Request) -> str:  # the service's own auth dependency
+        if request.headers.get("x-user") != "alice":
+            raise HTTPException(403, detail="not signed in")
+        return "alice"
+
+    service = FastAPI()
+    service.include_router(Console(engine=engine).router(current_user), prefix="/ops")
+    row = outbox_row("orders")
+    insert_rows(engine, [row])
+    park(engine, row, error="refused")
+    with TestClient(service, base_url=BASE) as client:
+        assert client.get("/ops/").status_code == 403
+        page = client.get("/ops/", headers={"x-user": "alice"})
+        assert page.status_code == 200
+        assert f'href="{BASE}/ops/parked"' in page.text
+        assert f'src="{BASE}/ops/static/htmx.min.js"' in page.text
+        script = client.get("/ops/static/htmx.min.js")
+        assert script.status_code == 200 and script.headers["content-type"].startswith(
+            "text/javascript"
+        )
+        plan = client.get(f"/ops/actions/requeue?id={row['id']}", headers={"x-user": "alice"})
+        token = plan.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        done = client.post(
+            "/ops/actions/requeue",
+            data={"id": str(row["id"]), "csrf": token, "reason": "from the service"},
+            headers={"x-user": "alice", "Origin": BASE},
+            follow_redirects=False,
+        )
+        assert done.status_code == 303 and done.headers["location"].startswith(f"{BASE}/ops/audit")
+    entry = query_one(engine, "SELECT actor, via, reason FROM oncely_audit")
+    assert tuple(entry) == ("alice", "web", "from the service")
 
 
 def test_the_console_role_reads_every_screen(

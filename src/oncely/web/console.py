@@ -31,7 +31,7 @@ from oncely.consumers.effects import Effects
 from oncely.errors import OncelyError
 from oncely.ops import actions, lookup, throughput
 from oncely.ops.republish import plan_republish
-from oncely.ops.status import Status, collect_status
+from oncely.ops.status import ShardStatus, Status, collect_status
 from oncely.runtime.durations import parse_moment
 from oncely.schemas.codec import Codec
 from oncely.settings import KafkaSettings, RelaySettings, WebSettings
@@ -353,6 +353,8 @@ class Console:
         ages = [t.oldest_unpublished_seconds for t in status.topics]
         return {
             "status": status,
+            "relays": _relays(status),
+            "attention": [s for s in status.shards if s.unpublished or not s.leased],
             "oldest": max((a for a in ages if a is not None), default=None),
             "rate": self._rate.sample(count),
             "now": datetime.now(UTC),
@@ -372,6 +374,43 @@ class Console:
         if len(text) <= limit:
             return text
         return f"{text[:limit]}\n… ({len(text) - limit} more characters not shown)"
+
+
+@dataclass(frozen=True)
+class _Relay:
+    """A relay holding shards, as the overview lists it."""
+
+    owner: str
+    exactly_once: bool | None
+    shards: str
+    oldest_progress_seconds: float
+
+
+def _relays(status: Status) -> list[_Relay]:
+    held: dict[str, list[ShardStatus]] = {}
+    for shard in status.shards:
+        if shard.leased and shard.owner is not None:
+            held.setdefault(shard.owner, []).append(shard)
+    return [
+        _Relay(
+            owner,
+            shards[0].exactly_once,
+            _ranges([s.shard for s in shards]),
+            max(s.progress_age_seconds for s in shards),
+        )
+        for owner, shards in sorted(held.items())
+    ]
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``0-3, 7``: sorted numbers as runs."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 #: Rows listed per page, at most.
