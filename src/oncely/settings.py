@@ -647,6 +647,54 @@ class WebSettings(BaseSettings):
     )
 
 
+class CompletenessSettings(BaseSettings):
+    """How completeness is checked: events older than a grace period without their effect's
+    receipt (``ONCELY_COMPLETENESS_*``).
+
+    Read by ``oncely consume`` (it exports ``oncely_effect_missing_events`` for its effects
+    every ``interval_seconds``), ``oncely status`` and :func:`oncely.ops.status.collect_status`.
+    See :mod:`oncely.consumers.completeness`.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="ONCELY_COMPLETENESS_", extra="ignore")
+
+    interval_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description=(
+            "How often a consumer process checks the completeness of its effects and updates"
+            " oncely_effect_missing_events; 0 turns the check off."
+        ),
+    )
+    grace_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description=(
+            "How old an event (by the time in its UUIDv7 id, when it was staged) must be before"
+            " a missing receipt counts: the time the relay and the consumer normally need."
+        ),
+    )
+    bucket_seconds: float = Field(
+        default=60.0,
+        ge=1,
+        description=(
+            "Width of the time buckets compared by count; only buckets whose counts disagree"
+            " are read event by event."
+        ),
+    )
+    window_seconds: float = Field(
+        default=24 * 3600.0,
+        gt=0,
+        description=(
+            "How far back the check looks (it starts later when the outbox's oldest kept row"
+            " is younger)."
+        ),
+    )
+    sample_size: int = Field(
+        default=20, ge=1, le=1000, description="Missing event ids listed per effect, oldest first."
+    )
+
+
 class TaskSettings(RenamableSettings):
     """How the task worker leases, retries and purges tasks (``ONCELY_TASKS_*``)."""
 

@@ -354,6 +354,8 @@ def test_a_record_the_client_refuses_parks_its_key_and_skip_releases_it(
         signals_of(relay).wait_for(Signal.RELEASED, after=mark, timeout=30)
         assert _parked(engine) == []
         assert _held(engine) == []
+    skipped = query_all(engine, "SELECT event_id, aggregateid FROM oncely_relay_skipped")
+    assert [(r.event_id, r.aggregateid) for r in skipped] == [(rows[0]["id"], "key-0")]
     records = read_committed(kafka_bootstrap, [topic])
     key0 = [r.headers["id"].decode() for r in records if r.key == "key-0"]
     assert key0 == [str(rows[4]["id"]), str(rows[8]["id"])]

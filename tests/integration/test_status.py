@@ -194,6 +194,10 @@ def test_status_reports_backlog_progress_and_tasks_of_a_known_setup(
         assert state["epoch"] == (2 if shard in LEASED else 0)
         assert state["unpublished"] == sum(n for (_, s), n in backlog.items() if s == shard)
     report.pop("backlog")
+    completeness = report.pop("completeness")  # every row is within the grace period
+    assert [(c["effect"], c["missing"]) for c in completeness] == [
+        (name, 0) for name in app.effects.names()
+    ]
     assert report == {
         "database": engine.url.render_as_string(hide_password=True),
         "topics": [

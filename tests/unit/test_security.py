@@ -298,6 +298,7 @@ STORES = [
     "storage/stores/outbox/lookup.py",
     "storage/stores/receipts.py",
     "storage/stores/audit.py",
+    "storage/stores/dead_lettered.py",
     "storage/stores/marks.py",
     "tasks/store.py",
     "producer/idempotency.py",
@@ -323,8 +324,14 @@ def test_each_component_lists_exactly_the_statements_its_code_runs() -> None:
     assert set(COMPONENTS["writer"].statements) == _statements_named_in(
         [SRC / "producer/idempotency.py", SRC / "storage/stores/outbox/writes.py"]
     )
-    consumer = _statements_named_in(
-        [SRC / "storage/stores/receipts.py"], only={"insert_receipts", "insert_receipt"}
+    receipts = SRC / "storage/stores/receipts.py"
+    inserts = _statements_named_in([receipts], only={"insert_receipts", "insert_receipt"})
+    # The consumer process checks its effects' completeness; so does `oncely status`.
+    completeness = _statements_named_in(
+        [receipts], only={"completeness_bounds", "bucket_counts", "missing_events"}
+    )
+    consumer = (
+        inserts | completeness | _statements_named_in([SRC / "storage/stores/dead_lettered.py"])
     )
     assert set(COMPONENTS["consumer"].statements) == consumer
     operator_only = {"task_reclaim", "task_get", "task_list", "ops_tasks_by_status", "lookup_tasks"}
@@ -341,7 +348,7 @@ def test_each_component_lists_exactly_the_statements_its_code_runs() -> None:
     ]
     assert set(COMPONENTS["operator"].statements) == (
         _statements_named_in([SRC / m for m in operator_modules])
-        | (_statements_named_in([SRC / "storage/stores/receipts.py"]) - consumer)
+        | (_statements_named_in([receipts]) - inserts)
         | operator_only
         # `oncely status` and `oncely relay purge` through the relay's store
         | {"relay_backlog", "relay_shards", "relay_purge", "relay_purge_preview"}
@@ -377,9 +384,12 @@ def test_roles_match_the_documented_least_privilege() -> None:
     # sequence has that name when unpartitioned); its key guard runs as the tables' owner.
     assert "GRANT USAGE ON SEQUENCE public.oncely_outbox_seq_seq TO w;" in grants
     assert not any("oncely_outbox_keys" in g for g in grants)
-    assert "GRANT INSERT ON public.oncely_receipts TO c;" in grants
-    assert "GRANT SELECT (effect, event_id) ON public.oncely_receipts TO c;" in grants
-    assert not any("oncely_outbox" in g and g.endswith(" c;") for g in grants)
+    assert "GRANT SELECT, INSERT ON public.oncely_receipts TO c;" in grants
+    # The consumer reads the outbox (never writes it) only to check its effects' completeness.
+    assert "GRANT SELECT ON public.oncely_outbox TO c;" in grants
+    assert not any(
+        "oncely_outbox " in g and "SELECT ON" not in g for g in grants if g.endswith(" c;")
+    )
     assert "GRANT SELECT, UPDATE, DELETE ON public.oncely_tasks TO t;" in grants
     operator = grant_statements({"operator": "o"})
     # Operators read everything they report on; they write only requests on parked keys,

@@ -87,6 +87,11 @@ def consume(
     the schema registry) and resolved to the code's version: new fields take their defaults,
     removed ones are dropped. A record whose writer schema is unknown is dead-lettered, and
     every dead-lettered record logs a WARNING with the reason and the fix.
+
+    Every ONCELY_COMPLETENESS_INTERVAL_SECONDS (60; 0: never) it checks its effects'
+    completeness and exports oncely_effect_missing_events{effect}: published events of their
+    types older than ONCELY_COMPLETENESS_GRACE_SECONDS (300) with neither a receipt nor a dead
+    letter.
     """
     from oncely.consumers.service import run_consumers
     from oncely.schemas.loader import codec_for

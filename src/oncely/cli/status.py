@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
@@ -21,6 +22,7 @@ from oncely.cli._errors import ExitCode
 from oncely.cli._imports import load_app
 from oncely.cli._options import APP_HELP, DatabaseUrl
 from oncely.cli._output import JsonFlag, out, print_json
+from oncely.consumers.completeness import EffectCompleteness
 from oncely.ops.status import Status, collect_status
 from oncely.settings import KafkaSettings
 
@@ -70,6 +72,11 @@ def status(
     at-least-once. Read-only: one READ ONLY database transaction, Kafka metadata,
     watermarks and committed group offsets. Duplicates suppressed are only in each consumer's
     /metrics, never in the database.
+
+    With --app, one line per effect says how complete it is: published events of its types
+    staged longer than ONCELY_COMPLETENESS_GRACE_SECONDS ago (5 min) and within
+    ONCELY_COMPLETENESS_WINDOW_SECONDS (24 h) that have neither its receipt nor a dead letter,
+    the oldest one and a few ids (`completeness` with --json).
 
     Kafka gets 10 s (less when every broker refuses the connection): when it
     does not answer, the report still shows everything the database knows, one line (the
@@ -142,6 +149,7 @@ def _render(report: Status, bootstrap_servers: str | None) -> Group:
         *_outbox(report),
         _relays(report),
         _effects(report),
+        *(_completeness(c) for c in report.completeness),
         tasks,
         *(f"[dim]note: {escape(note)}[/]" for note in report.notes),
     )
@@ -214,6 +222,26 @@ def _effects(report: Status) -> Table:
             _known(e.dlq),
         )
     return effects
+
+
+def _completeness(checked: EffectCompleteness) -> str:
+    """One line per effect: its missing events, the oldest one and a few ids, and the window."""
+    if checked.window_start is None or checked.window_end is None:
+        return f"completeness of {escape(checked.effect)}: nothing to check yet"
+    window = f"staged {_utc(checked.window_start)} to {_utc(checked.window_end)}"
+    if not checked.missing:
+        return f"completeness of {escape(checked.effect)}: no event missing ({window})"
+    shown = ", ".join(map(str, checked.sample_ids[:3]))
+    more = ", ..." if checked.missing > 3 else ""
+    return (
+        f"[bold red]completeness of {escape(checked.effect)}: {checked.missing} event(s) "
+        f"missing[/] (no receipt, not dead), oldest created {_utc(checked.oldest_missing_at)}, "
+        f"e.g. {shown}{more} ({window})"
+    )
+
+
+def _utc(moment: datetime | None) -> str:
+    return "?" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _table(title: str, names: list[str], numbers: list[str]) -> Table:

@@ -4,7 +4,9 @@ A failing record is retried in place (its partition paused, sought back to it, r
 backoff), then dead-lettered (produced to ``<topic>.<effect>.dlq``, confirmed, and only then
 committed past) or its partition blocked, as the effect's :class:`FailurePolicy` says. A record
 that cannot be decoded is dead-lettered at once. Every dead letter logs one WARNING line with
-the reason and how to fix it (:func:`dead_letter_fix`).
+the reason and how to fix it (:func:`dead_letter_fix`), and is recorded in
+``oncely_dead_lettered`` (when its ``id`` header names an event) before the offset moves past
+it: completeness counts it as dead for the effect, not missing.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from uuid import UUID
 
-from confluent_kafka import KafkaException
+import sqlalchemy as sa
+from confluent_kafka import KafkaException, Message
 
 from oncely.consumers.apply import Failure, PartitionId, topic_partition
 from oncely.consumers.dlq import DeadLetterError, DeadLetters
@@ -21,7 +25,8 @@ from oncely.consumers.effects import Effect
 from oncely.consumers.gate import PartitionGate
 from oncely.runtime.metrics import ConsumerMetrics
 from oncely.schemas.errors import DecodeFailure
-from oncely.wire import dlq_headers
+from oncely.storage.stores import dead_lettered
+from oncely.wire import dlq_headers, id_header
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +38,7 @@ class FailureHandling:
     """Applies ``effect``'s failure policy to the records it could not apply.
 
     ``commit_past(tp, offset)`` stores and commits ``offset`` for ``tp``: it is called once a
-    dead letter is confirmed.
+    dead letter is confirmed and recorded in ``engine``'s ``oncely_dead_lettered``.
     """
 
     def __init__(
@@ -43,7 +48,9 @@ class FailureHandling:
         dead_letters: DeadLetters,
         gate: PartitionGate,
         commit_past: Callable[[PartitionId, int], None],
+        engine: sa.Engine,
     ) -> None:
+        self.engine = engine
         self.effect = effect
         self.metrics = metrics
         self.dead_letters = dead_letters
@@ -107,6 +114,10 @@ class FailureHandling:
             resume_at = time.monotonic() + _DEAD_LETTER_RETRY_SECONDS
             self.gate.pause(tp, offset, resume_at=resume_at)
             return
+        if not self._recorded(message, reason):
+            resume_at = time.monotonic() + _DEAD_LETTER_RETRY_SECONDS
+            self.gate.pause(tp, offset, resume_at=resume_at)
+            return
         self.metrics.dead_lettered.labels(self.effect.name, reason).inc()
         log.warning(
             "dead-lettered %s[%d]@%d to %s (%s): %s; to fix: %s",
@@ -128,6 +139,29 @@ class FailureHandling:
         self._attempts.pop((*tp, offset), None)
         self._commit_past(tp, offset + 1)
         self.gate.seek(tp, offset + 1)
+
+    def _recorded(self, message: Message, reason: str) -> bool:
+        """Record the dead letter of ``message``'s event (nothing when its ``id`` header names
+        none); ``False`` when the database failed (the dead letter is sent again later)."""
+        try:
+            event_id = UUID(id_header(message) or "")
+        except ValueError:
+            return True
+        tp = topic_partition(message)
+        try:
+            dead_lettered.record(
+                self.engine,
+                effect=self.effect.name,
+                event_id=event_id,
+                topic=tp[0],
+                partition=tp[1],
+                offset=message.offset() or 0,
+                reason=reason,
+            )
+        except sa.exc.SQLAlchemyError as exc:
+            log.error("could not record a dead letter in the database, retrying: %s", exc)
+            return False
+        return True
 
 
 def dead_letter_fix(failure: Failure, *, effect: str) -> str:

@@ -152,7 +152,7 @@ class EffectConsumer:
         self._pending: Future[list[BatchResult]] | None = None
         self._gate = PartitionGate(lambda: self._consumer)
         self._failures = FailureHandling(
-            effect, metrics, dead_letters, self._gate, commit_past=self._commit_past
+            effect, metrics, dead_letters, self._gate, commit_past=self._commit_past, engine=engine
         )
         self.heartbeat = time.monotonic()
         self.database_ok = True

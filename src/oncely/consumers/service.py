@@ -1,4 +1,5 @@
-"""Effect consumers as a process: one consumer (and group) per effect, each on its own thread."""
+"""Effect consumers as a process: one consumer (and group) per effect, each on its own thread,
+and one thread checking their completeness (:mod:`oncely.consumers.completeness`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
+from oncely.consumers.completeness import CompletenessWatch
 from oncely.consumers.dlq import DeadLetters
 from oncely.consumers.effects import Effects
 from oncely.consumers.runner import EffectConsumer
@@ -16,7 +18,7 @@ from oncely.runtime.process import database, serving, stop_on_signals
 from oncely.runtime.tracing import Tracing
 from oncely.schemas.codec import Codec
 from oncely.schemas.loader import codec_for
-from oncely.settings import ConsumerSettings, KafkaSettings, TopicSettings
+from oncely.settings import CompletenessSettings, ConsumerSettings, KafkaSettings, TopicSettings
 from oncely.topics import dead_letter_topics
 
 log = logging.getLogger(__name__)
@@ -79,13 +81,17 @@ def run_consumers(
     kafka: KafkaSettings,
     settings: ConsumerSettings,
     codec: Codec | None = None,
+    completeness: CompletenessSettings | None = None,
 ) -> None:
     """Run the named effects until SIGTERM/SIGINT; commit what was applied, then return.
 
     When one effect's consumer fails (e.g. :class:`~oncely.security.KafkaAuthenticationError`
-    for refused credentials), the others are stopped too and its exception is raised.
+    for refused credentials), the others are stopped too and its exception is raised. Every
+    ``completeness.interval_seconds`` (default: ``ONCELY_COMPLETENESS_*``; 0: never) another
+    thread checks the effects' completeness and exports ``oncely_effect_missing_events``.
     """
-    pool_size = max(2, len(names) * settings.lanes)
+    completeness = completeness or CompletenessSettings()
+    pool_size = max(2, len(names) * settings.lanes) + 1  # one for the completeness check
     with (
         stop_on_signals() as stop,
         database(database_url, pool_pre_ping=True, pool_size=pool_size) as engine,
@@ -101,18 +107,24 @@ def run_consumers(
             codec=codec,
             stop=stop,
         )
+        watch = None
+        if completeness.interval_seconds > 0:
+            watch = CompletenessWatch(engine, [c.effect for c in consumers], completeness, metrics)
         with serving(
             settings.metrics_port,
             registry=metrics.registry,
             healthy=lambda: all(c.healthy() for c in consumers),
             ready=lambda: all(c.ready() for c in consumers),
         ):
-            _run_threads(consumers, stop)
+            _run_threads(consumers, stop, watch)
     log.info("consumers stopped", extra={"effects": list(names)})
 
 
-def _run_threads(consumers: Sequence[EffectConsumer], stop: threading.Event) -> None:
-    """Run each consumer on its own thread until ``stop`` or one fails (then raise its error)."""
+def _run_threads(
+    consumers: Sequence[EffectConsumer], stop: threading.Event, watch: CompletenessWatch | None
+) -> None:
+    """Run each consumer on its own thread until ``stop`` or one fails (then raise its error),
+    and ``watch`` on one more."""
     failures: list[BaseException] = []
 
     def run(consumer: EffectConsumer) -> None:
@@ -125,10 +137,12 @@ def _run_threads(consumers: Sequence[EffectConsumer], stop: threading.Event) -> 
     threads = [
         threading.Thread(target=run, args=(c,), name=f"effect-{c.effect.name}") for c in consumers
     ]
+    if watch is not None:
+        threads.append(threading.Thread(target=watch.run, args=(stop,), name="completeness"))
     for thread in threads:
         thread.start()
     log.info("consumers started", extra={"effects": [c.effect.name for c in consumers]})
-    while any(t.is_alive() for t in threads) and not stop.is_set():
+    while any(t.is_alive() for t in threads[: len(consumers)]) and not stop.is_set():
         stop.wait(0.5)
     stop.set()
     for thread in threads:

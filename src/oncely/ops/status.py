@@ -19,6 +19,10 @@ Kafka is read last, within one time budget: when it does not answer (down, unrea
 refusing the credentials, timing out on a partition), everything the database knows is still
 reported, lag and DLQ depth are ``None`` and :attr:`Status.kafka_error` says why in one line.
 
+With the application's effects, each effect's completeness is read in the same snapshot
+(:attr:`Status.completeness`: events older than ``ONCELY_COMPLETENESS_GRACE_SECONDS`` with
+neither its receipt nor a dead letter; see :mod:`oncely.consumers.completeness`).
+
 Duplicates suppressed are not stored anywhere in the database (a receipt is the evidence of the
 one application, the repeats leave no row): they exist only as each consumer's
 ``oncely_consumer_duplicates_suppressed_total`` metric, so the status reports them as unknown
@@ -37,10 +41,11 @@ import sqlalchemy as sa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 
+from oncely.consumers.completeness import EffectCompleteness, check_effects
 from oncely.consumers.effects import Effects
 from oncely.consumers.offsets import committed_offsets
 from oncely.security import AuthWatch, KafkaAuthenticationError, wait_for_metadata
-from oncely.settings import ClientConfig
+from oncely.settings import ClientConfig, CompletenessSettings
 from oncely.storage.stores.outbox import relay as outbox
 from oncely.storage.stores.outbox.relay import ShardBacklog, ShardState
 from oncely.storage.stores.outbox.reports import ParkedOfTopic, parked_by_topic
@@ -127,6 +132,8 @@ class Status:
 
     ``kafka_error``: why Kafka's columns (each effect's lag and DLQ) are unknown although Kafka
     was asked, in one line; ``None`` when it answered or was not asked (see ``notes``).
+    ``completeness``: each of the app's effects' missing events, by effect name (empty without
+    the app's effects).
     """
 
     database: str
@@ -137,6 +144,7 @@ class Status:
     tasks: dict[str, int]
     notes: list[str] = field(default_factory=list)
     kafka_error: str | None = None
+    completeness: list[EffectCompleteness] = field(default_factory=list)
 
     @property
     def relays(self) -> dict[str, list[int]]:
@@ -168,6 +176,7 @@ class Status:
             "tasks": self.tasks,
             "notes": self.notes,
             "kafka_error": self.kafka_error,
+            "completeness": [c.to_json() for c in self.completeness],
         }
 
 
@@ -177,11 +186,15 @@ def collect_status(
     effects: Effects | None,
     kafka_config: ClientConfig | None,
     timeout: float = KAFKA_SECONDS,
+    completeness: CompletenessSettings | None = None,
 ) -> Status:
     """Read the status of the deployment behind ``engine`` (and Kafka, when configured).
 
     ``effects`` names the effects, their groups and topics; every effect found in the receipts
-    is listed too. Raises SQLAlchemy's errors for the database. Kafka gets ``timeout`` seconds
+    is listed too. The completeness of ``effects`` is checked as ``completeness`` says
+    (default: ``ONCELY_COMPLETENESS_*``; its interval does not apply here).
+
+    Raises SQLAlchemy's errors for the database. Kafka gets ``timeout`` seconds
     for all its answers; when it fails, the status is returned without them, with
     :attr:`Status.kafka_error` saying why (``KafkaException`` still escapes for a client
     configuration librdkafka refuses: a mistake to fix, not an outage).
@@ -197,6 +210,11 @@ def collect_status(
         parked_rows = parked_by_topic(conn)
         receipt_rows = applied_by_effect(conn, recent_seconds=RECENT_SECONDS)
         task_counts = count_by_status(conn)
+        complete = (
+            []
+            if effects is None
+            else check_effects(conn, effects, completeness or CompletenessSettings())
+        )
     by_topic = _topics(backlog, parked_rows)
     notes += [
         f"{t.blocked_error} since {t.blocked_since}: {t.blocked_rows} rows "
@@ -233,6 +251,7 @@ def collect_status(
         tasks=task_counts,
         notes=notes,
         kafka_error=kafka_error,
+        completeness=sorted(complete, key=lambda c: c.effect),
     )
 
 

@@ -249,6 +249,19 @@ class ConsumerMetrics:
             ["effect", "topic", "partition"],
             registry=r,
         )
+        self.missing_events = Gauge(
+            "oncely_effect_missing_events",
+            "Published events of the effect's types older than ONCELY_COMPLETENESS_GRACE_SECONDS"
+            " with neither its receipt nor a dead letter, at the last completeness check.",
+            ["effect"],
+            registry=r,
+        )
+        self.completeness_seconds = Gauge(
+            "oncely_effect_completeness_check_seconds",
+            "How long the last completeness check of the effect took, in seconds.",
+            ["effect"],
+            registry=r,
+        )
         self.handler_latency = Histogram(
             "oncely_consumer_handler_seconds",
             "Handler run time per applied batch (all of its new events), in seconds.",

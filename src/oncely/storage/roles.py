@@ -129,6 +129,7 @@ COMPONENTS: dict[str, Component] = {
             "relay_unhold",
             "relay_unpark",
             "relay_unkeep",
+            "relay_skipped",
             "relay_park_failed",
             "relay_heartbeat",
             "relay_sleep",
@@ -145,7 +146,15 @@ COMPONENTS: dict[str, Component] = {
     "consumer": Component(
         "consumer",
         "`oncely consume`: receipts, and the tasks effects enqueue (ctx.enqueue_task)",
-        ("receipt_insert", "receipts_insert_many"),
+        (
+            "receipt_insert",
+            "receipts_insert_many",
+            "dead_lettered_record",
+            # the completeness of its effects (ONCELY_COMPLETENESS_INTERVAL_SECONDS)
+            "completeness_bounds",
+            "completeness_buckets",
+            "completeness_missing",
+        ),
         {"oncely_tasks": _TASK_PROVIDED},
     ),
     "task_worker": Component(
@@ -177,6 +186,9 @@ COMPONENTS: dict[str, Component] = {
             "ops_parked_by_topic",
             "ops_receipts_by_effect",
             "ops_tasks_by_status",
+            "completeness_bounds",
+            "completeness_buckets",
+            "completeness_missing",
             # verify
             "verify_now",
             "verify_outbox_summary",

@@ -330,6 +330,16 @@ def build_metadata(schema: str | None = None) -> sa.MetaData:
     )
     sa.Index("oncely_relay_kept_key_idx", kept.c.topic, kept.c.aggregateid)
     _forget_kept_keys(kept, prefix)
+    # Migration 0012: rows given up with `oncely dead skip`, once the relay carried it out.
+    sa.Table(
+        "oncely_relay_skipped",
+        md,
+        sa.Column("event_id", UUID(as_uuid=True), nullable=False),
+        sa.Column("topic", sa.Text, nullable=False),
+        sa.Column("aggregateid", sa.Text, nullable=False),
+        sa.Column("skipped_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        sa.PrimaryKeyConstraint("event_id", name="oncely_relay_skipped_pkey"),
+    )
     _wake_on_insert(outbox, prefix)
 
     sa.Table(
@@ -344,6 +354,22 @@ def build_metadata(schema: str | None = None) -> sa.MetaData:
         sa.Column("outcome", sa.Text, nullable=False, server_default=sa.text("'applied'::text")),
         sa.PrimaryKeyConstraint("event_id", "effect", name="oncely_receipts_pkey"),
         sa.Index("oncely_receipts_effect_applied_at_idx", "effect", "applied_at"),
+    )
+
+    # Migration 0012: records an effect's consumer dead-lettered (they get no receipt).
+    sa.Table(
+        "oncely_dead_lettered",
+        md,
+        sa.Column("event_id", UUID(as_uuid=True), nullable=False),
+        sa.Column("effect", sa.Text, nullable=False),
+        sa.Column("topic", sa.Text, nullable=False),
+        sa.Column("partition", sa.Integer, nullable=False, autoincrement=False),
+        sa.Column("offset", sa.BigInteger, nullable=False, autoincrement=False),
+        sa.Column("reason", sa.Text, nullable=False),
+        sa.Column(
+            "dead_lettered_at", sa.DateTime(timezone=True), nullable=False, server_default=now
+        ),
+        sa.PrimaryKeyConstraint("event_id", "effect", name="oncely_dead_lettered_pkey"),
     )
 
     # Migration 0008: retention's marks of Kafka's high watermarks (oncely.retention.guard).

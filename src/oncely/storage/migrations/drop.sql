@@ -21,7 +21,10 @@ DROP TABLE IF EXISTS
     -- 0008: retention's marks of Kafka's high watermarks.
     oncely_retention_marks,
     -- 0011: the operators' audit log.
-    oncely_audit;
+    oncely_audit,
+    -- 0012: skipped outbox rows, records dead-lettered by a consumer.
+    oncely_relay_skipped,
+    oncely_dead_lettered;
 
 DROP FUNCTION IF EXISTS oncely_outbox_wake();
 DROP FUNCTION IF EXISTS oncely_tasks_notify();

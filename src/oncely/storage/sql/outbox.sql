@@ -118,6 +118,16 @@ WHERE k.topic = :topic AND k.aggregateid = :aggregateid
   AND NOT EXISTS (SELECT 1 FROM oncely_relay_held AS h
                   WHERE h.topic = k.topic AND h.aggregateid = k.aggregateid AND h.event_id = k.id)
 
+-- name: relay_skipped
+-- A skipped row whose key this release just released (never published: `oncely dead skip`),
+-- kept as given up so that completeness expects it of no effect; fenced by the shard's epoch,
+-- in the release's transaction.
+INSERT INTO oncely_relay_skipped (event_id, topic, aggregateid)
+SELECT :event_id, :topic, :aggregateid
+FROM oncely_relay_shards AS s
+WHERE s.shard = :shard AND s.owner = :owner AND s.epoch = :epoch
+ON CONFLICT ON CONSTRAINT oncely_relay_skipped_pkey DO NOTHING
+
 -- name: relay_park_failed
 -- A release whose own row failed again for good: it stays parked (dead) with the new error.
 UPDATE oncely_relay_parked

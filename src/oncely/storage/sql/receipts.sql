@@ -114,3 +114,65 @@ SELECT effect, topic, partition, "offset", applied_at, outcome
 FROM oncely_receipts
 WHERE event_id = :id
 ORDER BY effect
+
+-- Completeness: the events an effect is expected to have applied, checked against its receipts
+-- (oncely.consumers.completeness). Event ids are UUIDv7: their leading 48 bits are the staging
+-- time in milliseconds, so a time bucket is an id range, read from the primary keys' indexes.
+
+-- name: completeness_bounds
+-- The oldest event id still in the outbox (NULL when it is empty) and the database clock, in
+-- milliseconds since the epoch.
+SELECT (SELECT id FROM oncely_outbox ORDER BY id LIMIT 1) AS oldest_id,
+       CAST(floor(extract(epoch FROM now()) * 1000) AS bigint) AS now_ms
+
+-- name: completeness_buckets
+-- Per bucket [lows[n], highs[n]) of event ids, in order: the outbox rows of :types (how many,
+-- and the sum of their ids' hashes), and the events the effect holds a receipt for or
+-- dead-lettered (a dead letter of an event applied since is counted once, as its receipt).
+-- The two agree when both the count and the sum do; only buckets that disagree are read row by
+-- row (completeness_missing).
+SELECT b.n, e.events, e.events_hash, d.done, d.done_hash
+FROM unnest(CAST(:lows AS uuid[]), CAST(:highs AS uuid[])) WITH ORDINALITY AS b (low, high, n)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS events, COALESCE(sum(uuid_hash(o.id)), 0) AS events_hash
+    FROM oncely_outbox AS o
+    WHERE o.id >= b.low AND o.id < b.high AND o.type = ANY (CAST(:types AS text[]))
+) AS e
+CROSS JOIN LATERAL (
+    SELECT count(*) AS done, COALESCE(sum(uuid_hash(x.event_id)), 0) AS done_hash
+    FROM (
+        SELECT r.event_id FROM oncely_receipts AS r
+        WHERE r.event_id >= b.low AND r.event_id < b.high AND r.effect = :effect
+        UNION ALL
+        SELECT l.event_id FROM oncely_dead_lettered AS l
+        WHERE l.event_id >= b.low AND l.event_id < b.high AND l.effect = :effect
+          AND NOT EXISTS (SELECT 1 FROM oncely_receipts AS r
+                          WHERE r.event_id = l.event_id AND r.effect = :effect)
+    ) AS x
+) AS d
+ORDER BY b.n
+
+-- name: completeness_missing
+-- The events of :types in the id ranges [lows[i], highs[i]) the effect is expected to have
+-- applied and has not: published (their shard's progress passed them, and they are neither a
+-- parked key's own row, dead or delayed, nor held behind one), not skipped, with neither a
+-- receipt nor a dead letter of the effect. How many, and the first :limit ids (oldest first)
+-- with the oldest one's created_at.
+WITH missing AS (
+    SELECT o.id, o.created_at
+    FROM unnest(CAST(:lows AS uuid[]), CAST(:highs AS uuid[])) AS b (low, high)
+    JOIN oncely_outbox AS o ON o.id >= b.low AND o.id < b.high
+    JOIN oncely_relay_shards AS s ON s.shard = o.shard
+    WHERE o.type = ANY (CAST(:types AS text[]))
+      AND oncely_passed(o.txid, o.seq, s.done, s.reading, s.after_seq)
+      AND NOT EXISTS (SELECT 1 FROM oncely_receipts AS r
+                      WHERE r.event_id = o.id AND r.effect = :effect)
+      AND NOT EXISTS (SELECT 1 FROM oncely_dead_lettered AS l
+                      WHERE l.event_id = o.id AND l.effect = :effect)
+      AND NOT EXISTS (SELECT 1 FROM oncely_relay_parked AS p WHERE p.event_id = o.id)
+      AND NOT EXISTS (SELECT 1 FROM oncely_relay_held AS h WHERE h.event_id = o.id)
+      AND NOT EXISTS (SELECT 1 FROM oncely_relay_skipped AS k WHERE k.event_id = o.id)
+)
+SELECT (SELECT count(*) FROM missing) AS missing,
+       (SELECT min(created_at) FROM missing) AS oldest_created_at,
+       ARRAY(SELECT id FROM missing ORDER BY id LIMIT :limit) AS sample

@@ -4,7 +4,9 @@ A consumer inserts receipts in the effect's own transaction (:func:`insert_recei
 of records, :func:`insert_receipt` for one), and only the primary key's conflict means "already
 applied". Operators count them (:func:`applied_by_effect`), check them against the outbox
 (:func:`effect_summary`, :func:`not_applied`, :func:`out_of_order`) and purge old ones
-(:func:`preview_purge`, :func:`purge`). The named SQL is in ``storage/sql/receipts.sql``.
+(:func:`preview_purge`, :func:`purge`). Completeness (:mod:`oncely.consumers.completeness`)
+compares them with the outbox by id range (:func:`completeness_bounds`, :func:`bucket_counts`,
+:func:`missing_events`). The named SQL is in ``storage/sql/receipts.sql``.
 """
 
 from __future__ import annotations
@@ -166,3 +168,86 @@ def receipts_of(conn: sa.Connection, event_id: UUID) -> list[Receipt]:
     """The receipts of ``event_id``, one per effect that applied it, by effect name."""
     rows = conn.execute(query("lookup_receipts"), {"id": event_id})
     return [typed_row(Receipt, row._mapping) for row in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class CompletenessBounds:
+    """The oldest event id still in the outbox (``None``: it is empty), and the database clock
+    in milliseconds since the epoch."""
+
+    oldest_id: UUID | None
+    now_ms: int
+
+
+def completeness_bounds(conn: sa.Connection) -> CompletenessBounds:
+    """Where a completeness window can start, and the clock it ends by."""
+    row = conn.execute(query("completeness_bounds")).one()
+    return CompletenessBounds(row.oldest_id, int(row.now_ms))
+
+
+@dataclass(frozen=True, slots=True)
+class BucketCounts:
+    """One id range: the outbox rows of an effect's event types (``events``, and the sum of
+    their ids' hashes) and the events the effect applied or dead-lettered (``done``, and the
+    sum of theirs)."""
+
+    events: int
+    events_hash: int
+    done: int
+    done_hash: int
+
+
+def bucket_counts(
+    conn: sa.Connection,
+    *,
+    effect: str,
+    types: Sequence[str],
+    lows: Sequence[UUID],
+    highs: Sequence[UUID],
+) -> list[BucketCounts]:
+    """The counts of each id range ``[lows[i], highs[i])``, in order, from the primary keys'
+    indexes (the outbox's rows are read for their type)."""
+    rows = conn.execute(
+        query("completeness_buckets"),
+        {"effect": effect, "types": list(types), "lows": list(lows), "highs": list(highs)},
+    )
+    return [
+        BucketCounts(int(r.events), int(r.events_hash), int(r.done), int(r.done_hash)) for r in rows
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class MissingEvents:
+    """Published events an effect has neither applied nor dead-lettered: how many, the oldest
+    one's ``created_at``, and the first ids (oldest first)."""
+
+    missing: int
+    oldest_created_at: datetime | None
+    sample: list[UUID]
+
+
+def missing_events(
+    conn: sa.Connection,
+    *,
+    effect: str,
+    types: Sequence[str],
+    lows: Sequence[UUID],
+    highs: Sequence[UUID],
+    limit: int,
+) -> MissingEvents:
+    """The events of ``types`` in the id ranges ``[lows[i], highs[i])`` that ``effect`` is
+    expected to have applied and has not (published, not skipped, no receipt, no dead letter),
+    read row by row; at most ``limit`` ids."""
+    if not lows:
+        return MissingEvents(0, None, [])
+    row = conn.execute(
+        query("completeness_missing"),
+        {
+            "effect": effect,
+            "types": list(types),
+            "lows": list(lows),
+            "highs": list(highs),
+            "limit": limit,
+        },
+    ).one()
+    return MissingEvents(int(row.missing), row.oldest_created_at, list(row.sample))

@@ -381,7 +381,8 @@ class RelayStore:
     def unpark(self, parking: Parking, *, epoch: int, published_to: int | None) -> bool:
         """Drop the held rows up to position ``published_to``, then the key if none is left,
         and the kept copies (``oncely_relay_kept``) of the key's rows neither parked nor held
-        any more, in one transaction.
+        any more, in one transaction. A released key whose ``request`` was ``skip`` records its
+        own row as skipped (``oncely_relay_skipped``): it is expected of no effect.
 
         Returns whether the key is released (fenced: ``False`` also when the shard was lost,
         and then nothing changes).
@@ -397,6 +398,8 @@ class RelayStore:
             if published_to is not None:
                 conn.execute(query("relay_unhold"), {**params, "position": published_to})
             released = conn.execute(query("relay_unpark"), params).first() is not None
+            if released and parking.request == "skip":
+                conn.execute(query("relay_skipped"), {**params, "event_id": parking.event_id})
             conn.execute(query("relay_unkeep"), params)
             return released
 

@@ -1,0 +1,9 @@
+-- Records an effect's consumer dead-lettered. Each statement starts with "-- name: <name>".
+
+-- name: dead_lettered_record
+-- A record confirmed in the effect's DLQ topic, before the consumer commits past it. It is no
+-- receipt: a redrive applies the event and writes one. A second dead letter of the same event
+-- keeps the first row.
+INSERT INTO oncely_dead_lettered (event_id, effect, topic, partition, "offset", reason)
+VALUES (:event_id, :effect, :topic, :partition, :offset, :reason)
+ON CONFLICT ON CONSTRAINT oncely_dead_lettered_pkey DO NOTHING
