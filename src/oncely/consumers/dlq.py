@@ -25,6 +25,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from oncely.errors import OncelyError
+from oncely.runtime.reach import KafkaReach
 from oncely.security import AuthWatch, wait_for_metadata
 from oncely.topics import TopicSpec, ensure_topics
 from oncely.wire import DLQ_HEADER_PREFIX
@@ -42,11 +43,17 @@ class DeadLetterError(OncelyError):
 class DeadLetters:
     """Produces records to dead-letter topics and waits for the broker's confirmation."""
 
-    def __init__(self, config: Mapping[str, Any], *, timeout: float = 30.0) -> None:
-        self._producer = Producer({**config, "enable.idempotence": True, "acks": "all"})
+    def __init__(
+        self, config: Mapping[str, Any], *, timeout: float = 30.0, reach: KafkaReach | None = None
+    ) -> None:
+        """``config``: the clients' settings; ``timeout``: seconds to wait for the broker;
+        ``reach``: the process's watch over its clients' outages (default: their own)."""
+        reach = reach or KafkaReach()
+        self._producer = Producer(
+            reach.client_config({**config, "enable.idempotence": True, "acks": "all"})
+        )
         self._auth = AuthWatch()
-        admin_config: dict[str, Any] = {**config, "error_cb": self._auth}
-        self._admin = AdminClient(admin_config)
+        self._admin = AdminClient(reach.client_config({**config, "error_cb": self._auth}))
         self._timeout = timeout
 
     def poll(self) -> None:

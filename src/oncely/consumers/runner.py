@@ -65,6 +65,7 @@ from oncely.consumers.workers import LaneWorkers
 from oncely.failpoints import failpoint
 from oncely.runtime.metrics import ConsumerMetrics
 from oncely.runtime.process import Every
+from oncely.runtime.reach import KafkaReach
 from oncely.runtime.tracing import Tracing
 from oncely.schemas.codec import Codec
 from oncely.security import AuthWatch
@@ -114,8 +115,11 @@ class EffectConsumer:
         metrics: ConsumerMetrics,
         dead_letters: DeadLetters,
         tracing: Tracing | None = None,
+        reach: KafkaReach | None = None,
     ) -> None:
-        """``tracing`` records the handlers' spans (default: the global tracer provider)."""
+        """``tracing`` records the handlers' spans (default: the global tracer provider);
+        ``reach``: the process's watch over its clients' outages (default: the consumer's
+        own)."""
         self.effect = effect
         self.group_id = group_id
         self.settings = settings
@@ -123,7 +127,9 @@ class EffectConsumer:
         self.dead_letters = dead_letters
         self._types_by_topic = {t.topic: t for t in effect.event_types}
         self._auth = AuthWatch()  # refused credentials stop the consumer (retrying cannot help)
-        self._config = {**consumer_config(kafka, settings, group_id), "error_cb": self._auth}
+        self._config = (reach or KafkaReach()).client_config(
+            {**consumer_config(kafka, settings, group_id), "error_cb": self._auth}
+        )
         self._consumer = Consumer(self._config)
         # Lanes that keep taking work (sync effects with lanes > 1), or batch after batch.
         self._workers: LaneWorkers | None = None

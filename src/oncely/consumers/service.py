@@ -15,6 +15,7 @@ from oncely.consumers.effects import Effects
 from oncely.consumers.runner import EffectConsumer
 from oncely.runtime.metrics import ConsumerMetrics
 from oncely.runtime.process import database, serving, stop_on_signals
+from oncely.runtime.reach import KafkaReach
 from oncely.runtime.tracing import Tracing
 from oncely.schemas.codec import Codec
 from oncely.schemas.loader import codec_for
@@ -50,7 +51,8 @@ def build_consumers(
     tracer provider).
     """
     codec = codec or codec_for(effects.registry)
-    dead_letters = DeadLetters(kafka.client_config())
+    reach = KafkaReach()  # every Kafka client of the process: two lines per outage
+    dead_letters = DeadLetters(kafka.client_config(), reach=reach)
     consumers = []
     for name in names:
         effect = effects.get(name)
@@ -68,6 +70,7 @@ def build_consumers(
                 metrics=metrics,
                 dead_letters=dead_letters,
                 tracing=tracing,
+                reach=reach,
             )
         )
     return consumers

@@ -118,7 +118,9 @@ class Publisher(Protocol):
 
     fatal: KafkaError | None
     auth_failed: KafkaError | None
-    brokers_down: bool
+
+    @property
+    def brokers_down(self) -> bool: ...
 
     def produce(self, row: OutboxRow, report: OnDelivery) -> KafkaError | None: ...
 

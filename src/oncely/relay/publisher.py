@@ -29,6 +29,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from oncely.relay.topics import TopicState, topic_error_state
 from oncely.relay.transactions import Ended, Transactions
+from oncely.runtime.reach import KafkaReach
 from oncely.runtime.tracing import Tracing
 from oncely.security import KafkaAuthenticationError, is_authentication_failure
 from oncely.storage.stores.outbox.relay import Progress, ShardProgress
@@ -70,11 +71,13 @@ class Publisher:
         client: Mapping[str, Any],
         cloudevents_source: str | None = None,
         tracing: Tracing | None = None,
+        reach: KafkaReach | None = None,
     ) -> None:
         """``config``: the producer's settings; ``client``: those any client shares (an admin
         client reads topic limits with them); ``cloudevents_source``: add the CloudEvents
         headers with this ``ce_source`` (:func:`oncely.wire.cloudevents_headers`);
-        ``tracing``: who records the PRODUCER spans (default: the global tracer provider).
+        ``tracing``: who records the PRODUCER spans (default: the global tracer provider);
+        ``reach``: the process's watch over its clients' outages (default: the publisher's own).
 
         Raises ``ValueError`` when ``cloudevents_source`` is not a URI-reference.
         """
@@ -82,13 +85,13 @@ class Publisher:
             check_cloudevents_source(cloudevents_source) if cloudevents_source is not None else None
         )
         self._tracing = tracing or Tracing()
-        self._config = {**config, **REQUIRED, "error_cb": self._on_error}
-        self._admin = AdminClient(dict(client))
+        self._reach = reach or KafkaReach()
+        self._config = self._reach.client_config({**config, **REQUIRED, "error_cb": self._on_error})
+        self._admin = AdminClient(self._reach.client_config(client))
         self._limits: dict[str, tuple[int | None, float]] = {}
         self.fatal: KafkaError | None = None
         #: The broker refused the credentials (``_AUTHENTICATION``): retrying will not help.
         self.auth_failed: KafkaError | None = None
-        self.brokers_down = False
         self._producer = Producer(self._config)
 
     def check_credentials(self, *, timeout: float) -> None:
@@ -123,9 +126,6 @@ class Publisher:
         elif error.fatal():
             self.fatal = error
             log.error("fatal producer error: %s", error.str(), extra={"code": error.name()})
-        elif error.code() == KafkaError._ALL_BROKERS_DOWN:
-            self.brokers_down = True
-            log.warning("all brokers are down: %s", error.str())
         else:
             log.warning("producer error: %s", error.str(), extra={"code": error.name()})
 
@@ -189,9 +189,14 @@ class Publisher:
         """The producer that sends ``row``, and the report to give it."""
         return self._producer, report
 
+    @property
+    def brokers_down(self) -> bool:
+        """Every broker is down, as the process's clients see it (:class:`KafkaReach`)."""
+        return self._reach.down
+
     def reachable(self) -> None:
-        """A record was acknowledged: the brokers are reachable (clears :attr:`brokers_down`)."""
-        self.brokers_down = False
+        """A record was acknowledged: a broker answered (:meth:`KafkaReach.reached`)."""
+        self._reach.reached()
 
     def topic_state(self, topic: str, *, timeout: float = 2.0) -> TopicState:
         """Whether the broker has ``topic`` and lets this client describe it, from its metadata
@@ -312,11 +317,16 @@ class TransactionalPublisher(Publisher):
         transactions: Transactions,
         cloudevents_source: str | None = None,
         tracing: Tracing | None = None,
+        reach: KafkaReach | None = None,
     ) -> None:
         """As :class:`Publisher`; ``transactions``: the shards' producers (its own producer
         only answers questions about topics)."""
         super().__init__(
-            config, client=client, cloudevents_source=cloudevents_source, tracing=tracing
+            config,
+            client=client,
+            cloudevents_source=cloudevents_source,
+            tracing=tracing,
+            reach=reach,
         )
         self._transactions = transactions
         #: Per shard, what :meth:`released` answers.

@@ -16,6 +16,7 @@ from oncely.relay.topics import TopicState
 from oncely.relay.transactions import Transactions
 from oncely.runtime.metrics import RelayMetrics
 from oncely.runtime.process import database, process_id, serving, stop_on_signals
+from oncely.runtime.reach import KafkaReach
 from oncely.runtime.tracing import Tracing
 from oncely.runtime.wakeup import Wakeup
 from oncely.settings import KafkaSettings, RelaySettings, RetentionSettings
@@ -46,7 +47,7 @@ def producer_config(kafka: KafkaSettings, relay: RelaySettings) -> dict[str, obj
 
 
 def transactions(
-    config: dict[str, object], kafka: KafkaSettings, relay: RelaySettings
+    config: dict[str, object], kafka: KafkaSettings, relay: RelaySettings, reach: KafkaReach
 ) -> Transactions:
     """The shards' transactional producers of exactly-once mode.
 
@@ -62,6 +63,7 @@ def transactions(
         prefix=relay.transactional_id_prefix,
         transaction_timeout_ms=timeout_ms,
         timeout=max(10.0, relay.lease_seconds),
+        reach=reach,
     )
 
 
@@ -101,15 +103,17 @@ def build_relay(
     """
     owner = settings.owner_id or process_id()
     config = producer_config(kafka, settings)
+    reach = KafkaReach()  # every Kafka client of the relay: two lines per outage
 
     def publisher() -> Publisher:
         made = (
             TransactionalPublisher(
                 config,
                 client=kafka.client_config(),
-                transactions=transactions(config, kafka, settings),
+                transactions=transactions(config, kafka, settings, reach),
                 cloudevents_source=settings.cloudevents_source,
                 tracing=tracing,
+                reach=reach,
             )
             if settings.exactly_once
             else Publisher(
@@ -117,6 +121,7 @@ def build_relay(
                 client=kafka.client_config(),
                 cloudevents_source=settings.cloudevents_source,
                 tracing=tracing,
+                reach=reach,
             )
         )
         made.check_credentials(timeout=_CREDENTIALS_TIMEOUT)
@@ -141,7 +146,7 @@ def build_relay(
             store=store,
             settings=settings,
             retention_settings=retention or RetentionSettings(),
-            kafka=kafka.client_config(),
+            kafka=reach.client_config(kafka.client_config()),
             metrics=metrics.retention,
         ),
         signals=signals,

@@ -45,6 +45,7 @@ from confluent_kafka import (
 )
 
 from oncely.failpoints import failpoint
+from oncely.runtime.reach import KafkaReach
 from oncely.wire import ProgressRecord, progress_topic, read_progress_record
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class Transactions:
         transaction_timeout_ms: int,
         timeout: float,
         workers: int = 32,
+        reach: KafkaReach | None = None,
     ) -> None:
         """``config``: the producers' settings (the publisher's fixed ones among them,
         :data:`oncely.relay.publisher.REQUIRED`); ``client``: those every client shares (the
@@ -106,11 +108,13 @@ class Transactions:
         progress topic; ``transaction_timeout_ms``: how long the broker keeps a transaction
         open for a producer that went silent (the lease's length, so a dead owner's transaction
         holds its partitions' ``read_committed`` readers for about one lease); ``timeout``:
-        seconds that ``init_transactions``, a commit and the read-back may take."""
+        seconds that ``init_transactions``, a commit and the read-back may take; ``reach``: the
+        process's watch over its clients' outages (default: their own)."""
         self.prefix = prefix
         self.topic = progress_topic(prefix)
         self._config = {**config, "transaction.timeout.ms": transaction_timeout_ms}
         self._client = dict(client)
+        self._reach = reach or KafkaReach()
         self._timeout = timeout
         self._producers: dict[int, Producer] = {}
         #: Each shard's last committed progress record (``None``: none yet), as this owner knows.
@@ -291,11 +295,13 @@ class Transactions:
         instance = next(self._instances)
         self._instance[shard] = instance
         producer = Producer(
-            {
-                **self._config,
-                "transactional.id": self.transactional_id(shard),
-                "error_cb": partial(self._on_error, shard, instance),
-            }
+            self._reach.client_config(
+                {
+                    **self._config,
+                    "transactional.id": self.transactional_id(shard),
+                    "error_cb": partial(self._on_error, shard, instance),
+                }
+            )
         )
         producer.init_transactions(self._timeout)
         return producer
@@ -462,11 +468,13 @@ class Transactions:
 
     def _consumer(self, isolation: str) -> Consumer:
         return Consumer(
-            {
-                **self._client,
-                "group.id": f"{self.prefix}-read-back",
-                "enable.auto.commit": False,
-                "isolation.level": isolation,
-                "enable.partition.eof": True,
-            }
+            self._reach.client_config(
+                {
+                    **self._client,
+                    "group.id": f"{self.prefix}-read-back",
+                    "enable.auto.commit": False,
+                    "isolation.level": isolation,
+                    "enable.partition.eof": True,
+                }
+            )
         )
