@@ -182,6 +182,17 @@ def test_each_outage_is_told_and_counted_on_its_own(
     assert [r.__dict__.get("not_logged") for r in _told(caplog)] == [None, 1, None, 1]
 
 
+def test_the_unreachable_line_names_a_recent_failure_only(
+    reach: KafkaReach, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = Client(reach)
+    client.error(REFUSED)
+    assert client.errors == [REFUSED], "before the outage an error passes"
+    clock.now += 3600  # a broker dropped an idle connection an hour ago
+    client.error(ALL_DOWN)
+    assert "(1/1 brokers are down)" in _told(caplog)[0].getMessage()
+
+
 def test_a_client_reports_its_brokers_every_5_s_unless_configured_otherwise() -> None:
     reach = KafkaReach()
     assert reach.client_config({})["statistics.interval.ms"] == 5000

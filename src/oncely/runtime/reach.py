@@ -57,7 +57,8 @@ class KafkaReach:
         #: During an outage: when a broker answered with no failure reported since.
         self._answered: float | None = None
         self._untold = 0
-        self._last_failure: str | None = None
+        #: The last failure a client reported before the outage, and when.
+        self._last_failure: tuple[float, str] | None = None
 
     @property
     def down(self) -> bool:
@@ -91,13 +92,14 @@ class KafkaReach:
         with self._lock:
             if error.code() == KafkaError._ALL_BROKERS_DOWN:
                 reason = error.str()
-                if self._last_failure is not None:
-                    reason = f"{reason}; last: {self._last_failure}"
+                last = self._last_failure
+                if last is not None and self._clock() - last[0] < QUIET:  # not an old one
+                    reason = f"{reason}; last: {last[1]}"
                 self._fail(reason)
                 return True
             if self._down_since is None:
                 if error.code() == KafkaError._TRANSPORT:
-                    self._last_failure = error.str()
+                    self._last_failure = (self._clock(), error.str())
                 return False
             self._untold += 1
             self._answered = None
@@ -140,7 +142,7 @@ class KafkaReach:
         with self._lock:
             if self._down_since is None:
                 if facility == _FAILURE_FACILITY:
-                    self._last_failure = text
+                    self._last_failure = (self._clock(), text)
                 return True
             self._untold += 1
             if facility == _FAILURE_FACILITY:
