@@ -47,14 +47,18 @@ def producer_config(kafka: KafkaSettings, relay: RelaySettings) -> dict[str, obj
 
 
 def transactions(
-    config: dict[str, object], kafka: KafkaSettings, relay: RelaySettings, reach: KafkaReach
+    config: dict[str, object],
+    kafka: KafkaSettings,
+    relay: RelaySettings,
+    reach: KafkaReach | None = None,
 ) -> Transactions:
     """The shards' transactional producers of exactly-once mode.
 
     A transaction stays open at most one lease (``transaction.timeout.ms``): the broker aborts
     a dead or paused owner's, which holds its partitions' ``read_committed`` readers until then.
     A record may wait that long too (``message.timeout.ms`` may not be longer; one timed out
-    aborts its page's transaction, which replays whole, so no gap).
+    aborts its page's transaction, which replays whole, so no gap). ``reach``: the process's
+    watch over its clients' outages (default: their own).
     """
     timeout_ms = max(1000, round(relay.lease_seconds * 1000))
     return Transactions(
