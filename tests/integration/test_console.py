@@ -16,7 +16,7 @@ from pydantic import SecretStr
 from sqlalchemy.orm import Session
 
 from oncely import stage
-from oncely.settings import KafkaSettings, WebSettings
+from oncely.settings import CompletenessSettings, KafkaSettings, WebSettings
 from oncely.storage.stores import audit
 from oncely.web import Console, basic_auth
 from tests.apps import ledger
@@ -320,11 +320,9 @@ def test_an_event_is_followed_from_its_row_to_its_record_and_each_receipt(
     with running_relay(engine, kafka_bootstrap, fast_settings()):
         wait_until(lambda: count_published(engine) == 2, timeout=60)
     with running_consumers(app.effects, ["ledger"], engine, kafka_bootstrap):
+        wait_until(lambda: scalar(engine, "SELECT count(*) FROM oncely_receipts") == 1, timeout=60)
         wait_until(
-            lambda: (
-                scalar(engine, "SELECT count(*) FROM oncely_receipts WHERE effect = 'ledger'") == 1
-            ),
-            timeout=60,
+            lambda: scalar(engine, "SELECT count(*) FROM oncely_dead_lettered") == 1, timeout=60
         )
     from oncely.schemas.codec import Codec
 
@@ -339,15 +337,29 @@ def test_an_event_is_followed_from_its_row_to_its_record_and_each_receipt(
     assert f"<code>{app.topic}</code> partition 0 offset 0" in page.text
     assert "(from receipt)" in page.text
     failed = client.get(f"/events/{bad.id}", headers=_auth())
-    assert 'class="missing"' in failed.text and "<code>ledger</code>" in failed.text
+    ledger_row = failed.text.split("<code>ledger</code>", 1)[0].rsplit("<tr", 1)[1]
+    assert 'class="missing"' in ledger_row, "the failed effect is highlighted"
+    assert "1 effect(s) dead-lettered this event: ledger" in failed.text
+    assert "handler_failed" in failed.text and f"{app.topic}.ledger.dlq" in failed.text
     assert "(from kafka)" in failed.text, "no receipt places it: found on Kafka"
-    assert "effect(s) have no receipt" in failed.text
+    assert "effect(s) have no receipt of this published event: audit, email" in failed.text
     by_key = client.get("/events?q=acc-1", headers=_auth())
     assert str(good.id) in by_key.text and str(bad.id) in by_key.text
     missing = client.get(f"/events/{uuid.uuid4()}", headers=_auth())
     assert missing.status_code == 404 and "never staged, or retention purged it" in missing.text
     jump = client.get(f"/events?q={good.id}", headers=_auth(), follow_redirects=False)
     assert jump.status_code == 303
+
+    # The overview's completeness: the ledger dead-lettered the bad event (not missing); the
+    # effects that never ran miss both.
+    checked = console_of(
+        effects=app.effects, completeness=CompletenessSettings(grace_seconds=0, bucket_seconds=1)
+    ).get("/figures", headers=_auth())
+    table = checked.text.split('id="completeness"', 1)[1].split("</table>", 1)[0]
+    rows = {row.split("<code>", 1)[1].split("</code>", 1)[0]: row for row in table.split("<tr")[2:]}
+    assert '<td class="n">0</td>' in rows["ledger"] and 'class="missing"' not in rows["ledger"]
+    assert '<td class="n">2</td>' in rows["audit"] and 'class="missing"' in rows["audit"]
+    assert str(good.id)[:13] in rows["audit"], "the oldest missing events link to their pages"
 
     # Republish the window: its dry run counts the rows, then they go to Kafka again.
     plan = client.get("/actions/republish?since=1h", headers=_auth())

@@ -175,6 +175,9 @@ def test_look_up_an_event_whose_effect_failed_and_see_it_highlighted(
         wait_until(lambda: count_published(engine) == 2, timeout=60)
     with running_consumers(app.effects, ["ledger", "email"], engine, kafka_bootstrap):
         wait_until(lambda: scalar(engine, "SELECT count(*) FROM oncely_receipts") == 3, timeout=60)
+        wait_until(
+            lambda: scalar(engine, "SELECT count(*) FROM oncely_dead_lettered") == 1, timeout=60
+        )
     url = serve(
         Console(
             engine=engine,
@@ -193,7 +196,7 @@ def test_look_up_an_event_whose_effect_failed_and_see_it_highlighted(
     expect(missing.filter(has_text="ledger")).to_have_count(1)
     expect(page.locator("#receipts tr", has_text="email")).not_to_have_class("missing")
     expect(page.locator("#event-tasks")).to_contain_text("email.send")
-    expect(page.locator("#missing-note")).to_contain_text("ledger")
+    expect(page.locator("#failed-note")).to_contain_text("dead-lettered this event: ledger")
     page.locator("details summary").click()
     expect(page.locator("#payload")).to_contain_text('"amount": -3')
     _shoot(page, "event")

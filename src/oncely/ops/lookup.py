@@ -8,7 +8,8 @@ from the outbox (one probe of the primary key), with where the relay stands with
 Kafka settings are given, from Kafka itself: each partition of its topic is read from the
 record timestamp of the row's ``created_at`` (the relay's record timestamp) for at most
 :data:`KAFKA_RECORDS` records, within ``timeout``. An effect that subscribes to the event's type
-and has no receipt of a published event is :attr:`EffectView.missing`.
+and has neither a receipt nor a dead letter of a published event is
+:attr:`EffectView.missing`; one whose consumer dead-lettered it is :attr:`EffectView.failed`.
 
 :func:`lookup_key` lists an aggregate key's recent rows: it reads the outbox's primary key over
 the last ``within`` (UUIDv7 ids begin with their moment), so its cost is that window's rows.
@@ -30,6 +31,8 @@ from oncely.errors import OncelyError, error_text
 from oncely.schemas.codec import Codec
 from oncely.settings import ClientConfig
 from oncely.storage.partitions import bound_of
+from oncely.storage.stores import dead_lettered
+from oncely.storage.stores.dead_lettered import DeadLetter
 from oncely.storage.stores.outbox import lookup
 from oncely.storage.stores.outbox.lookup import CausedRow, EventRow
 from oncely.storage.stores.receipts import Receipt, receipts_of
@@ -65,11 +68,20 @@ class EffectView:
     expected: bool
     receipt: Receipt | None
     published: bool
+    dead_letter: DeadLetter | None = None
 
     @property
     def missing(self) -> bool:
-        """The event was published to an effect that subscribes to it, and it has no receipt."""
-        return self.expected and self.published and self.receipt is None
+        """The event was published to an effect that subscribes to it, which neither applied
+        it (no receipt) nor dead-lettered it."""
+        return (
+            self.expected and self.published and self.receipt is None and self.dead_letter is None
+        )
+
+    @property
+    def failed(self) -> bool:
+        """The effect's consumer dead-lettered the event and has not applied it since."""
+        return self.receipt is None and self.dead_letter is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +123,7 @@ def lookup_event(
         if row is None:
             return None
         receipts = {r.effect: r for r in receipts_of(conn, event_id)}
+        letters = {d.effect: d for d in dead_lettered.of_event(conn, event_id)}
         caused = lookup.caused_by(
             conn,
             event_id,
@@ -129,13 +142,14 @@ def lookup_event(
             row.type in {t.name for t in effect.event_types},
             receipts.get(effect.name),
             published,
+            letters.get(effect.name),
         )
         for effect in (effects or ())
     ]
+    known = {view.effect for view in views}
     views += [
-        EffectView(name, True, receipt, published)
-        for name, receipt in receipts.items()
-        if effects is None or name not in effects.names()
+        EffectView(name, True, receipts.get(name), published, letters.get(name))
+        for name in sorted((receipts.keys() | letters.keys()) - known)
     ]
     return EventLookup(
         event=row,

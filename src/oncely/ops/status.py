@@ -187,12 +187,14 @@ def collect_status(
     kafka_config: ClientConfig | None,
     timeout: float = KAFKA_SECONDS,
     completeness: CompletenessSettings | None = None,
+    check_completeness: bool = True,
 ) -> Status:
     """Read the status of the deployment behind ``engine`` (and Kafka, when configured).
 
     ``effects`` names the effects, their groups and topics; every effect found in the receipts
     is listed too. The completeness of ``effects`` is checked as ``completeness`` says
-    (default: ``ONCELY_COMPLETENESS_*``; its interval does not apply here).
+    (default: ``ONCELY_COMPLETENESS_*``; its interval does not apply here), unless
+    ``check_completeness`` is false (a caller refreshing often checks it less often).
 
     Raises SQLAlchemy's errors for the database. Kafka gets ``timeout`` seconds
     for all its answers; when it fails, the status is returned without them, with
@@ -212,7 +214,7 @@ def collect_status(
         task_counts = count_by_status(conn)
         complete = (
             []
-            if effects is None
+            if effects is None or not check_completeness
             else check_effects(conn, effects, completeness or CompletenessSettings())
         )
     by_topic = _topics(backlog, parked_rows)

@@ -92,7 +92,12 @@ _CONSOLE_READS = (
     "lookup_caused",
     "lookup_receipts",
     "lookup_tasks",
+    "lookup_dead_lettered",
     "audit_list",
+    # the completeness of the app's effects (the overview's panel)
+    "completeness_bounds",
+    "completeness_buckets",
+    "completeness_missing",
 )
 
 COMPONENTS: dict[str, Component] = {

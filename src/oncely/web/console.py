@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Annotated, Any
@@ -27,6 +27,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from oncely.consumers.completeness import EffectCompleteness
 from oncely.consumers.effects import Effects
 from oncely.errors import OncelyError
 from oncely.ops import actions, lookup, throughput
@@ -34,7 +35,7 @@ from oncely.ops.republish import plan_republish
 from oncely.ops.status import ShardStatus, Status, collect_status
 from oncely.runtime.durations import parse_moment
 from oncely.schemas.codec import Codec
-from oncely.settings import KafkaSettings, RelaySettings, WebSettings
+from oncely.settings import CompletenessSettings, KafkaSettings, RelaySettings, WebSettings
 from oncely.storage.stores import audit
 from oncely.storage.stores.outbox import dead
 from oncely.storage.stores.outbox import lookup as rows
@@ -65,11 +66,30 @@ class _Rate:
 
 
 @dataclass
+class _Completeness:
+    """The last completeness figures: checked at most every interval (a check reads the
+    window's rows), shown at every refresh in between."""
+
+    figures: list[EffectCompleteness] = field(default_factory=list)
+    at: float | None = None
+
+    def due(self, interval: float) -> bool:
+        return self.at is None or time.monotonic() - self.at >= max(interval, 1.0)
+
+    def kept(self, status: Status, *, checked: bool) -> Status:
+        if checked:
+            self.figures, self.at = status.completeness, time.monotonic()
+            return status
+        return replace(status, completeness=self.figures)
+
+
+@dataclass
 class Console:
     """What the console shows and acts on: the database behind ``engine``; the application's
     ``effects`` (names, groups, topics) and ``codec`` (to decode payloads), when given; Kafka,
     when ``kafka`` is given (lag, DLQ depth, publish rate, an event's record, republish, with
-    ``relay``'s producer settings)."""
+    ``relay``'s producer settings). The effects' completeness is checked as ``completeness``
+    says, at most every ``completeness.interval_seconds`` (at least every second)."""
 
     engine: sa.Engine
     settings: WebSettings = field(default_factory=WebSettings)
@@ -77,7 +97,11 @@ class Console:
     codec: Codec | None = None
     kafka: KafkaSettings | None = None
     relay: RelaySettings | None = None
+    completeness: CompletenessSettings = field(default_factory=CompletenessSettings)
     _rate: _Rate = field(default_factory=_Rate, init=False, repr=False)
+    _completeness: _Completeness = field(
+        default_factory=lambda: _Completeness(), init=False, repr=False
+    )
     _csrf: Csrf = field(default_factory=Csrf, init=False, repr=False)
     _templates: Jinja2Templates = field(
         default_factory=lambda: _templates(), init=False, repr=False
@@ -339,9 +363,16 @@ class Console:
 
     def _figures(self) -> dict[str, Any]:
         config = self.kafka.client_config() if self.kafka else None
+        due = self._completeness.due(self.completeness.interval_seconds)
         status = collect_status(
-            self.engine, effects=self.effects, kafka_config=config, timeout=KAFKA_SECONDS
+            self.engine,
+            effects=self.effects,
+            kafka_config=config,
+            timeout=KAFKA_SECONDS,
+            completeness=self.completeness,
+            check_completeness=due,
         )
+        status = self._completeness.kept(status, checked=due)
         count: int | None = None
         if config is not None and status.kafka_error is None:
             try:
@@ -357,6 +388,8 @@ class Console:
             "attention": [s for s in status.shards if s.unpublished or not s.leased],
             "oldest": max((a for a in ages if a is not None), default=None),
             "rate": self._rate.sample(count),
+            "grace": self.completeness.grace_seconds,
+            "interval": max(self.completeness.interval_seconds, 1.0),
             "now": datetime.now(UTC),
         }
 

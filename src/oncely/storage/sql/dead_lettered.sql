@@ -7,3 +7,11 @@
 INSERT INTO oncely_dead_lettered (event_id, effect, topic, partition, "offset", reason)
 VALUES (:event_id, :effect, :topic, :partition, :offset, :reason)
 ON CONFLICT ON CONSTRAINT oncely_dead_lettered_pkey DO NOTHING
+
+-- name: lookup_dead_lettered
+-- The dead letters of one event, one per effect whose consumer dead-lettered it (the console's
+-- event lookup).
+SELECT effect, topic, partition, "offset", reason, dead_lettered_at
+FROM oncely_dead_lettered
+WHERE event_id = :id
+ORDER BY effect

@@ -9,11 +9,26 @@ through the receipts' store (:mod:`oncely.storage.stores.receipts`). The named S
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from uuid import UUID
 
 import sqlalchemy as sa
 
-from oncely.storage.queries import query
+from oncely.storage.queries import query, typed_row
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """An effect's consumer sent the event's record (read at ``topic``, ``partition``,
+    ``offset``) to its DLQ for ``reason``."""
+
+    effect: str
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+    dead_lettered_at: datetime
 
 
 def record(
@@ -41,3 +56,9 @@ def record(
                 "reason": reason,
             },
         )
+
+
+def of_event(conn: sa.Connection, event_id: UUID) -> list[DeadLetter]:
+    """The dead letters of ``event_id``, one per effect that dead-lettered it, by effect."""
+    rows = conn.execute(query("lookup_dead_lettered"), {"id": event_id})
+    return [typed_row(DeadLetter, row._mapping) for row in rows]
