@@ -67,7 +67,7 @@ from bench.harness import Cell, cpu_window, interleave, open_loop, progress
 from bench.writers import outbox_rows
 from oncely import retention
 from oncely.devstack.kafka import KafkaNodeConfig
-from oncely.producer.ids import uuid7
+from oncely.ids import uuid7
 from oncely.storage import outbox, upgrade
 from oncely.storage import partitions as parts
 from oncely.storage.stores import receipts

@@ -47,7 +47,7 @@ from sqlalchemy.orm import Session
 
 from bench.harness import Cell, cpu_window, interleave
 from oncely.devstack import DevStack
-from oncely.producer.ids import uuid7
+from oncely.ids import uuid7
 from oncely.producer.staging import stage, stage_many
 from oncely.schemas.codec import Codec
 from oncely.storage import upgrade

@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from oncely import ids
 from oncely.storage import partitions
 from tests.apps.ledger import App, create_tables
 from tests.chaos.harness import POLICY, STEP, Pipeline, Proc, Retention, convert, pipeline
@@ -71,7 +72,7 @@ def _ahead_offsets(chaos: Pipeline) -> list[float]:
             sa.text("SELECT id, created_at FROM chaos_outbox WHERE aggregateid LIKE :p"),
             {"p": f"{KEY_PREFIX}%"},
         ).all()
-    return [(partitions.moment_of(r.id) - r.created_at).total_seconds() for r in rows]
+    return [(ids.moment_of(r.id) - r.created_at).total_seconds() for r in rows]
 
 
 def _in_default(chaos: Pipeline) -> dict[str, int]:
@@ -84,7 +85,7 @@ def _unsettled(engine: sa.Engine, ahead: int) -> list[str]:
     with engine.connect() as conn:
         now: datetime = conn.execute(sa.text("SELECT now()")).scalar_one()
         current = partitions.window_start(now, STEP)
-        covered = partitions.bound_of(current + (ahead + 1) * STEP)
+        covered = ids.lowest_of(current + (ahead + 1) * STEP)
         for table in TABLES:
             found = partitions.partitions(conn, table)
             names = {p.name for p in found}
@@ -97,7 +98,7 @@ def _unsettled(engine: sa.Engine, ahead: int) -> list[str]:
                 problems.append(f"{table}: no partition {', '.join(missing)}")
             # Receipts of steps that are over stay while Kafka holds their records (in the
             # harness, for ever): only those of the steps that have partitions now count.
-            since = partitions.bound_of(current) if table == "oncely_receipts" else None
+            since = ids.lowest_of(current) if table == "oncely_receipts" else None
             stranded = conn.execute(
                 sa.text(
                     f"SELECT count(*) FROM {table}_default WHERE {KEYS[table]} < :covered"
@@ -157,7 +158,7 @@ def _last_skewed_step(chaos: Pipeline) -> datetime:
             ),
             {"p": f"{KEY_PREFIX}%"},
         ).scalar_one()
-    return partitions.window_start(partitions.moment_of(last), STEP)
+    return partitions.window_start(ids.moment_of(last), STEP)
 
 
 @pytest.mark.parametrize("skew", [AHEAD_SKEW, BEHIND_SKEW], ids=["ahead", "behind"])

@@ -10,7 +10,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
-from oncely.producer.ids import uuid7
+from oncely.ids import uuid7
 from oncely.storage import outbox
 from oncely.storage.tables import shard_of
 from tests.helpers.database import Bind, execute, scalar
@@ -152,7 +152,4 @@ def count_published(engine: sa.Engine) -> int:
 
 def uuid7_at(moment: datetime) -> uuid.UUID:
     """A new UUIDv7 of ``moment``'s millisecond (the partition of that time holds its row)."""
-    from oncely.storage.partitions import bound_of
-
-    rand = uuid.uuid4().int >> 66
-    return uuid.UUID(int=bound_of(moment).int | (0x7 << 76) | (0b10 << 62) | rand)
+    return uuid7(moment)

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from oncely.consumers.completeness import EffectCompleteness, check_effect, id_ms
+from oncely.consumers.completeness import EffectCompleteness, check_effect
 from oncely.devstack._process import free_port
+from oncely.ids import millis_of
 from oncely.schemas.codec import Codec
 from oncely.settings import CompletenessSettings
 from oncely.storage.stores import dead_lettered
@@ -123,7 +124,7 @@ def test_only_published_events_of_its_types_past_the_grace_period_without_receip
     assert checked.sample_ids == [missing["id"], missing_too["id"]]
     assert checked.oldest_missing_at is not None
     assert checked.window_start is not None and checked.window_end is not None
-    oldest_ms = id_ms(missing["id"])  # type: ignore[arg-type]
+    oldest_ms = millis_of(missing["id"])  # type: ignore[arg-type]
     assert checked.window_start.timestamp() * 1000 == pytest.approx(oldest_ms, abs=1)
     assert checked.window_end <= _now(engine) - timedelta(seconds=SETTINGS.grace_seconds)
     assert checked.buckets >= 110  # two hours of one-minute buckets, a few read row by row

@@ -12,11 +12,9 @@ from oncely.consumers.completeness import (
     EffectCompleteness,
     bucket_edges,
     disagreeing,
-    id_floor,
-    id_ms,
     window,
 )
-from oncely.producer.ids import uuid7
+from oncely.ids import lowest_of_millis, millis_of, uuid7
 from oncely.settings import CompletenessSettings
 from oncely.storage.stores.receipts import BucketCounts, CompletenessBounds
 
@@ -29,24 +27,24 @@ SETTINGS = CompletenessSettings(grace_seconds=300, bucket_seconds=60, window_sec
 
 def test_a_bucket_edge_is_the_lowest_uuid7_of_its_millisecond() -> None:
     event_id = uuid7()
-    ms = id_ms(event_id)
-    assert id_floor(ms) <= event_id < id_floor(ms + 1)
-    assert id_ms(id_floor(ms)) == ms
-    assert id_floor(0) == UUID(int=0)
+    ms = millis_of(event_id)
+    assert lowest_of_millis(ms) <= event_id < lowest_of_millis(ms + 1)
+    assert millis_of(lowest_of_millis(ms)) == ms
+    assert lowest_of_millis(0) == UUID(int=0)
 
 
 def test_the_window_ends_at_the_last_closed_bucket_before_the_grace_period() -> None:
-    span = window(CompletenessBounds(id_floor(NOW - 7200_000), NOW), SETTINGS)
+    span = window(CompletenessBounds(lowest_of_millis(NOW - 7200_000), NOW), SETTINGS)
     assert span == (NOW - 3600_000, NOW - 30_000 - 5 * MINUTE)
 
 
 def test_the_window_starts_at_the_oldest_kept_row_when_it_is_later() -> None:
     oldest = NOW - 20 * MINUTE + 123
-    span = window(CompletenessBounds(id_floor(oldest), NOW), SETTINGS)
+    span = window(CompletenessBounds(lowest_of_millis(oldest), NOW), SETTINGS)
     assert span == (oldest, NOW - 30_000 - 5 * MINUTE)
 
 
-@pytest.mark.parametrize("oldest", [None, id_floor(NOW - 5 * MINUTE)])
+@pytest.mark.parametrize("oldest", [None, lowest_of_millis(NOW - 5 * MINUTE)])
 def test_nothing_is_checked_in_an_empty_outbox_or_within_the_grace_period(
     oldest: UUID | None,
 ) -> None:

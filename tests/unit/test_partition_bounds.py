@@ -7,8 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from oncely import ids
 from oncely.errors import ConfigurationError
-from oncely.producer.ids import uuid7
+from oncely.ids import uuid7
 from oncely.storage import partitions
 
 
@@ -16,18 +17,18 @@ def test_a_uuid7_falls_in_the_range_of_the_step_it_was_made_in() -> None:
     step = timedelta(minutes=15)
     before = datetime.now(UTC)
     event_id = uuid7()
-    start = partitions.window_start(partitions.moment_of(event_id), step)
-    assert partitions.bound_of(start) <= event_id < partitions.bound_of(start + step)
-    assert abs(partitions.moment_of(event_id) - before) < timedelta(seconds=5)
+    start = partitions.window_start(ids.moment_of(event_id), step)
+    assert ids.lowest_of(start) <= event_id < ids.lowest_of(start + step)
+    assert abs(ids.moment_of(event_id) - before) < timedelta(seconds=5)
 
 
 def test_bounds_are_the_lowest_uuid_of_their_millisecond() -> None:
     moment = datetime(2026, 12, 6, 7, 0, 0, 123000, tzinfo=UTC)
-    bound = partitions.bound_of(moment)
+    bound = ids.lowest_of(moment)
     assert str(bound) == f"{int(moment.timestamp() * 1000):012x}"[:8] + "-" + (
         f"{int(moment.timestamp() * 1000):012x}"[8:] + "-0000-0000-000000000000"
     )
-    assert partitions.moment_of(bound) == moment
+    assert ids.moment_of(bound) == moment
 
 
 def test_steps_align_to_the_epoch_and_name_their_partitions_by_their_start() -> None:

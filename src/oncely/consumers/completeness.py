@@ -47,6 +47,7 @@ from uuid import UUID
 import sqlalchemy as sa
 
 from oncely.consumers.effects import Effect
+from oncely.ids import lowest_of_millis, millis_of
 from oncely.runtime.metrics import ConsumerMetrics
 from oncely.settings import CompletenessSettings
 from oncely.storage.stores import receipts
@@ -89,16 +90,6 @@ class EffectCompleteness:
         }
 
 
-def id_floor(ms: int) -> UUID:
-    """The lowest UUIDv7 of millisecond ``ms`` since the epoch: the id-range edge of that time."""
-    return UUID(int=ms << 80)
-
-
-def id_ms(event_id: UUID) -> int:
-    """The time of a UUIDv7, in milliseconds since the epoch (its leading 48 bits)."""
-    return event_id.int >> 80
-
-
 def window(bounds: CompletenessBounds, settings: CompletenessSettings) -> tuple[int, int] | None:
     """The window to check, ``(start_ms, end_ms)``, or ``None`` when it is empty: it starts at
     the later of ``now - window`` and the oldest kept row, and ends at ``now - grace`` rounded
@@ -107,7 +98,7 @@ def window(bounds: CompletenessBounds, settings: CompletenessSettings) -> tuple[
         return None
     width = _ms(settings.bucket_seconds)
     end = (bounds.now_ms - _ms(settings.grace_seconds)) // width * width
-    start = max(bounds.now_ms - _ms(settings.window_seconds), id_ms(bounds.oldest_id))
+    start = max(bounds.now_ms - _ms(settings.window_seconds), millis_of(bounds.oldest_id))
     return (start, end) if start < end else None
 
 
@@ -142,7 +133,7 @@ def check_effect(
     span = window(bounds, settings)
     if span is None:
         return EffectCompleteness(effect, 0, None, None, None)
-    edges = [id_floor(ms) for ms in bucket_edges(*span, _ms(settings.bucket_seconds))]
+    edges = [lowest_of_millis(ms) for ms in bucket_edges(*span, _ms(settings.bucket_seconds))]
     lows, highs = edges[:-1], edges[1:]
     counts = receipts.bucket_counts(conn, effect=effect, types=types, lows=lows, highs=highs)
     read = disagreeing(counts)

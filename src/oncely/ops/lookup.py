@@ -28,9 +28,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from oncely.consumers.effects import Effects
 from oncely.errors import OncelyError, error_text
+from oncely.ids import lowest_of
 from oncely.schemas.codec import Codec
 from oncely.settings import ClientConfig
-from oncely.storage.partitions import bound_of
 from oncely.storage.stores import dead_lettered
 from oncely.storage.stores.dead_lettered import DeadLetter
 from oncely.storage.stores.outbox import lookup
@@ -128,7 +128,7 @@ def lookup_event(
             conn,
             event_id,
             low=event_id,
-            high=bound_of(row.created_at + CAUSED_WITHIN),
+            high=lowest_of(row.created_at + CAUSED_WITHIN),
             limit=LIMIT,
         )
     decoded, decode_error = decoded_payload(
@@ -179,8 +179,8 @@ def lookup_key(
         return lookup.of_key(
             conn,
             key,
-            low=bound_of(end - within),
-            high=bound_of(end + timedelta(minutes=1)),
+            low=lowest_of(end - within),
+            high=lowest_of(end + timedelta(minutes=1)),
             limit=limit,
         )
 

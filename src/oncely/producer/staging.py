@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 from oncely.errors import OncelyError
 from oncely.events import registry_of
-from oncely.producer.ids import uuid7
+from oncely.ids import uuid7
 from oncely.runtime.tracing import current_context_text
 from oncely.schemas.codec import Codec
 from oncely.settings import StageLimits

@@ -3,10 +3,11 @@ their partitions, creating partitions ahead and dropping one.
 
 Both tables are range-partitioned by their event id (``oncely_outbox.id``,
 ``oncely_receipts.event_id``). Event ids are UUIDv7, whose first 48 bits are Unix milliseconds,
-so the lowest id of a millisecond (:func:`bound_of`) bounds a time range, and a partition holds
-the events created in one *step* (an interval fixed at conversion, aligned to the Unix epoch:
-``1d`` partitions start at midnight UTC). The primary keys include the partition key, so
-``oncely_outbox.id`` and the receipts' ``(event_id, effect)`` stay unique over the whole table.
+so the lowest id of a millisecond (:func:`oncely.ids.lowest_of`) bounds a time range, and a
+partition holds the events created in one *step* (an interval fixed at conversion, aligned to
+the Unix epoch: ``1d`` partitions start at midnight UTC). The primary keys include the partition
+key, so ``oncely_outbox.id`` and the receipts' ``(event_id, effect)`` stay unique over the whole
+table.
 A ``_default`` partition takes the rows no range holds (ids of another UUID version, a clock far
 off, no partition created ahead yet): staging and consuming never fail for want of a partition.
 
@@ -43,6 +44,7 @@ from uuid import UUID
 import sqlalchemy as sa
 
 from oncely.errors import ConfigurationError, OncelyError
+from oncely.ids import lowest_of, moment_of
 
 #: The partitioned tables, with their partition key column.
 PARTITION_KEYS = {"oncely_outbox": "id", "oncely_receipts": "event_id"}
@@ -93,17 +95,6 @@ def validate_step(step: timedelta | None, *, shown: str | None = None) -> timede
     return step
 
 
-def bound_of(moment: datetime) -> UUID:
-    """The lowest UUIDv7 of ``moment``'s millisecond: the range bound of partitions."""
-    millis = (moment - _EPOCH) // timedelta(milliseconds=1)
-    return UUID(int=max(millis, 0) << 80)
-
-
-def moment_of(event_id: UUID) -> datetime:
-    """The millisecond a UUIDv7 was made at (for another version: whatever its first bits say)."""
-    return _EPOCH + timedelta(milliseconds=event_id.int >> 80)
-
-
 def window_start(moment: datetime, step: timedelta) -> datetime:
     """The start of the step ``moment`` falls in (steps are aligned to the Unix epoch)."""
     return _EPOCH + ((moment - _EPOCH) // step) * step
@@ -133,7 +124,7 @@ class Partition:
         """The partition's id range ``[low, high)``; raises ValueError for the default one."""
         if self.lower is None or self.upper is None:
             raise ValueError(f"{self.name} is the default partition: it has no range")
-        return bound_of(self.lower), bound_of(self.upper)
+        return lowest_of(self.lower), lowest_of(self.upper)
 
 
 def step_of(conn: sa.Connection) -> timedelta | None:
@@ -450,7 +441,7 @@ def create_partition(
     name = partition_name(table, lower)
     if name in {p.name for p in partitions(conn, table)}:
         return name
-    low, high = bound_of(lower), bound_of(upper)
+    low, high = lowest_of(lower), lowest_of(upper)
     key = PARTITION_KEYS[table]
     # ATTACH's own locks, in its order (the table, then the default partition), taken first.
     run(f"LOCK TABLE ONLY {table} IN SHARE UPDATE EXCLUSIVE MODE")
@@ -643,7 +634,7 @@ def purge_default(
             " SELECT count(*) FROM gone"
         ),
         {
-            "below": str(bound_of(below)),
+            "below": str(lowest_of(below)),
             "older_than": older_than.total_seconds(),
             "limit": limit,
         },

@@ -26,7 +26,7 @@ from oncely.consumers.apply import Applier, Record
 from oncely.consumers.effects import Effects
 from oncely.consumers.records import read_envelope
 from oncely.errors import ConfigurationError
-from oncely.producer.ids import uuid7
+from oncely.ids import uuid7
 from oncely.runtime.metrics import ConsumerMetrics
 from oncely.schemas.codec import Codec
 from oncely.storage.stores.outbox.writes import StagedEvent, staged_in
