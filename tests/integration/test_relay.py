@@ -347,6 +347,11 @@ def test_a_record_the_client_refuses_parks_its_key_and_skip_releases_it(
         [(key, reason, error)] = _parked(engine)
         assert (key, reason) == ("key-0", "dead")
         assert error is not None and "MSG_SIZE_TOO_LARGE" in error
+        failed = query_one(
+            engine, "SELECT attempts, first_failed_at, parked_at FROM oncely_relay_parked"
+        )
+        assert failed.attempts == 2, "its own attempts, as many as max_attempts"
+        assert failed.first_failed_at < failed.parked_at, "the first failure, then the last"
         assert _held(engine) == [str(rows[4]["id"]), str(rows[8]["id"])], "the key waits"
         assert _sample(relay, "oncely_relay_dead_total", topic=topic) == 1
         mark = signals_of(relay).mark()

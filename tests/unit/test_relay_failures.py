@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 from confluent_kafka import KafkaError
 
@@ -58,6 +59,28 @@ def test_its_own_permanent_error_dead_letters_after_max_attempts() -> None:
     verdict = failures.judge(0, own)
     assert verdict.backoff and verdict.dead_letter is not None
     assert verdict.dead_letter.startswith("INVALID_RECORD")
+
+
+def test_a_dead_letter_carries_its_attempts_and_when_the_first_failed() -> None:
+    moments = iter(datetime(2026, 12, 8, 10, 0, second, tzinfo=UTC) for second in range(60))
+    failures = Failures(max_attempts=3, delivery_timeout_ms=1000, now=lambda: next(moments))
+    row, other = _row(), _row()
+    own = Failure(row, KafkaError(KafkaError.INVALID_RECORD), own=True)
+    failures.judge(0, Failure(other, KafkaError(KafkaError.INVALID_RECORD), own=True))
+    failures.judge(0, own)
+    failures.judge(0, own)
+    verdict = failures.judge(0, own)
+    assert verdict.dead_letter is not None
+    assert (verdict.attempts, verdict.first_failed_at) == (
+        3,
+        datetime(2026, 12, 8, 10, 0, 1, tzinfo=UTC),
+    ), "the row's own first failure, not another row's"
+    failures.dead(row.id)
+    again = [failures.judge(0, own) for _ in range(3)][-1]
+    assert (again.attempts, again.first_failed_at) == (
+        3,
+        datetime(2026, 12, 8, 10, 0, 4, tzinfo=UTC),
+    ), "a requeued row counts afresh"
     failures.dead(row.id)
     assert failures.judge(0, own).dead_letter is None  # its count started over
 

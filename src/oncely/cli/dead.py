@@ -98,6 +98,11 @@ def list_(
             out.print(f"    delayed until {row.until.isoformat(timespec='seconds')}")
         else:
             out.print(f"    error: {escape(row.error or '-')}")
+        if row.attempts is not None and row.first_failed_at is not None:
+            out.print(
+                f"    {row.attempts} attempt(s), the first failed "
+                f"{row.first_failed_at.isoformat(timespec='seconds')}"
+            )
 
 
 def _print_plan(

@@ -12,8 +12,9 @@ row becomes a *suspect* and is retried alone first (:mod:`oncely.relay.extent`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from uuid import UUID
 
 from oncely.relay import delivery
@@ -27,11 +28,14 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """What a shard's failure asks: ``backoff`` (its replay waits), ``dead_letter`` (the row
-    is dead-lettered with this error), ``forget_limits`` (read the topic's size limit again)."""
+    is dead-lettered with this error, after ``attempts`` of its own, the first at
+    ``first_failed_at``), ``forget_limits`` (read the topic's size limit again)."""
 
     backoff: bool
     dead_letter: str | None = None
     forget_limits: bool = False
+    attempts: int = 0
+    first_failed_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +48,21 @@ class Overdue:
 
 
 class Failures:
-    """Each row's attempts and the suspects (rows that failed while not alone)."""
+    """Each row's attempts (and when the first failed, by ``now``) and the suspects (rows that
+    failed while not alone)."""
 
-    def __init__(self, *, max_attempts: int, delivery_timeout_ms: int) -> None:
+    def __init__(
+        self,
+        *,
+        max_attempts: int,
+        delivery_timeout_ms: int,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self._max_attempts = max_attempts
         self._timeout_ms = delivery_timeout_ms
+        self._now = now
         self._attempts: dict[UUID, int] = {}
+        self._first: dict[UUID, datetime] = {}
         self.suspects: set[UUID] = set()
 
     def judge(self, shard: int, failure: Failure | None) -> Verdict:
@@ -77,8 +90,15 @@ class Failures:
             self.suspects.add(row.id)
             return Verdict(backoff=False, forget_limits=True)
         attempts = self._attempts[row.id] = self._attempts.get(row.id, 0) + 1
+        first = self._first.setdefault(row.id, self._now())
         if delivery.goes_dead(error, attempts, max_attempts=self._max_attempts):
-            return Verdict(backoff=True, dead_letter=delivery.error_text(error), forget_limits=True)
+            return Verdict(
+                backoff=True,
+                dead_letter=delivery.error_text(error),
+                forget_limits=True,
+                attempts=attempts,
+                first_failed_at=first,
+            )
         return Verdict(backoff=True, forget_limits=True)
 
     def published(self, rows: Iterable[OutboxRow]) -> None:
@@ -89,6 +109,7 @@ class Failures:
     def dead(self, event_id: UUID) -> None:
         """The row was dead-lettered: its key waits for an operator, its count starts over."""
         self._attempts.pop(event_id, None)
+        self._first.pop(event_id, None)
         self.suspects.discard(event_id)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 from oncely.failpoints import failpoint
 from oncely.relay import failures, settle
-from oncely.relay.failures import Failures
+from oncely.relay.failures import Failures, Verdict
 from oncely.relay.meters import Meters
 from oncely.relay.pace import Pace
 from oncely.relay.parking import ParkedKeys
@@ -174,7 +174,7 @@ class Outcomes:
         if failure is not None and verdict.forget_limits:
             io.publisher.forget_limits(failure.row.topic)
         if failure is not None and verdict.dead_letter is not None:
-            self._dead_letter(io, failure.row, verdict.dead_letter)
+            self._dead_letter(io, failure.row, verdict)
         return verdict.backoff
 
     def _recreate(self, io: Sources, reason: str) -> None:
@@ -200,8 +200,18 @@ class Outcomes:
         self.acknowledged.drop(shard.shard)
         self._parked.drop_pages(self._shards.reset(shard, backoff=backoff, now=now))
 
-    def _dead_letter(self, io: Sources, row: OutboxRow, error: str) -> None:
-        parking = Parking(row.topic, row.aggregateid, row.shard, row.id, "dead", error=error)
+    def _dead_letter(self, io: Sources, row: OutboxRow, verdict: Verdict) -> None:
+        error = verdict.dead_letter
+        parking = Parking(
+            row.topic,
+            row.aggregateid,
+            row.shard,
+            row.id,
+            "dead",
+            error=error,
+            attempts=verdict.attempts,
+            first_failed_at=verdict.first_failed_at,
+        )
         epoch = self._shards.epoch_of(row.shard)
         if self._db("dead letter", lambda: io.store.park([(parking, epoch)])) is FAILED:
             return

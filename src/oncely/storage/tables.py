@@ -288,6 +288,9 @@ def build_metadata(schema: str | None = None) -> sa.MetaData:
         sa.Column("until", sa.DateTime(timezone=True)),
         sa.Column("request", sa.Text),
         sa.Column("parked_at", sa.DateTime(timezone=True), nullable=False, server_default=now),
+        # Migration 0013: a dead row's attempts and its first failure (the last is parked_at).
+        sa.Column("attempts", sa.Integer),
+        sa.Column("first_failed_at", sa.DateTime(timezone=True)),
         sa.PrimaryKeyConstraint("topic", "aggregateid", name="oncely_relay_parked_pkey"),
         sa.CheckConstraint(_in("reason", PARK_REASONS), name="oncely_relay_parked_reason_check"),
         sa.CheckConstraint(_in("request", PARK_REQUESTS), name="oncely_relay_parked_request_check"),

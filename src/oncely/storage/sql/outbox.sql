@@ -57,12 +57,17 @@ RETURNING s.shard
 
 -- name: relay_park
 -- Park keys (dead, delayed or blocked rows), fenced like progress; a key parked already stays as is.
-INSERT INTO oncely_relay_parked (topic, aggregateid, shard, event_id, reason, error, until)
-SELECT p.topic, p.aggregateid, p.shard, p.event_id, p.reason, p.error, p.until
+-- A dead row comes with its attempts and the moment the first failed.
+INSERT INTO oncely_relay_parked (topic, aggregateid, shard, event_id, reason, error, until,
+                                 attempts, first_failed_at)
+SELECT p.topic, p.aggregateid, p.shard, p.event_id, p.reason, p.error, p.until, p.attempts,
+       p.first_failed_at
 FROM unnest(CAST(:topics AS text[]), CAST(:keys AS text[]), CAST(:shards AS smallint[]),
             CAST(:event_ids AS uuid[]), CAST(:reasons AS text[]), CAST(:errors AS text[]),
-            CAST(:untils AS timestamptz[]), CAST(:epochs AS bigint[]))
-     AS p(topic, aggregateid, shard, event_id, reason, error, until, epoch)
+            CAST(:untils AS timestamptz[]), CAST(:attempts AS integer[]),
+            CAST(:firsts AS timestamptz[]), CAST(:epochs AS bigint[]))
+     AS p(topic, aggregateid, shard, event_id, reason, error, until, attempts, first_failed_at,
+          epoch)
 JOIN oncely_relay_shards AS s ON s.shard = p.shard AND s.owner = :owner AND s.epoch = p.epoch
 ON CONFLICT (topic, aggregateid) DO NOTHING
 
@@ -245,6 +250,7 @@ ORDER BY o.topic
 -- row's columns from the outbox, or from oncely_relay_kept once its partition was dropped.
 SELECT p.event_id AS id, COALESCE(o.seq, k.seq) AS seq, p.topic, p.aggregateid,
        COALESCE(o.type, k.type) AS type, p.reason, p.error, p.until, p.parked_at,
+       p.attempts, p.first_failed_at,
        COALESCE(o.created_at, k.created_at) AS created_at, p.request,
        (SELECT count(*) FROM oncely_relay_held AS h
         WHERE h.topic = p.topic AND h.aggregateid = p.aggregateid) AS held

@@ -28,7 +28,9 @@ from oncely.storage.queries import query
 class DeadRow:
     """A parked row: ``reason`` ``dead`` (with ``error``) or ``delayed`` (due at ``until``);
     ``held``: the rows held behind its key; ``request``: requeue or skip, not carried out yet;
-    ``seq`` and ``type`` ``None`` once the row is purged; ``created_at``: when it was staged."""
+    ``seq`` and ``type`` ``None`` once the row is purged; ``created_at``: when it was staged;
+    a dead row's ``attempts`` and ``first_failed_at`` (its last failure parked it:
+    ``parked_at``), ``None`` for rows parked by relays before migration 0013."""
 
     id: UUID
     seq: int | None
@@ -42,6 +44,8 @@ class DeadRow:
     reason: str = "dead"
     until: datetime | None = None
     created_at: datetime | None = None
+    attempts: int | None = None
+    first_failed_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,8 @@ def list_dead(
             r.reason,
             r.until,
             r.created_at,
+            r.attempts,
+            r.first_failed_at,
         )
         for r in rows
     ]

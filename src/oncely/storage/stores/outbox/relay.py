@@ -59,8 +59,9 @@ class ShardProgress:
 
 @dataclass(frozen=True, slots=True)
 class Parking:
-    """A key parked by ``event_id``: dead (with ``error``), delayed (``until``), or blocked
-    (its topic is missing or not authorised; ``error`` says which)."""
+    """A key parked by ``event_id``: dead (with ``error``, after ``attempts`` of its own, the
+    first at ``first_failed_at``), delayed (``until``), or blocked (its topic is missing or not
+    authorised; ``error`` says which)."""
 
     topic: str
     aggregateid: str
@@ -71,6 +72,8 @@ class Parking:
     until: datetime | None = None
     request: str | None = None
     due: bool = False
+    attempts: int | None = None
+    first_failed_at: datetime | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -374,6 +377,8 @@ class RelayStore:
                 "reasons": [p.reason for p, _ in parked],
                 "errors": [p.error for p, _ in parked],
                 "untils": [p.until for p, _ in parked],
+                "attempts": [p.attempts for p, _ in parked],
+                "firsts": [p.first_failed_at for p, _ in parked],
                 "epochs": [epoch for _, epoch in parked],
             },
         )
