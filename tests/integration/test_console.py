@@ -342,6 +342,9 @@ def test_an_event_is_followed_from_its_row_to_its_record_and_each_receipt(
     assert "1 effect(s) dead-lettered this event: ledger" in failed.text
     assert "handler_failed" in failed.text and f"{app.topic}.ledger.dlq" in failed.text
     assert "(from kafka)" in failed.text, "no receipt places it: found on Kafka"
+    letters = client.get("/parked", headers=_auth()).text.split('id="dead-lettered"', 1)[1]
+    assert str(bad.id) in letters and "handler_failed" in letters
+    assert f"--effect ledger --to-offset {app.topic}:0:1 --execute" in letters
     assert "effect(s) have no receipt of this published event: audit, email" in failed.text
     by_key = client.get("/events?q=acc-1", headers=_auth())
     assert str(good.id) in by_key.text and str(bad.id) in by_key.text

@@ -21,12 +21,14 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
+from oncely.consumers.completeness import check_effects
 from oncely.ops.republish import republish
 from oncely.ops.status import collect_status
 from oncely.ops.verify import verify_window
 from oncely.producer.idempotency import IdempotencyKeys
 from oncely.producer.staging import stage
 from oncely.relay.publisher import Publisher
+from oncely.settings import CompletenessSettings
 from oncely.storage import partitions, upgrade
 from oncely.storage.errors import DuplicateEventError
 from oncely.storage.stores.outbox import dead
@@ -146,6 +148,14 @@ def test_pipeline_runs_under_the_printed_roles(
     with running_consumers(app.effects, ["ledger", "email"], consumer, kafka_bootstrap):
         wait_until(lambda: scalar(owner, "SELECT count(*) FROM oncely_receipts") == 14, timeout=90)
     assert scalar(owner, "SELECT count(*) FROM ledger") == 7
+    # Its effects' completeness, as the consumer process checks it, with its grants alone.
+    with consumer.connect() as conn, conn.begin():
+        checked = check_effects(
+            conn,
+            [app.effects.get("ledger")],
+            CompletenessSettings(grace_seconds=0, bucket_seconds=1),
+        )
+    assert [(c.effect, c.missing) for c in checked] == [("ledger", 0)]
     assert scalar(owner, "SELECT count(*) FROM oncely_tasks WHERE name = 'email.send'") == 7
 
     # The operator reads status, verifies, republishes, asks for a requeue and purges.
@@ -191,7 +201,9 @@ def test_pipeline_runs_under_the_printed_roles(
             "SELECT * FROM oncely_idempotency_keys",
         ],
         "consumer": [
-            # It reads the outbox (its effects' completeness), never writes it.
+            # It counts outbox rows (its effects' completeness): never a payload, never a write.
+            "SELECT payload FROM oncely_outbox",
+            "SELECT headers FROM oncely_outbox",
             "UPDATE oncely_outbox SET type = 'x'",
             "DELETE FROM oncely_receipts",
             "UPDATE oncely_tasks SET status = 'dead'",

@@ -99,5 +99,6 @@ def web(
         kafka=None
         if bootstrap_servers is None
         else KafkaSettings(bootstrap_servers=bootstrap_servers),
+        app_target=app_target or "<module:app>",
     )
     uvicorn.run(console.app(authenticate), host=host, port=port, log_level="info")

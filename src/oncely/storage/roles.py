@@ -72,6 +72,9 @@ class Component:
     trigger_reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: Sequences its inserts draw from (``nextval`` needs USAGE on them).
     sequences: tuple[str, ...] = ()
+    #: Tables its statements read only these columns of: it gets SELECT on them alone (so the
+    #: consumer, which counts outbox rows, never reads a payload): table -> columns.
+    column_reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 _OUTBOX_PROVIDED = ("id", "aggregatetype", "aggregateid", "type", "topic", "payload", "headers")
@@ -93,6 +96,7 @@ _CONSOLE_READS = (
     "lookup_receipts",
     "lookup_tasks",
     "lookup_dead_lettered",
+    "dead_lettered_recent",
     "audit_list",
     # the completeness of the app's effects (the overview's panel)
     "completeness_bounds",
@@ -161,6 +165,10 @@ COMPONENTS: dict[str, Component] = {
             "completeness_missing",
         ),
         {"oncely_tasks": _TASK_PROVIDED},
+        # The completeness statements read the outbox's ids, types and progress columns only.
+        column_reads={
+            "oncely_outbox": ("id", "type", "shard", "txid", "seq", "created_at"),
+        },
     ),
     "task_worker": Component(
         "task_worker",
@@ -314,6 +322,9 @@ def component_privileges(component: Component) -> Privileges:
     for table, provided in component.inserts.items():
         merged[table] |= _insert_privileges(metadata.tables[table], provided)
     for table, columns in component.trigger_reads.items():
+        merged[table] |= {f"SELECT:{column}" for column in columns}
+    for table, columns in component.column_reads.items():
+        merged[table].discard("SELECT")
         merged[table] |= {f"SELECT:{column}" for column in columns}
     return dict(merged)
 

@@ -36,7 +36,7 @@ from oncely.ops.status import ShardStatus, Status, collect_status
 from oncely.runtime.durations import parse_moment
 from oncely.schemas.codec import Codec
 from oncely.settings import CompletenessSettings, KafkaSettings, RelaySettings, WebSettings
-from oncely.storage.stores import audit
+from oncely.storage.stores import audit, dead_lettered
 from oncely.storage.stores.outbox import dead
 from oncely.storage.stores.outbox import lookup as rows
 from oncely.tasks.store import TaskStore
@@ -89,7 +89,8 @@ class Console:
     ``effects`` (names, groups, topics) and ``codec`` (to decode payloads), when given; Kafka,
     when ``kafka`` is given (lag, DLQ depth, publish rate, an event's record, republish, with
     ``relay``'s producer settings). The effects' completeness is checked as ``completeness``
-    says, at most every ``completeness.interval_seconds`` (at least every second)."""
+    says, at most every ``completeness.interval_seconds`` (at least every second).
+    ``app_target`` names the application in the commands the pages suggest."""
 
     engine: sa.Engine
     settings: WebSettings = field(default_factory=WebSettings)
@@ -98,6 +99,7 @@ class Console:
     kafka: KafkaSettings | None = None
     relay: RelaySettings | None = None
     completeness: CompletenessSettings = field(default_factory=CompletenessSettings)
+    app_target: str = "<module:app>"
     _rate: _Rate = field(default_factory=_Rate, init=False, repr=False)
     _completeness: _Completeness = field(
         default_factory=lambda: _Completeness(), init=False, repr=False
@@ -170,12 +172,21 @@ class Console:
             listed = dead.list_dead(self.engine, delayed=True)
             with self.engine.connect() as conn:
                 stored = {row.id: rows.event(conn, row.id) for row in listed[:_LISTED]}
+                letters = dead_lettered.unapplied(conn, limit=_LISTED)
             payloads = {
                 event_id: self._payload(row, lookup.decoded_payload(row, self.codec)[0])
                 for event_id, row in stored.items()
                 if row is not None
             }
-            return page(request, operator, "parked.html", listed=listed, payloads=payloads)
+            return page(
+                request,
+                operator,
+                "parked.html",
+                listed=listed,
+                payloads=payloads,
+                letters=letters,
+                app_target=self.app_target,
+            )
 
         @router.get("/tasks", name="tasks", response_class=HTMLResponse)
         def tasks(request: Request, operator: str = auth) -> HTMLResponse:

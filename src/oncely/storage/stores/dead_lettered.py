@@ -20,9 +20,10 @@ from oncely.storage.queries import query, typed_row
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """An effect's consumer sent the event's record (read at ``topic``, ``partition``,
-    ``offset``) to its DLQ for ``reason``."""
+    """An effect's consumer sent the record of event ``event_id`` (read at ``topic``,
+    ``partition``, ``offset``) to its DLQ for ``reason``."""
 
+    event_id: UUID
     effect: str
     topic: str
     partition: int
@@ -61,4 +62,10 @@ def record(
 def of_event(conn: sa.Connection, event_id: UUID) -> list[DeadLetter]:
     """The dead letters of ``event_id``, one per effect that dead-lettered it, by effect."""
     rows = conn.execute(query("lookup_dead_lettered"), {"id": event_id})
+    return [typed_row(DeadLetter, row._mapping) for row in rows]
+
+
+def unapplied(conn: sa.Connection, *, limit: int) -> list[DeadLetter]:
+    """The newest ``limit`` dead letters whose event the effect has not applied since."""
+    rows = conn.execute(query("dead_lettered_recent"), {"limit": limit})
     return [typed_row(DeadLetter, row._mapping) for row in rows]
