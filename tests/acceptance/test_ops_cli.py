@@ -110,6 +110,20 @@ def test_status_json_of_a_small_deployment(
             "is `oncely relay run` running?",
         ],
         "kafka_error": None,
+        # Every row is younger than the grace period: nothing is checked yet, nothing missing.
+        "completeness": [
+            {
+                "effect": name,
+                "missing": 0,
+                "oldest_missing_at": None,
+                "window_start": None,
+                "window_end": None,
+                "sample_ids": [],
+                "buckets": 0,
+                "buckets_read": 0,
+            }
+            for name in sorted(app.effects.names())
+        ],
     }
 
 
