@@ -27,10 +27,10 @@ from oncely.consumers.completeness import (
     bucket_edges,
     check_effect,
     disagreeing,
-    id_floor,
     window,
 )
 from oncely.devstack.postgres import PostgresNode
+from oncely.ids import lowest_of_millis
 from oncely.settings import CompletenessSettings
 from oncely.storage import upgrade
 from oncely.storage.queries import query
@@ -114,7 +114,10 @@ def _run(engine: sa.Engine, args: argparse.Namespace) -> None:
         bounds = completeness_bounds(conn)
         span = window(bounds, settings)
         assert span is not None, "the rows are younger than the grace period"
-        edges = [id_floor(ms) for ms in bucket_edges(*span, round(settings.bucket_seconds * 1000))]
+        edges = [
+            lowest_of_millis(ms)
+            for ms in bucket_edges(*span, round(settings.bucket_seconds * 1000))
+        ]
         params: dict[str, Any] = {
             "effect": EFFECT,
             "types": types,
