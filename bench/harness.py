@@ -270,17 +270,8 @@ class Cell:
         ]
 
     def to_json(self) -> dict[str, Any]:
-        ratios = self.ratios()
-        target = Target(self.target)
-        if self.absolute:
-            met = target.met(self.value()["median"])
-        else:
-            # The target applies to the first denominator; the others are context.
-            first = ratios.get(self.denominators[0])
-            met = target.met(first["median"]) if first else None
-        if self.verdict_needs_idle and self.cpu_bound():
-            met = None
-        return {
+        """The cell as a result-file object, with its verdict (see :func:`verdict`)."""
+        result = {
             "cell": self.name,
             "measures": self.measures,
             "unit": self.unit,
@@ -295,16 +286,48 @@ class Cell:
             "cpu_bound": self.cpu_bound(),
             "cpu_cores": {side: v for side, v in self.cores.items() if v},
             "cpu_cores_median": {side: _median_cores(v) for side, v in self.cores.items() if v},
-            "ratios": ratios,
+            "ratios": self.ratios(),
             "undefined_ratios": self.undefined(),
             "absolute": self.absolute,
             **({"value": self.value()} if self.absolute else {}),
             "summary": self.summary,
             "target": self.target,
-            "met": met,
             "verdict_needs_idle": self.verdict_needs_idle,
             "notes": self.notes,
         }
+        result["met"], result["no_verdict"] = verdict(result)
+        return result
+
+
+def verdict(result: Mapping[str, Any]) -> tuple[bool | None, str | None]:
+    """Whether a result (a cell's JSON object, of this or an older harness) met its target, and
+    why it has no verdict when it should have one.
+
+    A ratio's target applies to its first denominator. No verdict, with the reason, when a
+    repetition of that denominator was at or below zero (the ratio is undefined: R-QUIET's raw
+    side under the broker clock's 1 ms resolution once gave p50 -0.1 ms and a ratio of -6.8,
+    which a ``<=`` target would call met), or when a cell whose target needs idle cores had a
+    CPU-bound side. A target that is not a comparison ("reported", "(context)") and a result
+    of another kind (memory, soak) have neither a verdict nor a reason.
+    """
+    target = Target(str(result.get("target", "")))
+    if result.get("kind") or _TARGET.match(target.text) is None:
+        return None, None
+    denominators = result.get("denominators") or []
+    if denominators:
+        first = denominators[0]
+        undefined = result.get("undefined_ratios")
+        if undefined is None:  # files from before the harness recorded it: from the values
+            undefined = [first] if any(v <= 0 for v in result["rates"][first]) else []
+        if first in undefined:
+            return None, f"{first} was <= 0 in a repetition: the ratio is undefined"
+        value = result["ratios"][first]["median"]
+    else:
+        value = result["value"]["median"]
+    bound = result.get("cpu_bound") or []
+    if result.get("verdict_needs_idle") and bound:
+        return None, f"CPU-bound ({', '.join(bound)}) and the target needs idle cores"
+    return target.met(value), None
 
 
 def _median_cores(turns: list[dict[str, float]]) -> dict[str, float]:

@@ -11,7 +11,16 @@ import pytest
 from bench.__main__ import _markdown
 from bench.consumer_cells import at_shares
 from bench.fixtures import Running, memory_mb, metric
-from bench.harness import Cell, Target, _take_idle, cpu_window, interleave, scale, scaled
+from bench.harness import (
+    Cell,
+    Target,
+    _take_idle,
+    cpu_window,
+    interleave,
+    scale,
+    scaled,
+    verdict,
+)
 from bench.latency_cells import latencies
 
 from oncely.devstack._process import free_port
@@ -207,3 +216,22 @@ def test_a_ratio_over_a_denominator_at_or_below_zero_is_undefined() -> None:
     lines = _markdown([result]).splitlines()
     assert lines[2].endswith("| <= 1.2 | no verdict |") and "undefined: b was <= 0" in lines[2]
     assert lines[3].startswith("| RX | context: a / c | 1.1 ") and lines[3].endswith("|  |  |")
+
+
+@pytest.mark.parametrize("denominator", [[0.0, 2.0, 2.0], [2.0, -0.1, 2.0]])
+def test_no_ratio_over_a_denominator_at_or_below_zero_is_called_met(
+    denominator: list[float],
+) -> None:
+    """A <= target would call a negative ratio met (R-QUIET p50's -6.8), and a zero denominator
+    has no ratio at all: no verdict, and the result says why."""
+    cell = Cell("R-QUIET p50", "a", ["b"], "ms", target="<= 1.2", measures="a / b")
+    cell.rates = {"a": [1.0, 1.0, 1.0], "b": denominator}
+    result = cell.to_json()
+    assert result["met"] is None
+    assert result["no_verdict"] == "b was <= 0 in a repetition: the ratio is undefined"
+    # A result of an older harness (no undefined_ratios, its own "met") is judged again.
+    old = {k: v for k, v in result.items() if k not in ("undefined_ratios", "no_verdict")}
+    old["met"] = True
+    assert verdict(old) == (None, "b was <= 0 in a repetition: the ratio is undefined")
+    cell.rates["b"] = [1.0, 1.0, 1.0]
+    assert cell.to_json()["met"] is True
