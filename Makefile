@@ -174,11 +174,15 @@ demo: install
 clean:
 	rm -rf $(VENV) $(FLOORS) .mypy_cache .ruff_cache
 
-# Every benchmark cell of docs/performance.md, about 40 minutes on 2 cores; BENCH_SCALE=0.05 for
-# a smoke run. Writes bench/results/<date>.json, .md (the table) and .png.
+# The default cells of bench/registry.py (`.venv/bin/python -m bench --list` lists every cell,
+# its target and estimated time; their sum is about an hour on 2 cores); BENCH_SCALE=0.05 for a
+# smoke run, CELLS="R1 R-QUIET" for some cells. Writes bench/results/<date>-<time>-<cells>.json
+# (with the commit measured), .md (the table) and .png, and regenerates bench/results/INDEX.md
+# and the current figures of docs/performance.md.
+CELLS ?=
 bench: install
 	$(BIN)/pip install --quiet matplotlib
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(CELLS)
 
 # The container image (oncely:dev, IMAGE=... for another tag), built with podman on a Debian base
 # made here by debootstrap (cached in ~/.cache/oncely/images and podman's store; no registry is

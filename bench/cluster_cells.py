@@ -13,12 +13,11 @@ ready. The machine's cores bound what more processes can add: on 2 cores, three 
 PostgreSQL and the processes under test share them.
 
 ``cluster_cells()`` starts its own :class:`~oncely.devstack.KafkaCluster` (and a PostgreSQL
-unless given a database URL). Alone: ``python -m bench.cluster_cells [--repetitions N]``.
+unless given a database URL). Not in the default run: ``python -m bench R-CLUSTER``.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -279,28 +278,3 @@ def cluster_cells(
             warmup=False,
         )
         return [consumer, relay]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="R-CLUSTER alone: print rates and ratios.")
-    parser.add_argument("--repetitions", type=int, default=3)
-    parser.add_argument("--rows", type=int, default=20_000)
-    parser.add_argument("--records", type=int, default=10_000)
-    parser.add_argument("--database-url", default=os.environ.get("ONCELY_DATABASE_URL"))
-    args = parser.parse_args()
-    for cell in cluster_cells(
-        args.repetitions, database_url=args.database_url, rows=args.rows, records=args.records
-    ):
-        result = cell.to_json()
-        print(f"{cell.name} ({cell.unit}): medians {result['medians']}")
-        for denominator, ratio in result["ratios"].items():
-            print(
-                f"  {cell.numerator} / {denominator}: {ratio['median']} "
-                f"({ratio['min']} to {ratio['max']})"
-            )
-        for note in cell.notes:
-            print(f"  {note}")
-
-
-if __name__ == "__main__":
-    main()

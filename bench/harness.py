@@ -7,7 +7,7 @@ missed). Every turn also records the machine's CPU idle share (``/proc/stat``) o
 window: a side with under :data:`CPU_BOUND_IDLE` idle was limited by the cores that the broker,
 PostgreSQL and the code under test share, and the cell says so.
 
-Sizes scale with ``BENCH_SCALE`` (default 1: the full run, about 40 minutes on 2 cores);
+Sizes scale with ``BENCH_SCALE`` (default 1: the full run, about an hour on 2 cores);
 ``BENCH_SCALE=0.05`` is a smoke run.
 """
 

@@ -1,21 +1,18 @@
-"""``python -m bench.missing_topic [--side NAME=SRC ...]``: what a missing topic costs the others.
+"""R-MISSING-TOPIC: what a missing topic costs the others.
 
 A service stages, 20 times a second each, one event on a topic that exists and one on a topic
 that does not (deployed before ``oncely topics ensure``). An ``oncely relay run`` process, with
-its default settings, publishes them. The script measures, for the topic that exists, commit to
+its default settings, publishes them. The cell measures, for the topic that exists, commit to
 Kafka (the consumer's receive time minus the row's ``created_at``, which is the record's
 timestamp) over the window; then it creates the missing topic and measures how long its rows
-take to be published. Each ``--side`` runs the relay from another source tree (``NAME=SRC``,
-e.g. ``before=/tmp/oncely-before/src`` from a ``git worktree``) on a database upgraded by that
-tree's own migrations, one after the other on the same broker; the default is this checkout.
-
-Runs against the devstack unless ``ONCELY_DATABASE_URL`` and ``ONCELY_KAFKA_BOOTSTRAP_SERVERS``
-name other services. Prints one Markdown table row per side.
+take to be published. Each side runs the relay from a source tree (``python -m bench
+R-MISSING-TOPIC --side before=/tmp/oncely-before/src``, from a ``git worktree``; the default is
+this checkout) on a database of its own upgraded by that tree's migrations, one side after the
+other on the same broker. One run per side: its figure is the p99, reported.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -24,17 +21,16 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import sqlalchemy as sa
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from oncely.devstack import DevStack
+from bench.harness import Cell
 from oncely.storage import outbox
 from oncely.testing.services import libpq_dsn
 
@@ -51,23 +47,6 @@ class Result:
     p99_ms: float
     max_ms: float
     missing_published_after_create_s: float
-
-
-@contextmanager
-def _services() -> Iterator[tuple[str, str]]:
-    url, kafka = (
-        os.environ.get("ONCELY_DATABASE_URL"),
-        os.environ.get("ONCELY_KAFKA_BOOTSTRAP_SERVERS"),
-    )
-    if url and kafka:
-        yield url, kafka
-        return
-    stack = DevStack()
-    info = stack.start()
-    try:
-        yield info.database_url, info.kafka_bootstrap
-    finally:
-        stack.stop()
 
 
 def _new_database(admin_url: str) -> str:
@@ -184,29 +163,28 @@ def _high_watermarks(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--side", action="append", default=[], help="NAME=SRC (repeatable)")
-    parser.add_argument("--seconds", type=float, default=90.0, help="staging window per side")
-    args = parser.parse_args()
-    sides = [tuple(s.split("=", 1)) for s in args.side] or [("this", str(HERE))]
-    results = []
-    with _services() as (admin_url, bootstrap):
-        for name, src in sides:
-            results.append(run_side(name, Path(src), admin_url, bootstrap, args.seconds))
-            print(results[-1], flush=True)
-    print()
-    print(
-        "| side | other topic's rows received / staged | p50 ms | p99 ms | max ms "
-        "| missing topic's rows all on Kafka after its creation (s) |"
-    )
-    print("|---|---|---|---|---|---|")
-    for r in results:
-        print(
-            f"| {r.side} | {r.received} / {r.staged} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | "
-            f"{r.max_ms:.1f} | {r.missing_published_after_create_s:.1f} |"
+def missing_topic_cells(
+    sides: list[tuple[str, Path]], *, admin_url: str, bootstrap: str, seconds: float
+) -> tuple[list[Cell], list[dict[str, Any]]]:
+    """One absolute cell per side (its p99, named after the side when there are several), and
+    every side's figures."""
+    made, details = [], []
+    for name, src in sides:
+        result = run_side(name, src, admin_url, bootstrap, seconds)
+        details.append(asdict(result))
+        cell = Cell(
+            "R-MISSING-TOPIC p99" + (f" ({name})" if len(sides) > 1 else ""),
+            f"{name}: the existing topic's commit-to-Kafka p99",
+            [],
+            "ms",
+            target="reported",
+            measures=f"commit-to-Kafka p99 of a topic that exists, {RATE:.0f} events/s, while "
+            f"another topic's rows ({RATE:.0f}/s) wait for their topic; relay from {src}",
+            summary=f"p50/p99/max {result.p50_ms:.1f}/{result.p99_ms:.1f}/{result.max_ms:.1f} "
+            f"ms; received {result.received} of {result.staged} staged; the missing topic's "
+            f"rows on Kafka {result.missing_published_after_create_s:.1f} s after its creation",
+            notes=[f"one run of {seconds:.0f} s"],
         )
-
-
-if __name__ == "__main__":
-    main()
+        cell.rates = {cell.numerator: [result.p99_ms]}
+        made.append(cell)
+    return made, details

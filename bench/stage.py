@@ -23,15 +23,12 @@ alone (:func:`measure_client`):
 - **S-MANY**: events/s of transactions of ``stage_many()`` of 100 events / of one raw
   multi-row ``INSERT`` of the same 100 rows, commit included (target >= 0.8).
 
-    python -m bench.stage [--transactions 2000] [--repetitions 3]
+``python -m bench R5 S-CPU S-MANY`` runs them.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
-import os
 import threading
 import time
 import uuid
@@ -46,7 +43,6 @@ from psycopg.types.json import Jsonb
 from sqlalchemy.orm import Session
 
 from bench.harness import Cell, cpu_window, interleave
-from oncely.devstack import DevStack
 from oncely.ids import uuid7
 from oncely.producer.staging import stage, stage_many
 from oncely.schemas.codec import Codec
@@ -385,26 +381,3 @@ def measure_client(
     )
     many.take(run)
     return [cpu, many]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--transactions", type=int, default=2000)
-    parser.add_argument("--repetitions", type=int, default=3)
-    parser.add_argument("--events", type=int, default=5000, help="per S-CPU / S-MANY block")
-    parser.add_argument("--only", choices=["R5", "S"], help="only R5, or only S-CPU and S-MANY")
-    args = parser.parse_args()
-    url = os.environ.get("ONCELY_DATABASE_URL")
-    with contextlib.ExitStack() as stack:
-        if not url:
-            url = stack.enter_context(DevStack()).database_url
-        cells = []
-        if args.only != "R5":
-            cells += measure_client(url, events=args.events, repetitions=args.repetitions)
-        if args.only != "S":
-            cells += measure(url, transactions=args.transactions, repetitions=args.repetitions)
-    print(json.dumps([cell.to_json() for cell in cells], indent=2))
-
-
-if __name__ == "__main__":
-    main()
