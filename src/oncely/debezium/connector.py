@@ -196,8 +196,7 @@ class ConnectorOptions:
 def snapshot_statement(schema: str) -> str:
     """The connector's first snapshot: the outbox rows oncely's relay has not published.
 
-    Those of transactions their shard's progress does not cover (neither the snapshot whose
-    rows are all acknowledged, nor the acknowledged part of the one being read), and those held
+    Those their shard's progress has not passed (``oncely_passed``, migration 0007), and those held
     behind a parked key or parked as delayed; not a dead row (``oncely dead`` still lists it).
     Held and delayed rows whose partition retention dropped are read from their kept copies
     (``oncely_relay_kept``), as outbox rows. In ``seq`` order, so each key's backlog is
@@ -213,9 +212,8 @@ def snapshot_statement(schema: str) -> str:
     return (
         f"SELECT * FROM {schema}.{OUTBOX_TABLE} AS o "
         f"WHERE EXISTS (SELECT 1 FROM {schema}.oncely_relay_shards AS s "
-        "WHERE s.shard = o.shard AND NOT pg_visible_in_snapshot(o.txid, s.done) "
-        "AND NOT (s.reading IS NOT NULL AND o.seq <= s.after_seq "
-        "AND pg_visible_in_snapshot(o.txid, s.reading))) "
+        "WHERE s.shard = o.shard "
+        f"AND NOT {schema}.oncely_passed(o.txid, o.seq, s.done, s.reading, s.after_seq)) "
         f"OR o.id IN {parked.format(row='o')} "
         # A kept copy as an outbox row: its columns by name (the outbox's others NULL).
         f"UNION ALL SELECT (jsonb_populate_record(NULL::{schema}.{OUTBOX_TABLE}, to_jsonb(k))).* "
