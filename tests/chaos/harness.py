@@ -25,6 +25,7 @@ from oncely.devstack._process import free_port
 from oncely.producer.staging import stage
 from oncely.retention.guard import Watermarks
 from oncely.schemas.codec import Codec
+from oncely.settings import RelaySettings, RetentionSettings
 from oncely.storage import upgrade
 from oncely.storage.migrations import upgrade_connection
 from tests.apps.ledger import App
@@ -35,8 +36,11 @@ from tests.chaos.ledger import check, published
 STEP = timedelta(minutes=1)
 #: Horizons of 0: a partition may go as soon as its minute is over and the guard lets it go,
 #: so drops happen wherever a scenario's data ages past a minute boundary.
-POLICY = retention.Policy(
-    outbox_horizon=timedelta(0), receipts_horizon=timedelta(0), ahead=2, lock_timeout=2.0
+POLICY = retention.policy_of(
+    RetentionSettings(ahead=2),
+    RelaySettings(),
+    outbox_horizon=timedelta(0),
+    receipts_horizon=timedelta(0),
 )
 #: What each scenario's retention did, for the terminal summary (tests/chaos/conftest.py).
 RETENTION_REPORTS: list[str] = []

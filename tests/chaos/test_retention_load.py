@@ -45,13 +45,17 @@ from sqlalchemy.orm import Session
 from oncely import retention
 from oncely.producer.staging import stage
 from oncely.schemas.codec import Codec
+from oncely.settings import RelaySettings, RetentionSettings
 from tests.apps.ledger import App, create_tables
 from tests.chaos.harness import Pipeline, pipeline
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(330)]
 
-POLICY = retention.Policy(
-    outbox_horizon=timedelta(0), receipts_horizon=timedelta(0), ahead=2, lock_timeout=2.0
+POLICY = retention.policy_of(
+    RetentionSettings(ahead=2),
+    RelaySettings(),
+    outbox_horizon=timedelta(0),
+    receipts_horizon=timedelta(0),
 )
 #: No relay runs for this long, from this many seconds before a minute boundary.
 PAUSE, BEFORE_BOUNDARY = 14.0, 5.0

@@ -16,6 +16,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from oncely import debezium, retention
+from oncely.settings import RelaySettings, RetentionSettings
 from oncely.storage import partitions
 from oncely.storage.stores.outbox import dead
 from tests.helpers import (
@@ -40,7 +41,9 @@ pytestmark = pytest.mark.integration
 
 STEP = timedelta(minutes=1)
 #: Everything older than a minute is past the horizons: only the guard's other checks count.
-POLICY = retention.Policy(outbox_horizon=STEP, receipts_horizon=STEP, ahead=2)
+POLICY = retention.policy_of(
+    RetentionSettings(ahead=2), RelaySettings(), outbox_horizon=STEP, receipts_horizon=STEP
+)
 
 
 @pytest.fixture
@@ -158,7 +161,12 @@ def test_receipts_partition_is_kept_while_the_outbox_holds_its_events(
     execute(
         engine, "INSERT INTO oncely_receipts (event_id, effect) VALUES (:e, 'x')", e=event["id"]
     )
-    policy = retention.Policy(outbox_horizon=timedelta(days=1), receipts_horizon=STEP)
+    policy = retention.policy_of(
+        RetentionSettings(),
+        RelaySettings(),
+        outbox_horizon=timedelta(days=1),
+        receipts_horizon=STEP,
+    )
     reason = _verdicts(retention.plan(engine, policy, log_starts), "oncely_receipts")[
         _name("oncely_receipts", moment)
     ]

@@ -47,7 +47,9 @@ from tests.helpers import (
 pytestmark = pytest.mark.integration
 
 STEP = timedelta(minutes=1)
-POLICY = retention.Policy(outbox_horizon=STEP, receipts_horizon=STEP, ahead=2)
+POLICY = retention.policy_of(
+    RetentionSettings(ahead=2), RelaySettings(), outbox_horizon=STEP, receipts_horizon=STEP
+)
 
 
 @pytest.fixture
@@ -123,7 +125,12 @@ def test_outbox_default_rows_passed_and_past_the_horizon_go_and_the_receipts_fol
     )
     held = _name("oncely_receipts", now - timedelta(minutes=15))
     later = _name("oncely_receipts", now - timedelta(minutes=14))
-    policy = retention.Policy(outbox_horizon=timedelta(minutes=2), receipts_horizon=STEP, ahead=2)
+    policy = retention.policy_of(
+        RetentionSettings(ahead=2),
+        RelaySettings(),
+        outbox_horizon=timedelta(minutes=2),
+        receipts_horizon=STEP,
+    )
 
     outcome = retention.run(engine, policy, log_starts)
     assert not outcome.errors, outcome.errors
@@ -186,7 +193,9 @@ def test_a_step_with_default_rows_is_created_with_them_moved_and_the_relay_publi
     }
     assert {_where(engine, r["id"]) for r in ahead} == {"oncely_outbox_default"}
 
-    outcome = retention.run(engine, retention.Policy(ahead=12), log_starts)
+    outcome = retention.run(
+        engine, retention.policy_of(RetentionSettings(ahead=12), RelaySettings()), log_starts
+    )
     assert not outcome.errors, outcome.errors
     name = _name("oncely_outbox", now + timedelta(minutes=10))
     assert name in outcome.created
@@ -222,7 +231,9 @@ def test_a_step_with_default_rows_is_created_with_them_moved_and_the_relay_publi
     with running_relay(engine, kafka_bootstrap, fast_settings()):
         wait_until(lambda: len(read_topics(kafka_bootstrap, [topic])) >= len(every), timeout=60)
         assert {_where(engine, r["id"]) for r in published} == {"oncely_outbox_default"}
-        outcome = retention.run(engine, retention.Policy(ahead=16), log_starts)
+        outcome = retention.run(
+            engine, retention.policy_of(RetentionSettings(ahead=16), RelaySettings()), log_starts
+        )
         assert not outcome.errors, outcome.errors
         assert {_where(engine, r["id"]) for r in published} == {
             _name("oncely_outbox", now + timedelta(minutes=14))
@@ -254,7 +265,9 @@ def test_a_move_streams_nothing_to_a_debezium_publication(
         rows = [outbox_row("t", event_id=uuid7_at(now + timedelta(minutes=10))) for _ in range(3)]
         insert_rows(engine, rows)
         assert _changes(engine, "oncely_test_pub") == {"I": 3}
-        outcome = retention.run(engine, retention.Policy(ahead=12), log_starts)
+        outcome = retention.run(
+            engine, retention.policy_of(RetentionSettings(ahead=12), RelaySettings()), log_starts
+        )
         assert not outcome.errors, outcome.errors
         assert _where(engine, rows[0]["id"]) == _name("oncely_outbox", now + timedelta(minutes=10))
         assert _changes(engine, "oncely_test_pub") == {"I": 3}
@@ -288,7 +301,11 @@ def test_a_creation_error_is_reported_and_the_run_goes_on(
     row = outbox_row("t", event_id=uuid7_at(now - timedelta(minutes=10)))
     insert_rows(engine, [row])
     acknowledge_all(engine)
-    outcome = retention.run(engine, retention.Policy(outbox_horizon=STEP, ahead=7), log_starts)
+    outcome = retention.run(
+        engine,
+        retention.policy_of(RetentionSettings(ahead=7), RelaySettings(), outbox_horizon=STEP),
+        log_starts,
+    )
     assert any(blocked in error for error in outcome.errors), outcome.errors
     assert _name("oncely_outbox", now + timedelta(minutes=6)) in outcome.created
     assert _name("oncely_receipts", now + timedelta(minutes=5)) in outcome.created
@@ -308,10 +325,14 @@ def test_the_python_api_refuses_a_step_the_cli_refuses(engine: sa.Engine) -> Non
 def test_a_run_refuses_an_ahead_that_does_not_cover_its_interval(
     engine: sa.Engine, now: datetime, log_starts: retention.maintenance.AskKafka
 ) -> None:
-    short = retention.Policy(ahead=3, interval=timedelta(minutes=3))
+    short = retention.policy_of(
+        RetentionSettings(ahead=3), RelaySettings(), interval=timedelta(minutes=3)
+    )
     with pytest.raises(ConfigurationError, match="ONCELY_RETENTION_AHEAD"):
         retention.run(engine, short, log_starts)
-    covered = retention.Policy(ahead=4, interval=timedelta(minutes=3))
+    covered = retention.policy_of(
+        RetentionSettings(ahead=4), RelaySettings(), interval=timedelta(minutes=3)
+    )
     assert not retention.run(engine, covered, log_starts).errors
 
 

@@ -26,7 +26,7 @@ from oncely import retention
 from oncely.relay.housekeeping import Housekeeping
 from oncely.retention.guard import KafkaAnswer
 from oncely.runtime.metrics import RetentionMetrics
-from oncely.settings import RetentionSettings
+from oncely.settings import RelaySettings, RetentionSettings
 from oncely.storage import partitions
 from oncely.storage.stores.outbox.relay import RelayStore
 from tests.helpers import (
@@ -45,7 +45,9 @@ pytestmark = pytest.mark.integration
 
 STEP = timedelta(minutes=1)
 #: Everything older than a minute is past the horizons: only the guard's other checks count.
-POLICY = retention.Policy(outbox_horizon=STEP, receipts_horizon=STEP, ahead=2)
+POLICY = retention.policy_of(
+    RetentionSettings(ahead=2), RelaySettings(), outbox_horizon=STEP, receipts_horizon=STEP
+)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 
 from oncely import retention
 from oncely.retention import maintenance
+from oncely.settings import RelaySettings, RetentionSettings
 from oncely.storage import outbox, partitions, upgrade
 from oncely.storage.errors import DuplicateEventError, translate_errors_of
 from oncely.storage.stores.outbox import writes
@@ -39,7 +40,12 @@ pytestmark = pytest.mark.integration
 
 T = TypeVar("T")
 STEP = timedelta(minutes=1)
-POLICY = retention.Policy(outbox_horizon=STEP, receipts_horizon=STEP, ahead=2, lock_timeout=10)
+POLICY = retention.policy_of(
+    RetentionSettings(ahead=2, lock_timeout_seconds=10),
+    RelaySettings(),
+    outbox_horizon=STEP,
+    receipts_horizon=STEP,
+)
 
 
 def _no_kafka(topics: Iterable[str]) -> retention.guard.KafkaAnswer:

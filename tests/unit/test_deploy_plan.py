@@ -307,7 +307,7 @@ def test_kubernetes_runs_retention_often_enough_for_its_partitions_ahead(
     partitions created ahead (config.yaml's ONCELY_RETENTION_AHEAD, else the default) outlast
     it with the steps purge.md shows: no step's rows go to the default partition between runs."""
     from oncely import retention
-    from oncely.settings import RetentionSettings
+    from oncely.settings import RelaySettings, RetentionSettings
     from oncely.storage import partitions
 
     (cron,) = [doc for doc in rendered if doc["kind"] == "CronJob"]
@@ -324,7 +324,9 @@ def test_kubernetes_runs_retention_often_enough_for_its_partitions_ahead(
     config = next(doc for doc in rendered if doc["kind"] == "ConfigMap")
     ahead = int(config["data"].get("ONCELY_RETENTION_AHEAD", RetentionSettings().ahead))
     for step in ("15m", "6h", "1d"):
-        policy = retention.Policy(ahead=ahead, interval=interval)
+        policy = retention.policy_of(
+            RetentionSettings(ahead=ahead), RelaySettings(), interval=interval
+        )
         retention.maintenance.check_ahead(partitions.parse_step(step), policy)
     relay = next(doc for doc in rendered if doc["metadata"]["name"] == "oncely-relay")
     (relay_container,) = relay["spec"]["template"]["spec"]["containers"]

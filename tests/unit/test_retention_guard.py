@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from oncely.retention import Plan, Policy, Verdict
+from oncely.retention import Plan, Verdict, policy_of
 from oncely.retention.guard import (
     NOT_MARKED,
     Mark,
@@ -19,6 +19,7 @@ from oncely.retention.guard import (
     receipts_reason,
 )
 from oncely.retention.report import document, kept_past_horizon
+from oncely.settings import RelaySettings, RetentionSettings
 from oncely.storage.partitions import Partition
 
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
@@ -128,7 +129,7 @@ def test_partitions_go_oldest_first_behind_one_that_stays() -> None:
 
 
 def test_kept_counts_only_partitions_past_their_horizon() -> None:
-    policy = Policy(outbox_horizon=HORIZON)
+    policy = policy_of(RetentionSettings(), RelaySettings(), outbox_horizon=HORIZON)
     verdicts = [
         Verdict(_partition(12), None),
         Verdict(_partition(11), "parked"),

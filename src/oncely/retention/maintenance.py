@@ -46,7 +46,8 @@ class NotPartitionedError(ConfigurationError):
 
 @dataclass(frozen=True)
 class Policy:
-    """How long partitions are kept at least, and how maintenance behaves.
+    """How long partitions are kept at least, and how maintenance behaves: made by
+    :func:`policy_of` from the settings, which hold the defaults.
 
     Attributes:
         outbox_horizon: an outbox partition stays until its range ended this long ago (the
@@ -64,10 +65,10 @@ class Policy:
             outlast it (:func:`check_ahead`); ``None``: not checked.
     """
 
-    outbox_horizon: timedelta = timedelta(days=7)
-    receipts_horizon: timedelta = timedelta(days=21)
-    ahead: int = 3
-    lock_timeout: float = 2.0
+    outbox_horizon: timedelta
+    receipts_horizon: timedelta
+    ahead: int
+    lock_timeout: float
     interval: timedelta | None = None
 
     def horizon(self, table: str) -> timedelta:
