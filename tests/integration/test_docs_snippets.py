@@ -56,7 +56,7 @@ from oncely.ops.republish import plan_republish, republish
 from oncely.ops.status import collect_status
 from oncely.ops.verify import verify_window
 from oncely.relay.publisher import Publisher
-from oncely.settings import TopicSettings
+from oncely.settings import TaskSettings, TopicSettings
 from oncely.storage.stores.outbox import dead
 from oncely.storage.stores.outbox.relay import RelayStore
 from oncely.tasks import TaskStore
@@ -448,7 +448,9 @@ def _exercise_roles(
     # The task worker leases, runs, settles, sweeps and purges.
     tasks = oncely.Tasks()
     tasks.handler("note")(lambda task: None)
-    worker = oncely.TaskWorker(engine=as_role("oncely_task_worker"), tasks=tasks)
+    worker = oncely.TaskWorker(
+        engine=as_role("oncely_task_worker"), tasks=tasks, settings=TaskSettings()
+    )
     worker.check()
     assert worker.dispatch_pending(limit=50) == 7
     worker.sweep()

@@ -21,6 +21,7 @@ from oncely.producer.commands import (
     PostCommitTask,
     PostCommitTaskError,
 )
+from oncely.settings import TaskSettings
 from oncely.storage import DuplicateTaskKeyError
 from oncely.storage.transactional import DuplicateInTransactionError
 from oncely.tasks import LeaseLostError, Task, TaskError, Tasks, TaskStore, TaskWorker
@@ -258,7 +259,10 @@ def test_the_worker_finishes_what_the_immediate_path_left_pending(
     tasks = Tasks()
     provider = _Provider(result=True)
     tasks.handler("receipt.send")(provider)
-    assert TaskWorker(engine=engine, tasks=tasks).dispatch_pending(limit=10) == 2
+    assert (
+        TaskWorker(engine=engine, tasks=tasks, settings=TaskSettings()).dispatch_pending(limit=10)
+        == 2
+    )
     first, copy = _tasks(engine)
     assert (first["status"], first["attempts"]) == ("completed", 2)
     assert (copy["status"], copy["attempts"]) == ("completed", 1)

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from oncely.producer.commands import DurableCommand, PostCommitResult, PostCommitTask
+from oncely.settings import TaskSettings
 from oncely.tasks import Task, Tasks, TaskWorker, enqueue_task
 
 pytestmark = pytest.mark.integration
@@ -35,7 +36,7 @@ def _worker(url: str, barrier: Any, done: Any) -> None:
     engine = sa.create_engine(url)
     tasks = Tasks()
     tasks.handler("race.run")(lambda task: _record(url, task, "worker"))
-    worker = TaskWorker(engine=engine, tasks=tasks)
+    worker = TaskWorker(engine=engine, tasks=tasks, settings=TaskSettings())
     barrier.wait()
     while True:
         finished = done.is_set()  # read first: nothing is enqueued once it is set

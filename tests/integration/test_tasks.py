@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from oncely.errors import ConfigurationError
+from oncely.settings import TaskSettings
 from oncely.storage import DuplicateTaskKeyError
 from oncely.storage.transactional import DuplicateInTransactionError
 from oncely.tasks import (
@@ -203,11 +204,13 @@ def test_the_worker_refuses_to_start_without_a_handler_for_a_waiting_name(
     _enqueue(engine, "sms.send", {})
     done = _enqueue(engine, "legacy.fax", {})
     _sql(engine, "UPDATE oncely_tasks SET status = 'completed' WHERE id = :id", id=done)
-    worker = TaskWorker(engine=engine, tasks=_app(_Calls()))
+    worker = TaskWorker(engine=engine, tasks=_app(_Calls()), settings=TaskSettings())
     with pytest.raises(MissingHandlerError, match=r"'sms\.send', 'webhook\.post'") as info:
         worker.run()
     assert info.value.names == ("sms.send", "webhook.post")
-    required = TaskWorker(engine=engine, tasks=Tasks(required={"email.send"}))
+    required = TaskWorker(
+        engine=engine, tasks=Tasks(required={"email.send"}), settings=TaskSettings()
+    )
     with pytest.raises(MissingHandlerError, match=r"email\.send"):
         required.check()
 
@@ -216,7 +219,7 @@ def test_a_worker_only_leases_names_it_has_handlers_for(engine: sa.Engine) -> No
     other = _enqueue(engine, "webhook.post", {})
     calls = _Calls()
     mine = _enqueue(engine, "email.send", {})
-    worker = TaskWorker(engine=engine, tasks=_app(calls))
+    worker = TaskWorker(engine=engine, tasks=_app(calls), settings=TaskSettings())
     assert worker.dispatch_pending(limit=10) == 1
     assert _row(engine, mine)["status"] == "completed"
     assert _row(engine, other)["status"] == "queued"
@@ -225,7 +228,7 @@ def test_a_worker_only_leases_names_it_has_handlers_for(engine: sa.Engine) -> No
 def test_a_completed_task_ran_once_with_a_stable_idempotency_key(engine: sa.Engine) -> None:
     calls = _Calls()
     task_id = _enqueue(engine, "email.send", {"to": "a@example.com"})
-    worker = TaskWorker(engine=engine, tasks=_app(calls, result=True))
+    worker = TaskWorker(engine=engine, tasks=_app(calls, result=True), settings=TaskSettings())
     attempt = worker.run_once()
     assert attempt is not None
     assert attempt.outcome == "completed"
@@ -241,7 +244,10 @@ def test_failures_retry_with_backoff_then_go_dead_and_are_observed(engine: sa.En
     seen: list[TaskFailure] = []
     task_id = _enqueue(engine, "email.send", {}, max_attempts=3)
     worker = TaskWorker(
-        engine=engine, tasks=_app(calls, error=RuntimeError("x" * 5000)), observer=seen.append
+        engine=engine,
+        tasks=_app(calls, error=RuntimeError("x" * 5000)),
+        settings=TaskSettings(),
+        observer=seen.append,
     )
     for expected in ("retry", "retry", "dead"):
         attempt = worker.run_once()
@@ -261,7 +267,7 @@ def test_failures_retry_with_backoff_then_go_dead_and_are_observed(engine: sa.En
 
 def test_a_retry_waits_for_its_backoff_on_the_database_clock(engine: sa.Engine) -> None:
     task_id = _enqueue(engine, "email.send", {})
-    worker = TaskWorker(engine=engine, tasks=_app(_Calls(), result=False))
+    worker = TaskWorker(engine=engine, tasks=_app(_Calls(), result=False), settings=TaskSettings())
     attempt = worker.run_once()
     assert attempt is not None
     assert (attempt.outcome, attempt.message, attempt.retry_in) == ("retry", NOT_CONFIRMED, 1.0)
@@ -279,7 +285,9 @@ def test_an_observer_that_fails_does_not_stop_the_worker(engine: sa.Engine) -> N
         raise RuntimeError("metrics are down")
 
     _enqueue(engine, "email.send", {})
-    worker = TaskWorker(engine=engine, tasks=_app(_Calls(), result=False), observer=broken)
+    worker = TaskWorker(
+        engine=engine, tasks=_app(_Calls(), result=False), settings=TaskSettings(), observer=broken
+    )
     attempt = worker.run_once()
     assert attempt is not None
     assert attempt.outcome == "retry"
@@ -296,7 +304,7 @@ def test_an_async_handler_runs_to_completion_in_the_sync_worker(engine: sa.Engin
         return True
 
     task_id = _enqueue(engine, "email.send", {})
-    assert TaskWorker(engine=engine, tasks=tasks).dispatch_pending() == 1
+    assert TaskWorker(engine=engine, tasks=tasks, settings=TaskSettings()).dispatch_pending() == 1
     assert (seen, _row(engine, task_id)["status"]) == ([1], "completed")
 
 
@@ -349,7 +357,7 @@ def test_a_worker_counts_a_lost_lease_and_never_reports_success(engine: sa.Engin
         _lapse(engine, task.id)  # the lease runs out while the handler works
 
     task_id = _enqueue(engine, "email.send", {})
-    worker = TaskWorker(engine=engine, tasks=tasks, observer=seen.append)
+    worker = TaskWorker(engine=engine, tasks=tasks, settings=TaskSettings(), observer=seen.append)
     attempt = worker.run_once()
     assert attempt is not None
     assert attempt.outcome == "lease_lost"
@@ -368,7 +376,7 @@ def test_a_retry_safe_lease_expiry_runs_the_task_again(engine: sa.Engine) -> Non
     first = TaskStore(engine=engine, lease_seconds=0.5).lease("crashed", ["email.send"])
     assert first is not None
     time.sleep(0.6)  # the real lease runs out on the database clock
-    worker = TaskWorker(engine=engine, tasks=_app(calls))
+    worker = TaskWorker(engine=engine, tasks=_app(calls), settings=TaskSettings())
     assert worker.dispatch_pending() == 1
     assert calls.by_key == {str(task_id): [2]}
     row = _row(engine, task_id)
@@ -383,7 +391,9 @@ def test_an_irreversible_lease_expiry_is_stale_until_reclaimed(engine: sa.Engine
     first = TaskStore(engine=engine).lease("crashed", ["email.send"])
     assert first is not None
     _lapse(engine, task_id)
-    worker = TaskWorker(engine=engine, tasks=_app(calls), observer=seen.append)
+    worker = TaskWorker(
+        engine=engine, tasks=_app(calls), settings=TaskSettings(), observer=seen.append
+    )
     assert worker.dispatch_pending() == 0
     assert worker.dispatch_pending() == 0
     assert calls.by_key == {}
@@ -429,7 +439,7 @@ def test_renewal_keeps_an_irreversible_task_leased(engine: sa.Engine) -> None:
             sweeps.append(sweeper.sweep())
 
     task_id = _enqueue(engine, "order.place", {}, policy="irreversible")
-    worker = TaskWorker(engine=engine, tasks=tasks, lease_seconds=1)
+    worker = TaskWorker(engine=engine, tasks=tasks, settings=TaskSettings(lease_seconds=1))
     attempt = worker.run_once()
     assert attempt is not None
     assert attempt.outcome == "completed"
@@ -463,7 +473,7 @@ def test_the_ttl_wins_over_requeueing(engine: sa.Engine) -> None:
     queued = _enqueue(engine, "email.send", {"n": 2}, ttl=timedelta(seconds=30))
     _sql(engine, "UPDATE oncely_tasks SET expires_at = now() - interval '1 second'")
     _lapse(engine, leased)
-    worker = TaskWorker(engine=engine, tasks=_app(calls))
+    worker = TaskWorker(engine=engine, tasks=_app(calls), settings=TaskSettings())
     assert worker.dispatch_pending() == 0
     assert calls.by_key == {}
     for task_id in (leased, queued):
@@ -513,7 +523,9 @@ def test_terminal_tasks_past_the_retention_are_purged_in_batches(engine: sa.Engi
     with engine.connect() as conn:
         left = set(conn.execute(sa.text("SELECT id FROM oncely_tasks")).scalars())
     assert left == {recent, stale, queued}
-    worker = TaskWorker(engine=engine, tasks=_app(_Calls()), retention_seconds=0)
+    worker = TaskWorker(
+        engine=engine, tasks=_app(_Calls()), settings=TaskSettings(retention_seconds=0)
+    )
     assert worker.purge() == 1  # the dead one; stale and queued tasks are never purged
 
 
@@ -533,7 +545,9 @@ def test_list_shows_the_newest_tasks_by_state(engine: sa.Engine) -> None:
 
 def test_the_running_worker_wakes_on_notify_and_stops_after_its_task(engine: sa.Engine) -> None:
     calls = _Calls()
-    worker = TaskWorker(engine=engine, tasks=_app(calls), poll_interval_seconds=30)
+    worker = TaskWorker(
+        engine=engine, tasks=_app(calls), settings=TaskSettings(poll_interval_seconds=30)
+    )
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:

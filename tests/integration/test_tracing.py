@@ -28,6 +28,7 @@ from oncely.consumers.effects import EffectContext, Effects
 from oncely.events import Registry
 from oncely.producer.staging import stage
 from oncely.runtime.tracing import Tracing
+from oncely.settings import TaskSettings
 from oncely.tasks import Task, Tasks, TaskWorker
 from tests.helpers import (
     fast_settings,
@@ -113,7 +114,12 @@ def spans() -> Spans:
 
 
 def _run_tasks(engine: sa.Engine, tasks: Tasks, tracing: Tracing, done: Callable[[], bool]) -> None:
-    worker = TaskWorker(engine=engine, tasks=tasks, poll_interval_seconds=0.2, tracing=tracing)
+    worker = TaskWorker(
+        engine=engine,
+        tasks=tasks,
+        settings=TaskSettings(poll_interval_seconds=0.2),
+        tracing=tracing,
+    )
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:

@@ -1,11 +1,11 @@
 """The task worker: ``oncely tasks run myapp.tasks:tasks``.
 
-A sync process that loops: purge terminal tasks past the retention period (every minute),
-sweep (TTLs and expired leases, see :mod:`.rules`), lease the oldest due task it has a handler
-for (``FOR UPDATE SKIP LOCKED``, so workers run side by side), run its handler outside any
-transaction, and settle the result fenced by attempt and owner. When nothing is due it waits
-for ``NOTIFY oncely_tasks`` (sent at the commit of every enqueue) for at most
-``poll_interval_seconds``.
+A sync process that loops, as its :class:`~oncely.settings.TaskSettings` say: purge terminal
+tasks past the retention period (every ``purge_interval_seconds``), sweep (TTLs and expired
+leases, see :mod:`.rules`), lease the oldest due task it has a handler for (``FOR UPDATE SKIP
+LOCKED``, so workers run side by side), run its handler outside any transaction, and settle
+the result fenced by attempt and owner. When nothing is due it waits for ``NOTIFY
+oncely_tasks`` (sent at the commit of every enqueue) for at most ``poll_interval_seconds``.
 :func:`run_worker` runs it as a process, with ``/metrics``, ``/healthz`` and ``/readyz``.
 
 Guarantees: it refuses to start while a queued or leased task's name (or a required name) has
@@ -34,16 +34,14 @@ from oncely.storage.tables import TASKS_NOTIFY_CHANNEL
 from oncely.tasks.app import Tasks
 from oncely.tasks.errors import MissingHandlerError
 from oncely.tasks.model import Attempt, Observer, TaskFailure
-from oncely.tasks.store import DEFAULT_LEASE_SECONDS, TaskStore, lease_sql
+from oncely.tasks.store import TaskStore, lease_sql
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600.0
-PURGE_EVERY_SECONDS = 60.0
-
 
 class TaskWorker:
-    """Runs the handlers of a :class:`Tasks` app over ``oncely_tasks``, one task at a time.
+    """Runs the handlers of a :class:`Tasks` app over ``oncely_tasks``, one task at a time, as
+    ``settings`` say (lease, poll, retries' backoff, retention and purge interval, owner id).
 
     Run several processes to run tasks in parallel. ``observer`` is told of every failure and
     dead letter (:class:`TaskFailure`); its own errors are logged and ignored. Each attempt
@@ -55,29 +53,24 @@ class TaskWorker:
         *,
         engine: sa.Engine,
         tasks: Tasks,
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        poll_interval_seconds: float = 2.0,
-        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
-        backoff: Backoff | None = None,
+        settings: TaskSettings,
         observer: Observer | None = None,
-        owner_id: str | None = None,
-        purge_interval_seconds: float = PURGE_EVERY_SECONDS,
         metrics: TaskMetrics | None = None,
         tracing: Tracing | None = None,
     ) -> None:
         self.engine = engine
         self.tasks = tasks
+        self.settings = settings
         self.store = TaskStore(
             engine=engine,
-            lease_seconds=lease_seconds,
-            backoff=backoff,
+            lease_seconds=settings.lease_seconds,
+            backoff=Backoff(
+                first=settings.initial_backoff_seconds, maximum=settings.max_backoff_seconds
+            ),
             tracing=tracing or Tracing(),
         )
-        self.poll_interval_seconds = poll_interval_seconds
-        self.retention_seconds = retention_seconds
         self.observer = observer
-        self.owner_id = owner_id or process_id()
-        self.purge_interval_seconds = purge_interval_seconds
+        self.owner_id = settings.owner_id or process_id()
         self.metrics = metrics or TaskMetrics()
         #: When the loop last turned (``time.monotonic()``).
         self.heartbeat = time.monotonic()
@@ -86,7 +79,7 @@ class TaskWorker:
 
     def healthy(self) -> bool:
         """The loop turned recently: within a lease and a poll (a task runs at most its lease)."""
-        limit = self.store.lease_seconds + max(30.0, self.poll_interval_seconds)
+        limit = self.store.lease_seconds + max(30.0, self.settings.poll_interval_seconds)
         return time.monotonic() - self.heartbeat < limit
 
     def ready(self) -> bool:
@@ -141,8 +134,8 @@ class TaskWorker:
         return changes
 
     def purge(self) -> int:
-        """Delete terminal tasks finished longer than ``retention_seconds`` ago."""
-        purged = self.store.purge(self.retention_seconds)
+        """Delete terminal tasks finished longer than ``settings.retention_seconds`` ago."""
+        purged = self.store.purge(self.settings.retention_seconds)
         self.metrics.purged.inc(purged)
         if purged:
             logger.info("purged %d finished tasks", purged, extra={"purged": purged})
@@ -168,8 +161,8 @@ class TaskWorker:
                 ", ".join(sorted(self.tasks.names)),
                 extra={"worker_id": self.owner_id},
             )
-            purge = Every(self.purge_interval_seconds)
-            sweep = Every(self.poll_interval_seconds)
+            purge = Every(self.settings.purge_interval_seconds)
+            sweep = Every(self.settings.poll_interval_seconds)
             self._running = True
             try:
                 while not stop.is_set():
@@ -235,18 +228,7 @@ def run_worker(tasks: Tasks, *, database_url: str, settings: TaskSettings) -> No
     database errors propagate (the lease held expires and the sweep settles it).
     """
     with database(database_url) as engine:
-        worker = TaskWorker(
-            engine=engine,
-            tasks=tasks,
-            lease_seconds=settings.lease_seconds,
-            poll_interval_seconds=settings.poll_interval_seconds,
-            retention_seconds=settings.retention_seconds,
-            purge_interval_seconds=settings.purge_interval_seconds,
-            backoff=Backoff(
-                first=settings.initial_backoff_seconds, maximum=settings.max_backoff_seconds
-            ),
-            owner_id=settings.owner_id,
-        )
+        worker = TaskWorker(engine=engine, tasks=tasks, settings=settings)
         with serving(
             settings.metrics_port,
             registry=worker.metrics.registry,
