@@ -21,6 +21,7 @@ from oncely.cli._options import (
     settings_epilog,
 )
 from oncely.cli._output import JsonFlag, out, print_dry_run, print_json
+from oncely.durations import describe
 from oncely.settings import RetentionSettings
 
 if TYPE_CHECKING:
@@ -209,7 +210,7 @@ def _horizon(text: str, option: str) -> timedelta:
 def _print_plan(current: Plan) -> None:
     from oncely.storage import partitions
 
-    out.print(f"partitions of {_step(current.step)}, now {_moment(current.now)}")
+    out.print(f"partitions of {describe(current.step)}, now {_moment(current.now)}")
     if current.create:
         names = ", ".join(partitions.partition_name(t, start) for t, start in current.create)
         out.print(f"would create {len(current.create)} partition(s) ahead: {names}")
@@ -223,7 +224,7 @@ def _print_outcome(outcome: Outcome, left: list[TableState]) -> None:
         out.print("another retention run is in progress on this database: this one did nothing")
         _print_states(left)
         return
-    out.print(f"partitions of {_step(current.step)}, now {_moment(current.now)}")
+    out.print(f"partitions of {describe(current.step)}, now {_moment(current.now)}")
     if outcome.purged:
         out.print(
             f"deleted {outcome.purged} row(s) of oncely_outbox_default that no partition will take"
@@ -285,7 +286,7 @@ def _print_states(states: list[TableState]) -> None:
             _size(state.bytes),
             _moment(state.oldest),
             str(state.default_rows),
-            _duration(state.blocked_seconds) if state.blocked_seconds else "no",
+            describe(timedelta(seconds=state.blocked_seconds)) if state.blocked_seconds else "no",
         )
     _print_table(table)
 
@@ -298,17 +299,6 @@ def _range(partition: Partition) -> str:
     lower, upper = lower.astimezone(UTC), upper.astimezone(UTC)
     end = f"{upper:%H:%M}" if upper.date() == lower.date() else f"{upper:%Y-%m-%d %H:%M}"
     return f"{lower:%Y-%m-%d %H:%M} to {end}"
-
-
-def _step(step: timedelta) -> str:
-    return _duration(step.total_seconds())
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.3g}{unit}"
-    return f"{seconds:.0f}s"
 
 
 def _moment(moment: datetime | None) -> str:

@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 import psycopg
 import sqlalchemy as sa
 
+from oncely.durations import describe
 from oncely.errors import ConfigurationError
 from oncely.retention import guard
 from oncely.retention.guard import KafkaAnswer, Mark, OutboxFacts, ReceiptsFacts, Verdict
@@ -109,7 +110,7 @@ def check_ahead(step: timedelta, policy: Policy) -> None:
         return
     needed = interval // step + 1
     raise ConfigurationError(
-        f"ONCELY_RETENTION_AHEAD={policy.ahead} partitions of {partitions.describe(step)} "
+        f"ONCELY_RETENTION_AHEAD={policy.ahead} partitions of {describe(step)} "
         f"cover {_minutes(policy.ahead * step)}, not the {_minutes(interval)} between "
         "retention runs: set "
         f"ONCELY_RETENTION_AHEAD to {needed} or more, or run retention more often"

@@ -43,6 +43,7 @@ from uuid import UUID
 
 import sqlalchemy as sa
 
+from oncely.durations import describe, parse_duration
 from oncely.errors import ConfigurationError, OncelyError
 from oncely.ids import lowest_of, moment_of
 
@@ -62,8 +63,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: A UUID as PostgreSQL prints it (a key that could be another row's own id).
 _UUID_TEXT = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 _BOUND = re.compile(r"FOR VALUES FROM \('([0-9a-f-]{36})'\) TO \('([0-9a-f-]{36})'\)")
-_STEP = re.compile(r"(\d+)\s*([mhd])")
-_UNITS = {"m": "minutes", "h": "hours", "d": "days"}
 
 
 class PartitionError(OncelyError):
@@ -71,9 +70,12 @@ class PartitionError(OncelyError):
 
 
 def parse_step(text: str) -> timedelta:
-    """``"1d"``, ``"6h"``, ``"15m"`` as a step; raise ConfigurationError for anything else."""
-    match = _STEP.fullmatch(text.strip().lower())
-    step = timedelta(**{_UNITS[match.group(2)]: int(match.group(1))}) if match else None
+    """``"1d"``, ``"6h"``, ``"15m"`` (:mod:`oncely.durations`' grammar) as a step; raise
+    ConfigurationError for anything else."""
+    try:
+        step: timedelta | None = parse_duration(text)
+    except ValueError:
+        step = None
     return validate_step(step, shown=repr(text))
 
 
@@ -195,14 +197,6 @@ def convert(conn: sa.Connection, *, step: timedelta, ahead: int, now: datetime) 
         )
         converted.append(table)
     return converted
-
-
-def describe(step: timedelta) -> str:
-    """``1d``, ``6h``, ``15m``: ``step`` as :func:`parse_step` reads it."""
-    minutes = int(step.total_seconds()) // 60
-    if minutes % 1440 == 0:
-        return f"{minutes // 1440}d"
-    return f"{minutes // 60}h" if minutes % 60 == 0 else f"{minutes}m"
 
 
 def _convert_table(

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import re
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -54,6 +53,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
+from oncely.durations import parse_duration
 from oncely.errors import ConfigurationError
 from oncely.storage import partitions
 from oncely.storage.migrations import upgrade
@@ -73,8 +73,6 @@ DEFAULT_PARTITION_HORIZON = "2h"
 _services_key = pytest.StashKey[Services]()
 _registry_key = pytest.StashKey[SchemaRegistry]()
 _worker_services_key = pytest.StashKey[list[str]]()
-_DURATION = re.compile(r"(\d+)\s*([mhd])")
-_UNITS = {"m": "minutes", "h": "hours", "d": "days"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -101,17 +99,18 @@ def _partitioning(config: pytest.Config) -> tuple[timedelta, timedelta] | None:
     if step_text is None:
         return None
     horizon_text = str(config.getoption("--oncely-partitioned-horizon"))
-    match = _DURATION.fullmatch(horizon_text.strip().lower())
-    if match is None:
+    try:
+        horizon = parse_duration(horizon_text)
+    except ValueError:
         raise pytest.UsageError(
             f"--oncely-partitioned-horizon {horizon_text!r}: give minutes, hours or days, "
             "e.g. 90m or 3h"
-        )
+        ) from None
     try:
         step = partitions.parse_step(str(step_text))
     except ConfigurationError as exc:
         raise pytest.UsageError(f"--oncely-partitioned: {exc}") from None
-    return step, timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+    return step, horizon
 
 
 def pytest_configure(config: pytest.Config) -> None:
