@@ -90,7 +90,8 @@ def upgrade(
 
 
 def _partitioned(engine: Any, schema: str | None) -> dict[str, int]:
-    """The partitioned tables (by the layout's record) -> their range partitions."""
+    """The outbox's and the receipts' range partitions by table; empty while they are not
+    partitioned (:func:`~oncely.storage.partitions.step_of`)."""
     import sqlalchemy as sa
 
     from oncely.storage import partitions
@@ -98,17 +99,11 @@ def _partitioned(engine: Any, schema: str | None) -> dict[str, int]:
     with engine.connect() as conn:
         if schema is not None:
             conn.execute(sa.text("SELECT set_config('search_path', :s, false)"), {"s": schema})
-        exists = conn.execute(
-            sa.text("SELECT to_regclass(:t)"), {"t": partitions.LAYOUT_TABLE}
-        ).scalar()
-        if exists is None:
+        if partitions.step_of(conn) is None:
             return {}
-        tables = conn.execute(
-            sa.text(f"SELECT table_name FROM {partitions.LAYOUT_TABLE}")
-        ).scalars()
         return {
             table: sum(1 for p in partitions.partitions(conn, table) if not p.is_default)
-            for table in list(tables)
+            for table in partitions.PARTITION_KEYS
         }
 
 
