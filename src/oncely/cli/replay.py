@@ -23,9 +23,8 @@ from oncely.consumers.replay import (
     ReplayError,
     Target,
     execute_reset,
-    group_members,
-    members_note,
     plan_reset,
+    reset_refusal,
 )
 from oncely.ops.republish import RepublishPlan, plan_republish
 from oncely.settings import RelaySettings
@@ -151,7 +150,8 @@ def _reset(
     group = effects.group_id(effect)
     config = reached(bootstrap_servers).client_config()
     moves = plan_reset(config, group=group, topics=effects.get(effect).topics, target=target)
-    members = group_members(config, group)
+    refusal = reset_refusal(config, group)
+    members = () if refusal is None else refusal.members
     skipped = sum(m.skips for m in moves)
     total = sum(m.to_reread for m in moves)
     refused = bool(skipped and not allow_skip)
@@ -159,7 +159,7 @@ def _reset(
         print_json(
             {
                 "group": group,
-                "executed": execute and not refused and not members,
+                "executed": execute and not refused and refusal is None,
                 "to_reread": total,
                 "skipped": skipped,
                 "active_members": [
@@ -201,8 +201,8 @@ def _reset(
     if not execute:
         if not as_json:
             out.print(f"dry run: {total} record(s) would be re-read; add --execute to apply")
-        if members:  # --execute would be refused
-            err.print(f"[yellow]warning:[/] {escape(members_note(group, members))}")
+        if refusal is not None:  # --execute would be refused
+            err.print(f"[yellow]warning:[/] {escape(refusal.message)}")
         return
     execute_reset(config, group=group, moves=moves)
     if not as_json:

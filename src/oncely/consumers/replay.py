@@ -3,7 +3,7 @@
 :func:`plan_reset` / :func:`execute_reset` move an effect group's committed offsets (to the
 earliest offset, to the first offset at or after a time, or to an explicit offset), like
 ``kafka-consumer-groups --reset-offsets``. Refused while the group has members
-(:func:`group_members`): stop its consumers first. A consumer killed without leaving stays a
+(:func:`reset_refusal` says so): stop its consumers first. A consumer killed without leaving stays a
 member until its session times out: the consumers' ``session.timeout.ms``, which the group's
 description does not show (oncely's consumers: ``ONCELY_CONSUMER_SESSION_TIMEOUT_MS``).
 Republishing outbox rows is :mod:`oncely.ops.republish`.
@@ -92,16 +92,34 @@ def group_members(
     return [GroupMember(m.member_id, m.client_id, m.host) for m in description.members]
 
 
-def members_note(group: str, members: Sequence[GroupMember]) -> str:
-    """Why a group's members stop a reset, and when a killed one stops counting."""
-    shown = ", ".join(f"{m.client_id}@{m.host.lstrip('/')}" for m in members[:3])
-    more = f" and {len(members) - 3} more" if len(members) > 3 else ""
-    return (
-        f"group {group!r} has {len(members)} active member(s) ({shown}{more}): stop its "
-        "consumers, then replay (a consumer killed without leaving stays a member until its "
-        "session expires: within the consumers' session timeout, "
-        f"ONCELY_CONSUMER_SESSION_TIMEOUT_MS, {DEFAULT_SESSION_SECONDS:g} s by default)"
-    )
+@dataclass(frozen=True)
+class Refusal:
+    """Why a group's offsets may not be reset now: it has active members."""
+
+    group: str
+    members: tuple[GroupMember, ...]
+
+    @property
+    def message(self) -> str:
+        """The members (three named), and when a killed one stops counting."""
+        members = self.members
+        shown = ", ".join(f"{m.client_id}@{m.host.lstrip('/')}" for m in members[:3])
+        more = f" and {len(members) - 3} more" if len(members) > 3 else ""
+        return (
+            f"group {self.group!r} has {len(members)} active member(s) ({shown}{more}): stop "
+            "its consumers, then replay (a consumer killed without leaving stays a member until "
+            "its session expires: within the consumers' session timeout, "
+            f"ONCELY_CONSUMER_SESSION_TIMEOUT_MS, {DEFAULT_SESSION_SECONDS:g} s by default)"
+        )
+
+
+def reset_refusal(
+    client: ClientConfig | AdminClient, group: str, *, timeout: float = 30
+) -> Refusal | None:
+    """Why resetting ``group``'s offsets is refused now (it has active members), or ``None``:
+    what :func:`execute_reset` checks first, for a dry run to show."""
+    members = group_members(client, group, timeout=timeout)
+    return Refusal(group, tuple(members)) if members else None
 
 
 def plan_reset(
@@ -166,11 +184,12 @@ def execute_reset(
     moves: Sequence[PartitionMove],
     timeout: float = 30,
 ) -> None:
-    """Commit the planned offsets for ``group``; refused while the group has members."""
+    """Commit the planned offsets for ``group``; raises :class:`ReplayError` with the
+    :class:`Refusal`'s message while the group has members."""
     admin = AdminClient(config)
-    members = group_members(admin, group, timeout=timeout)
-    if members:
-        raise ReplayError(members_note(group, members))
+    refusal = reset_refusal(admin, group, timeout=timeout)
+    if refusal is not None:
+        raise ReplayError(refusal.message)
     partitions = [TopicPartition(m.topic, m.partition, m.target) for m in moves]
     request = [ConsumerGroupTopicPartitions(group, partitions)]
     admin.alter_consumer_group_offsets(request)[group].result(timeout)
