@@ -35,6 +35,7 @@ from oncely.relay.signals import Signals
 from oncely.runtime.metrics import ConsumerMetrics, RelayMetrics
 from oncely.runtime.tracing import Tracing
 from oncely.settings import ConsumerSettings, KafkaSettings, RelaySettings, TopicSettings
+from oncely.storage.stores import receipts
 from oncely.storage.stores.outbox.writes import StagedEvent
 from oncely.topics import ensure_topics, planned_topics
 
@@ -147,17 +148,10 @@ class Pipeline:
         ids = sorted({event.id if isinstance(event, StagedEvent) else event for event in events})
         wanted = list(effects if effects is not None else self.effects)
         expected = {(event_id, effect) for event_id in ids for effect in wanted}
-        query = sa.text(
-            "SELECT event_id, effect FROM oncely_receipts "
-            "WHERE event_id = ANY(:ids) AND effect = ANY(:effects)"
-        )
         deadline = time.monotonic() + timeout
         while True:
             with self.engine.connect() as conn:
-                found = {
-                    (row.event_id, row.effect)
-                    for row in conn.execute(query, {"ids": ids, "effects": wanted})
-                }
+                found = receipts.applied_pairs(conn, ids, wanted)
             missing = sorted(expected - found)
             if not missing:
                 return

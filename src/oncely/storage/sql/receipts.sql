@@ -108,6 +108,13 @@ WHERE applied_at < previous_applied_at
 ORDER BY seq
 LIMIT GREATEST(:limit, 1)
 
+-- name: receipts_applied
+-- Which of the events :ids the effects :effects applied: one row per (event, effect) receipt
+-- (the test harness waits on them: oncely.testing).
+SELECT event_id, effect
+FROM oncely_receipts
+WHERE event_id = ANY (CAST(:ids AS uuid[])) AND effect = ANY (CAST(:effects AS text[]))
+
 -- name: lookup_receipts
 -- The receipts of one event, one per effect that applied it (the console's event lookup).
 SELECT effect, topic, partition, "offset", applied_at, outcome

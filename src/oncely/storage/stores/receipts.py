@@ -4,8 +4,9 @@ A consumer inserts receipts in the effect's own transaction (:func:`insert_recei
 of records, :func:`insert_receipt` for one), and only the primary key's conflict means "already
 applied". Operators count them (:func:`applied_by_effect`), check them against the outbox
 (:func:`effect_summary`, :func:`not_applied`, :func:`out_of_order`) and purge old ones
-(:func:`preview_purge`, :func:`purge`). Completeness (:mod:`oncely.consumers.completeness`)
-compares them with the outbox by id range (:func:`completeness_bounds`, :func:`bucket_counts`,
+(:func:`preview_purge`, :func:`purge`); the test harness waits on them
+(:func:`applied_pairs`). Completeness (:mod:`oncely.consumers.completeness`) compares them with
+the outbox by id range (:func:`completeness_bounds`, :func:`bucket_counts`,
 :func:`missing_events`). The named SQL is in ``storage/sql/receipts.sql``.
 """
 
@@ -162,6 +163,15 @@ class Receipt:
     offset: int | None
     applied_at: datetime
     outcome: str
+
+
+def applied_pairs(
+    conn: sa.Connection, event_ids: Sequence[UUID], effects: Sequence[str]
+) -> set[tuple[UUID, str]]:
+    """The (event id, effect) pairs of ``event_ids`` and ``effects`` that have a receipt (the
+    test harness waits on them: :meth:`oncely.testing.Pipeline.wait_until_applied`)."""
+    rows = conn.execute(query("receipts_applied"), {"ids": event_ids, "effects": effects})
+    return {(row.event_id, row.effect) for row in rows}
 
 
 def receipts_of(conn: sa.Connection, event_id: UUID) -> list[Receipt]:
