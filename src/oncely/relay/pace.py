@@ -3,14 +3,15 @@
 Two modes, switched on the rows read per second (with hysteresis, so a steady rate does not
 flip them):
 
-- **polling** (busy): read every turn, waiting 1 ms after rows and up to 4 ms while none come.
-  Staging sends no NOTIFY (its commits take no notification lock) because no relay is marked
-  asleep. A relay starts here and stays while it reads at least ``listen_below`` rows/s.
+- **polling** (busy): read every turn, waiting ``POLL_MIN`` after rows and up to
+  ``POLL_MAX`` while none come. Staging sends no NOTIFY (its commits take no notification
+  lock) because no relay is marked asleep. A relay starts here and stays while it reads at
+  least ``listen_below`` rows/s.
 - **listening** (quiet): the relay is marked asleep, so every staging statement NOTIFYs at
   commit; it reads only when one arrived, when its last read did not reach the end of what was
   committed (a full page, rows left behind a suspect, the in-flight bound), or every
-  ``fallback`` seconds; reads a NOTIFY asks for are at least 2 ms apart. It goes back to
-  polling once it reads ``poll_above`` rows/s.
+  ``fallback`` seconds; reads a NOTIFY asks for are at least :data:`WAKE_INTERVAL` apart. It
+  goes back to polling once it reads ``poll_above`` rows/s.
 
 A writer whose statement ran before the relay was marked asleep does not NOTIFY: right after
 the switch the relay reads every turn until every transaction running then has ended

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 OnDelivery = Callable[[KafkaError | None, Message | None], None]
 
+#: How long a topic's ``max.message.bytes`` is kept before the broker is asked again (seconds).
 _LIMITS_TTL = 60.0
 
 
@@ -216,10 +217,11 @@ class Publisher:
         return topic_error_state(found.error) or TopicState.UNKNOWN
 
     def max_message_bytes(self, topic: str) -> int | None:
-        """The topic's ``max.message.bytes`` (cached for a minute), or ``None`` if unknown.
+        """The topic's ``max.message.bytes`` (cached for ``_LIMITS_TTL`` seconds), or ``None``
+        if unknown.
 
-        Asks the broker at most once a minute per topic, waiting at most about 2 s (the loop
-        waits meanwhile); an unanswered question keeps the last known value.
+        Asks the broker at most once per ``_LIMITS_TTL`` per topic, waiting at most about 2 s
+        (the loop waits meanwhile); an unanswered question keeps the last known value.
         """
         cached = self._limits.get(topic)
         now = time.monotonic()

@@ -13,8 +13,9 @@ each tested against real PostgreSQL and Kafka:
 
 - Rows are never claimed or updated. A shard's progress moves only after every record of its
   pages has a successful delivery report, in one write for the pages acknowledged in the last
-  20 ms (at once when they park keys or hold rows), fenced by the shard's lease epoch: a relay
-  that lost the shard cannot move it (duplicates, never loss; ``progress_refused``).
+  :data:`~oncely.relay.progress.RECORD_INTERVAL` (at once when they park keys or hold rows),
+  fenced by the shard's lease epoch: a relay that lost the shard cannot move it (duplicates,
+  never loss; ``progress_refused``).
 - Per-key order = commit order: a key maps to one shard, which one relay reads at a time;
   within a read rows go out in ``seq`` order, a key to one partition, by an idempotent producer.
 - A failure costs only its shard, which replays from its recorded progress (``shard_replays``);
@@ -233,8 +234,9 @@ class Relay:
             if not pace.listens() or wakeup is None:
                 publisher.poll(pace.poll)
             elif self._shards.in_flight.count:
-                # Delivery reports only move progress (recorded every 20 ms): serve them
-                # between waits, and wake at once for a commit.
+                # Delivery reports only move progress (recorded every
+                # progress.RECORD_INTERVAL): serve them between waits, and wake at once for a
+                # commit.
                 if wakeup.wait(_REPORTS_WAIT):
                     pace.ask()
             elif wakeup.wait(self._quiet_wait(tick)):

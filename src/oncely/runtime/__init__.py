@@ -1,1 +1,6 @@
-"""What every oncely process runs on: the process shell, metrics, the health endpoint, logs."""
+"""What every oncely process runs on: the process shell (:mod:`.process`), its HTTP port for
+metrics and health (:mod:`.http`, :mod:`.metrics`) and the container health check
+(:mod:`.healthcheck`), logs (:mod:`.logs`), spans (:mod:`.tracing`), the one backoff
+(:mod:`.retry`), the sync and async step drivers (:mod:`.steps`), ``LISTEN`` wake-ups
+(:mod:`.wakeup`), whether Kafka is reached (:mod:`.reach`), and the moments operators type
+(:mod:`.durations`)."""
