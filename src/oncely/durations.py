@@ -1,12 +1,14 @@
 """The one grammar of the durations people type (``90s``, ``15m``, ``12h``, ``7d``) and the one
 way oncely writes a duration back: command-line options, partition steps, the test plugin's
-options and the messages about them all read and write durations here.
+options and the messages about them all read and write durations here; and the moments
+operators type (an ISO-8601 time, or a duration meaning that long ago), at the command line and
+in the console.
 """
 
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
 #: The units, largest first, in seconds.
@@ -36,3 +38,20 @@ def describe(duration: timedelta) -> str:
     )
     count = seconds / size
     return f"{count:.{max(3, len(str(int(count))))}g}{unit}"
+
+
+def parse_moment(text: str, *, now: datetime | None = None) -> datetime:
+    """An ISO-8601 time (naive means UTC), or a duration (``15m``) meaning that long before
+    ``now`` (default: the clock's now). Raises ``ValueError`` for anything else."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        try:
+            ago = parse_duration(text)
+        except ValueError:
+            raise ValueError(
+                f"{text!r} is neither an ISO-8601 time (2026-11-29T09:00:00Z) nor a duration "
+                "ago (15m, 12h)"
+            ) from None
+        return (now or datetime.now(UTC)) - ago
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

@@ -6,8 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from oncely.durations import describe, parse_duration
-from oncely.runtime.durations import parse_moment
+from oncely.durations import describe, parse_duration, parse_moment
 
 
 @pytest.mark.parametrize(

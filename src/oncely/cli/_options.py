@@ -11,7 +11,6 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 from oncely import durations
-from oncely.runtime import durations as moments
 from oncely.runtime.logs import LogFormat, LogLevel
 
 
@@ -119,7 +118,7 @@ def parse_moment(text: str) -> datetime:
     Raises ``typer.BadParameter`` for anything else.
     """
     try:
-        return moments.parse_moment(text)
+        return durations.parse_moment(text)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
 

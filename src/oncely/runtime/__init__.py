@@ -2,5 +2,4 @@
 metrics and health (:mod:`.http`, :mod:`.metrics`) and the container health check
 (:mod:`.healthcheck`), logs (:mod:`.logs`), spans (:mod:`.tracing`), the one backoff
 (:mod:`.retry`), the sync and async step drivers (:mod:`.steps`), ``LISTEN`` wake-ups
-(:mod:`.wakeup`), whether Kafka is reached (:mod:`.reach`), and the moments operators type
-(:mod:`.durations`)."""
+(:mod:`.wakeup`) and whether Kafka is reached (:mod:`.reach`)."""

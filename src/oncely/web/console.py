@@ -29,11 +29,11 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from oncely.consumers.completeness import EffectCompleteness
 from oncely.consumers.effects import Effects
+from oncely.durations import parse_moment
 from oncely.errors import OncelyError
 from oncely.ops import actions, lookup, throughput
 from oncely.ops.republish import plan_republish
 from oncely.ops.status import ShardStatus, Status, collect_status
-from oncely.runtime.durations import parse_moment
 from oncely.schemas.codec import Codec
 from oncely.settings import CompletenessSettings, KafkaSettings, RelaySettings, WebSettings
 from oncely.storage.stores import audit, dead_lettered
