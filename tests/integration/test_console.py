@@ -65,6 +65,19 @@ def console_of(engine: sa.Engine) -> Iterator[Callable[..., TestClient]]:
         client.close()
 
 
+def _dead_row(engine: sa.Engine) -> dict[str, object]:
+    """A row of topic ``orders`` staged and parked dead by the relay."""
+    row = outbox_row("orders")
+    insert_rows(engine, [row])
+    park(engine, row, error="refused")
+    return row
+
+
+def _csrf_of(page: str) -> str:
+    """The CSRF token of the form a page rendered."""
+    return page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+
+
 SCREENS = ["/", "/figures", "/events", "/events?q=acc-1", "/parked", "/tasks", "/audit"]
 
 
@@ -111,9 +124,7 @@ def test_the_overview_shows_the_backlog_parked_keys_and_tasks(
 def test_read_only_has_no_write_route_and_offers_no_action(
     console_of: Callable[..., TestClient], engine: sa.Engine
 ) -> None:
-    row = outbox_row("orders")
-    insert_rows(engine, [row])
-    park(engine, row, error="refused")
+    row = _dead_row(engine)
     client = console_of(read_only=True)
     for path in ("/", "/parked", f"/events/{row['id']}", "/tasks", "/audit"):
         page = client.get(path, headers=_auth())
@@ -132,12 +143,10 @@ def test_read_only_has_no_write_route_and_offers_no_action(
 def test_a_cross_site_post_or_a_missing_token_is_refused(
     console_of: Callable[..., TestClient], engine: sa.Engine
 ) -> None:
-    row = outbox_row("orders")
-    insert_rows(engine, [row])
-    park(engine, row, error="refused")
+    row = _dead_row(engine)
     client = console_of()
     plan = client.get(f"/actions/requeue?id={row['id']}", headers=_auth())
-    token = plan.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    token = _csrf_of(plan.text)
     form = {"id": str(row["id"]), "reason": "retry", "csrf": token}
     for headers in (
         {"Origin": "http://evil.example"},
@@ -251,12 +260,10 @@ def test_a_dead_task_is_retried_after_its_dry_run(
 def test_an_execution_needs_a_reason(
     console_of: Callable[..., TestClient], engine: sa.Engine
 ) -> None:
-    row = outbox_row("orders")
-    insert_rows(engine, [row])
-    park(engine, row, error="refused")
+    row = _dead_row(engine)
     client = console_of()
     plan = client.get(f"/actions/requeue?id={row['id']}", headers=_auth())
-    token = plan.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    token = _csrf_of(plan.text)
     empty = client.post(
         "/actions/requeue",
         data={"id": str(row["id"]), "csrf": token, "reason": "  "},
@@ -283,9 +290,7 @@ def test_payloads_are_capped_collapsed_and_hidden_on_request(
 
 
 def test_cli_actions_are_audited_and_read_back(engine: sa.Engine, database_url: str) -> None:
-    row = outbox_row("orders")
-    insert_rows(engine, [row])
-    park(engine, row, error="refused")
+    row = _dead_row(engine)
     done = oncely_cli(
         "dead",
         "requeue",
@@ -384,9 +389,7 @@ def test_a_service_mounts_the_console_under_its_path_behind_its_own_auth(
 
     service = FastAPI()
     service.include_router(Console(engine=engine).router(current_user), prefix="/ops")
-    row = outbox_row("orders")
-    insert_rows(engine, [row])
-    park(engine, row, error="refused")
+    row = _dead_row(engine)
     with TestClient(service, base_url=BASE) as client:
         assert client.get("/ops/").status_code == 403
         page = client.get("/ops/", headers={"x-user": "alice"})
@@ -398,7 +401,7 @@ def test_a_service_mounts_the_console_under_its_path_behind_its_own_auth(
             "text/javascript"
         )
         plan = client.get(f"/ops/actions/requeue?id={row['id']}", headers={"x-user": "alice"})
-        token = plan.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        token = _csrf_of(plan.text)
         done = client.post(
             "/ops/actions/requeue",
             data={"id": str(row["id"]), "csrf": token, "reason": "from the service"},
@@ -424,9 +427,7 @@ def test_the_console_role_reads_every_screen(
         conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
         conn.exec_driver_sql(grants)
     reader = sa.create_engine(make_url(database_url).set(username=role, password="pw"))
-    row = outbox_row("orders")
-    insert_rows(engine, [row])
-    park(engine, row, error="refused")
+    row = _dead_row(engine)
     acknowledge_all(engine)
     try:
         client = console_of(read_only=True, engine=reader)
